@@ -1,0 +1,1 @@
+"""dash_cuda: Hopper kernels for a deterministic attention backward that executes dash_ref schedules."""

@@ -1,0 +1,585 @@
+"""Schedules as data: who computes which tile pair, in what order, and in what order dQ adds up.
+
+A :class:`Schedule` is built once, here, by :func:`build_schedule`, and read by everything
+else: the DAG model, the simulator, the emulator, the verifier and the GPU kernel (through
+:meth:`Schedule.to_tables`). Nothing downstream re-derives an order.
+
+Vocabulary (``DESIGN.md`` section 2): a *chain* ``(b, h, j)`` is the work on KV tile ``j``
+of query head ``h``; it visits its active Q tiles in its *visit order* (which fixes the
+order dK_j, dV_j accumulate in), and every visit ``(i, j)`` produces an fp32 partial
+``P_ij`` that is added into ``dQacc_i`` at the *rank* of ``j`` in the *dQ order* of
+``(b, h, i)``. A *worker* (persistent CTA) runs its chains one after the other.
+
+Schedules (``DESIGN.md`` section 3), placement / visit order / dQ order:
+
+``atomic``          greedy / ascending / none (fp32 atomics, arrival order; non-deterministic)
+``naive``           greedy in ``(b, h, j)`` order / ascending / ``j`` ascending
+``spt``             greedy in ``(b, h, j desc)`` order / ascending / ``j`` descending
+``descending``      greedy in ``(b, h, j)`` order / descending / ``j`` ascending
+``shift``           round-robin waves / cyclic shift by wave index / by (wave, step)
+``symmetric_shift`` round-robin pairs ``(j, n_kv-1-j)`` / shift then fold / by (wave, step)
+
+*Greedy* placement is list scheduling: in launch order each chain goes to the worker that
+becomes free first, counting one unit of time per visit (ties to the lowest worker). It is
+what a hardware block scheduler does with a non-persistent grid, made static so a
+persistent kernel can read it from a table. Placement never changes the bits (they depend
+on visit and dQ orders only); it changes speed, and whether a schedule can deadlock.
+
+Wave-based schedules (``shift``, ``symmetric_shift``) place work item ``k`` (a chain, or a
+pair of chains) on worker ``k mod W`` in round ``k // W``; a worker runs its items round by
+round. The dQ order of a tile sorts its contributions by ``(round, step, launch index)``
+where ``step`` is the position of the visit inside its item. That order is a pure function
+of the shape and of ``num_workers``, which is therefore an explicit, pinnable parameter.
+Every edge of the dependency graph then strictly increases ``(round, step, launch index)``,
+so these schedules cannot deadlock; :meth:`Schedule.validate` checks it anyway.
+
+Kernel tables (:meth:`Schedule.to_tables`), all ``int32``, ``W`` workers, ``C`` chains,
+``V`` visits (active tile pairs over all heads), ``T = B * H * n_q`` dQ tiles::
+
+    worker_offsets  [W + 1]  worker w runs chains worker_offsets[w] : worker_offsets[w+1]
+    chain_bhj       [C, 3]   (b, h, j) of each chain, grouped by worker, in run order
+    chain_offsets   [C + 1]  chain c's visits are visit_* [chain_offsets[c] : chain_offsets[c+1]]
+    visit_q         [V]      Q tile i of each visit, in the chain's visit order
+    visit_rank      [V]      rank of j in the dQ order of (b, h, i); -1 for ``atomic``
+    dq_count        [T]      length of the dQ order of tile t = (b * H + h) * n_q + i
+
+A kernel visiting ``(b, h, i, j)`` waits until the semaphore of tile ``t`` equals
+``visit_rank``, adds its partial, and stores ``visit_rank + 1``; after the backward every
+semaphore equals ``dq_count``. Size is ``O(W + C + V + T)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .problem import Problem
+
+DETERMINISTIC = ("naive", "spt", "descending", "shift", "symmetric_shift")
+NAMES = ("atomic", *DETERMINISTIC)
+
+TileKey = tuple[int, int, int]  # (b, h, i)
+
+
+class ScheduleError(ValueError):
+    """A schedule is invalid: it misses or repeats work, can deadlock, or is timing-dependent."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The work on KV tile ``j`` of head ``(b, h)``: its Q tiles in visit order."""
+
+    b: int
+    h: int
+    j: int
+    visits: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleTables:
+    """The int32 arrays a kernel reads (layout in the module docstring)."""
+
+    worker_offsets: np.ndarray
+    chain_bhj: np.ndarray
+    chain_offsets: np.ndarray
+    visit_q: np.ndarray
+    visit_rank: np.ndarray
+    dq_count: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.as_dict().values())
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A complete backward schedule for one :class:`Problem`.
+
+    ``workers[w]`` is the tuple of chains worker ``w`` runs, in order. ``dq_orders[(b, h, i)]``
+    is the tuple of ``j`` in the order their partials are added into ``dQacc_i`` (empty for
+    a tile with no active pair), or ``None`` when the order is decided at run time
+    (``atomic``).
+    """
+
+    problem: Problem
+    name: str
+    num_workers: int
+    workers: tuple[tuple[Chain, ...], ...]
+    dq_orders: dict[TileKey, tuple[int, ...] | None]
+    params: tuple[tuple[str, object], ...] = field(default=())
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def deterministic(self) -> bool:
+        """True when every dQ order is fixed before the run."""
+        return all(order is not None for order in self.dq_orders.values())
+
+    def chains(self) -> Iterator[tuple[int, Chain]]:
+        """``(worker, chain)`` for every chain, grouped by worker, in each worker's run order."""
+        for w, chains in enumerate(self.workers):
+            for chain in chains:
+                yield w, chain
+
+    def chain(self, b: int, h: int, j: int) -> Chain:
+        """The chain of ``(b, h, j)``."""
+        return self._chain_index[(b, h, j)]
+
+    @property
+    def _chain_index(self) -> dict[tuple[int, int, int], Chain]:
+        cache = self.__dict__.get("_chain_cache")
+        if cache is None:
+            cache = {(c.b, c.h, c.j): c for _, c in self.chains()}
+            object.__setattr__(self, "_chain_cache", cache)
+        return cache
+
+    def dq_order(self, b: int, h: int, i: int) -> tuple[int, ...] | None:
+        """The ``j`` order of the partials added into ``dQacc`` of tile ``(b, h, i)``."""
+        return self.dq_orders[(b, h, i)]
+
+    def dq_rank(self, b: int, h: int, i: int) -> dict[int, int]:
+        """``{j: rank}`` for tile ``(b, h, i)``: what a kernel waits for on its semaphore."""
+        order = self.dq_orders[(b, h, i)]
+        return {} if order is None else {j: r for r, j in enumerate(order)}
+
+    def param(self, key: str, default: object = None) -> object:
+        return dict(self.params).get(key, default)
+
+    # -- identity -------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """A hash of the problem, every visit order and every dQ order.
+
+        Two runs with equal fingerprints (and equal inputs, dtype and arithmetic) add every
+        sum in the same order, so a deterministic kernel must give them the same bits.
+        Placement on workers is deliberately left out: it changes speed, never bits.
+        ``atomic`` schedules have no fixed order; their fingerprint says so.
+        """
+        p = self.problem
+        h = hashlib.sha256()
+        h.update(repr((p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
+                       p.mask, p.block_m, p.block_n)).encode())
+        for key in sorted(self._chain_index):
+            h.update(np.asarray((*key, -1, *self._chain_index[key].visits), np.int32).tobytes())
+        for key in sorted(self.dq_orders):
+            order = self.dq_orders[key]
+            if order is None:
+                return "nondeterministic"
+            h.update(np.asarray((*key, -1, *order), np.int32).tobytes())
+        return h.hexdigest()[:16]
+
+    # -- checks ---------------------------------------------------------------------------
+    def validate(self) -> Schedule:
+        """Check coverage, deadlock-freedom and timing-freedom; raise :class:`ScheduleError`.
+
+        Returns ``self`` so a call can be chained: ``build_schedule(...).validate()``.
+        """
+        _check_coverage(self)
+        _check_deadlock_free(self)
+        _check_timing_free(self)
+        return self
+
+    # -- kernel tables --------------------------------------------------------------------
+    def to_tables(self) -> ScheduleTables:
+        """The compact int32 tables a kernel reads; see the module docstring for the layout."""
+        p = self.problem
+        worker_offsets = [0]
+        chain_bhj: list[tuple[int, int, int]] = []
+        chain_offsets = [0]
+        visit_q: list[int] = []
+        visit_rank: list[int] = []
+        deterministic = self.deterministic
+        ranks: dict[TileKey, dict[int, int]] = {}
+        for chains in self.workers:
+            for c in chains:
+                chain_bhj.append((c.b, c.h, c.j))
+                for i in c.visits:
+                    visit_q.append(i)
+                    if not deterministic:
+                        visit_rank.append(-1)
+                        continue
+                    key = (c.b, c.h, i)
+                    if key not in ranks:
+                        ranks[key] = self.dq_rank(*key)
+                    visit_rank.append(ranks[key][c.j])
+                chain_offsets.append(len(visit_q))
+            worker_offsets.append(len(chain_bhj))
+        dq_count = np.zeros(p.batch * p.heads * p.n_q, np.int32)
+        for (b, h, i), order in self.dq_orders.items():
+            dq_count[(b * p.heads + h) * p.n_q + i] = (
+                len(order) if order is not None else len(p.tile_cols[i])
+            )
+
+        def i32(x: Sequence) -> np.ndarray:
+            return np.asarray(x, dtype=np.int32)
+
+        return ScheduleTables(
+            worker_offsets=i32(worker_offsets),
+            chain_bhj=i32(chain_bhj).reshape(-1, 3),
+            chain_offsets=i32(chain_offsets),
+            visit_q=i32(visit_q),
+            visit_rank=i32(visit_rank),
+            dq_count=dq_count,
+        )
+
+    # -- display --------------------------------------------------------------------------
+    def describe(self, max_workers: int = 16, max_tiles: int = 32) -> str:
+        """A human-readable listing: each worker's chains, then each dQ tile's order."""
+        p = self.problem
+        lines = [
+            f"schedule {self.name!r}  fingerprint {self.fingerprint()}",
+            f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
+            f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} BM={p.block_m} BN={p.block_n} "
+            f"(n_q={p.n_q}, n_kv={p.n_kv}); workers={self.num_workers}",
+            "  chains per worker, (b,h,j)[visit order]:",
+        ]
+        for w, chains in enumerate(self.workers[:max_workers]):
+            body = " ".join(f"({c.b},{c.h},{c.j})[{' '.join(map(str, c.visits))}]"
+                            for c in chains)
+            lines.append(f"    w{w:<3d} {body}")
+        if len(self.workers) > max_workers:
+            lines.append(f"    ... {len(self.workers) - max_workers} more workers")
+        lines.append("  dQ order per tile, (b,h,i): j...:")
+        keys = sorted(self.dq_orders)
+        for key in keys[:max_tiles]:
+            order = self.dq_orders[key]
+            body = "arrival order (atomics)" if order is None else " ".join(map(str, order))
+            lines.append(f"    {key}: {body}")
+        if len(keys) > max_tiles:
+            lines.append(f"    ... {len(keys) - max_tiles} more tiles")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------
+def _check_coverage(s: Schedule) -> None:
+    p = s.problem
+    if len(s.workers) != s.num_workers or s.num_workers < 1:
+        raise ScheduleError(
+            f"schedule has {len(s.workers)} worker lists for num_workers={s.num_workers}"
+        )
+    seen_chains: set[tuple[int, int, int]] = set()
+    seen_pairs: set[tuple[int, int, int, int]] = set()
+    for w, c in s.chains():
+        if (c.b, c.h, c.j) in seen_chains:
+            raise ScheduleError(f"chain (b={c.b}, h={c.h}, j={c.j}) is run twice (again on w{w})")
+        seen_chains.add((c.b, c.h, c.j))
+        if not (0 <= c.b < p.batch and 0 <= c.h < p.heads and 0 <= c.j < p.n_kv):
+            raise ScheduleError(f"chain (b={c.b}, h={c.h}, j={c.j}) is outside the problem")
+        for i in c.visits:
+            if not p.active(i, c.j):
+                raise ScheduleError(
+                    f"chain (b={c.b}, h={c.h}, j={c.j}) visits tile (i={i}, j={c.j}), "
+                    "which is masked or out of range"
+                )
+            if (c.b, c.h, i, c.j) in seen_pairs:
+                raise ScheduleError(
+                    f"tile (b={c.b}, h={c.h}, i={i}, j={c.j}) is visited twice"
+                )
+            seen_pairs.add((c.b, c.h, i, c.j))
+    for b in range(p.batch):
+        for h in range(p.heads):
+            for i in range(p.n_q):
+                expected = p.tile_cols[i]
+                for j in expected:
+                    if (b, h, i, j) not in seen_pairs:
+                        raise ScheduleError(
+                            f"tile (b={b}, h={h}, i={i}, j={j}) is active but never visited"
+                        )
+                if (b, h, i) not in s.dq_orders:
+                    raise ScheduleError(f"dQ tile (b={b}, h={h}, i={i}) has no dQ order")
+                order = s.dq_orders[(b, h, i)]
+                if order is None:
+                    continue
+                if sorted(order) != list(expected):
+                    missing = sorted(set(expected) - set(order))
+                    extra = sorted(set(order) - set(expected))
+                    dup = sorted({j for j in order if order.count(j) > 1})
+                    raise ScheduleError(
+                        f"dQ order of tile (b={b}, h={h}, i={i}) is {list(order)}: "
+                        f"missing j={missing}, unexpected j={extra}, repeated j={dup}"
+                    )
+    if len(s.dq_orders) != p.batch * p.heads * p.n_q:
+        raise ScheduleError("dQ orders name tiles outside the problem")
+
+
+def _check_deadlock_free(s: Schedule) -> None:
+    """Program order on each worker plus dQ-order edges must form an acyclic graph.
+
+    A persistent grid has every worker resident, so acyclicity is exactly deadlock-freedom.
+    """
+    if not s.deterministic:
+        return  # atomics never wait
+    node: dict[tuple[int, int, int, int], int] = {}
+    succ: list[list[int]] = []
+    for chains in s.workers:
+        prev = -1
+        for c in chains:
+            for i in c.visits:
+                n = len(succ)
+                node[(c.b, c.h, i, c.j)] = n
+                succ.append([])
+                if prev >= 0:
+                    succ[prev].append(n)
+                prev = n
+    for (b, h, i), order in s.dq_orders.items():
+        for j0, j1 in zip(order, order[1:]):
+            succ[node[(b, h, i, j0)]].append(node[(b, h, i, j1)])
+    indeg = [0] * len(succ)
+    for outs in succ:
+        for v in outs:
+            indeg[v] += 1
+    ready = [n for n, d in enumerate(indeg) if d == 0]
+    done = 0
+    while ready:
+        u = ready.pop()
+        done += 1
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if done == len(succ):
+        return
+    # Walk back along unfinished predecessors until a node repeats: that is a cycle.
+    names = {n: k for k, n in node.items()}
+    pred: dict[int, int] = {}
+    for u, outs in enumerate(succ):
+        for v in outs:
+            if indeg[u] > 0 and indeg[v] > 0:
+                pred[v] = u
+    start = next(n for n, d in enumerate(indeg) if d > 0)
+    path, seen = [start], {start}
+    while pred[path[-1]] not in seen:
+        path.append(pred[path[-1]])
+        seen.add(path[-1])
+    cycle = path[path.index(pred[path[-1]]):][::-1]
+    shown = " -> ".join("(b={},h={},i={},j={})".format(*names[n]) for n in cycle[:6])
+    raise ScheduleError(
+        f"schedule can deadlock: a cycle of waits through {len(cycle)} tiles: {shown}"
+        f"{' -> ...' if len(cycle) > 6 else ''}"
+    )
+
+
+def _check_timing_free(s: Schedule) -> None:
+    if s.name == "atomic":
+        return
+    for key, order in s.dq_orders.items():
+        if order is None:
+            raise ScheduleError(
+                f"dQ tile (b={key[0]}, h={key[1]}, i={key[2]}) of deterministic schedule "
+                f"{s.name!r} has no fixed order: it would be decided at run time"
+            )
+    if s.name in BUILDERS:
+        again = _build(s.problem, s.name, s.num_workers, s.params)
+        if again.fingerprint() != s.fingerprint() or again.workers != s.workers:
+            raise ScheduleError(
+                f"schedule {s.name!r} is not a pure function of its shape and parameters: "
+                "building it again gave a different order"
+            )
+
+
+# ---------------------------------------------------------------------------------------
+# placement
+# ---------------------------------------------------------------------------------------
+Item = tuple[Chain, ...]  # chains one worker runs back to back
+
+
+def _place_greedy(items: Sequence[Item], num_workers: int) -> list[list[Item]]:
+    """List scheduling: each item, in launch order, to the worker free first (unit cost/visit)."""
+    workers: list[list[Item]] = [[] for _ in range(num_workers)]
+    free = [(0, w) for w in range(num_workers)]
+    for item in items:
+        t, w = heapq.heappop(free)
+        workers[w].append(item)
+        heapq.heappush(free, (t + sum(len(c.visits) for c in item), w))
+    return workers
+
+
+def _place_round_robin(items: Sequence[Item], num_workers: int) -> list[list[Item]]:
+    """Item ``k`` on worker ``k mod W``, in round ``k // W``."""
+    workers: list[list[Item]] = [[] for _ in range(num_workers)]
+    for k, item in enumerate(items):
+        workers[k % num_workers].append(item)
+    return workers
+
+
+def _order_by_key(
+    p: Problem, keyed: dict[TileKey, list[tuple[tuple, int]]]
+) -> dict[TileKey, tuple[int, ...]]:
+    return {
+        (b, h, i): tuple(j for _, j in sorted(keyed.get((b, h, i), [])))
+        for b in range(p.batch)
+        for h in range(p.heads)
+        for i in range(p.n_q)
+    }
+
+
+def _order_by_j(p: Problem, descending: bool) -> dict[TileKey, tuple[int, ...]]:
+    step = -1 if descending else 1
+    return {
+        (b, h, i): p.tile_cols[i][::step]
+        for b in range(p.batch)
+        for h in range(p.heads)
+        for i in range(p.n_q)
+    }
+
+
+def _wave_dq_orders(p: Problem, items: list[Item], num_workers: int
+                    ) -> dict[TileKey, tuple[int, ...]]:
+    """dQ order of a wave schedule: by (round, step inside the item, launch index)."""
+    keyed: dict[TileKey, list[tuple[tuple, int]]] = {}
+    for k, item in enumerate(items):
+        step = 0
+        for c in item:
+            for i in c.visits:
+                keyed.setdefault((c.b, c.h, i), []).append(((k // num_workers, step, k), c.j))
+                step += 1
+    return _order_by_key(p, keyed)
+
+
+def _rotate(seq: Sequence[int], r: int) -> tuple[int, ...]:
+    if not seq:
+        return ()
+    r %= len(seq)
+    return tuple(seq[r:]) + tuple(seq[:r])
+
+
+# ---------------------------------------------------------------------------------------
+# the schedules
+# ---------------------------------------------------------------------------------------
+def _heads(p: Problem) -> Iterator[tuple[int, int]]:
+    for b in range(p.batch):
+        for h in range(p.heads):
+            yield b, h
+
+
+def _greedy_schedule(p: Problem, name: str, num_workers: int, j_descending: bool,
+                     visits_descending: bool, dq: dict[TileKey, tuple[int, ...] | None]
+                     ) -> Schedule:
+    js = range(p.n_kv - 1, -1, -1) if j_descending else range(p.n_kv)
+    step = -1 if visits_descending else 1
+    items = [
+        (Chain(b, h, j, p.chain_rows[j][::step]),) for b, h in _heads(p) for j in js
+    ]
+    return _assemble(p, name, num_workers, _place_greedy(items, num_workers), dq)
+
+
+def _atomic(p: Problem, num_workers: int) -> Schedule:
+    dq = {(b, h, i): None for b, h in _heads(p) for i in range(p.n_q)}
+    return _greedy_schedule(p, "atomic", num_workers, False, False, dq)
+
+
+def _naive(p: Problem, num_workers: int) -> Schedule:
+    return _greedy_schedule(p, "naive", num_workers, False, False, _order_by_j(p, False))
+
+
+def _spt(p: Problem, num_workers: int) -> Schedule:
+    return _greedy_schedule(p, "spt", num_workers, True, False, _order_by_j(p, True))
+
+
+def _descending(p: Problem, num_workers: int) -> Schedule:
+    return _greedy_schedule(p, "descending", num_workers, False, True, _order_by_j(p, False))
+
+
+def _shift(p: Problem, num_workers: int) -> Schedule:
+    """Chains of one head in one round form a wave; wave member r starts at its r-th tile."""
+    items: list[Item] = []
+    for b, h in _heads(p):
+        for j in range(p.n_kv):
+            k = len(items)
+            # index of this chain among the chains of (b, h) placed in the same round
+            first_of_head_in_round = max(k - j, (k // num_workers) * num_workers)
+            r = k - first_of_head_in_round
+            items.append((Chain(b, h, j, _rotate(p.chain_rows[j], r)),))
+    workers = _place_round_robin(items, num_workers)
+    return _assemble(p, "shift", num_workers, workers,
+                     _wave_dq_orders(p, items, num_workers))
+
+
+def _symmetric_shift(p: Problem, num_workers: int) -> Schedule:
+    """Fold the causal triangle into a rectangle: one worker runs chains ``j`` and ``n_kv-1-j``.
+
+    With ``P = n_kv // 2`` pairs, let ``R`` be the active rows of chain ``n_kv - P`` (for a
+    square causal problem with even ``n``: the bottom ``n/2`` rows, dense for every long
+    chain). Long chain ``p`` first visits ``R`` cyclically shifted by ``p`` (phase 1, a
+    dense rectangle, one row per worker per step), then its remaining rows ascending from
+    the diagonal; the short chain ``n_kv-1-p`` follows, its rows descending (phase 2, the
+    folded triangle: at each step the ``P`` workers of a head touch distinct rows). With
+    odd ``n_kv`` the middle chain runs alone like a long chain. Every worker of a pair
+    carries ``n + 1`` visits, so ``n`` workers run two heads side by side with no wait:
+    the critical path is the lower bound ``m (n + 1)(c + r) / 2``.
+    """
+    n = p.n_kv
+    pairs = n // 2
+    rect = p.chain_rows[n - pairs] if pairs else ()
+    rect_set = set(rect)
+    items: list[Item] = []
+    for b, h in _heads(p):
+        for q in range((n + 1) // 2):
+            rows = p.chain_rows[q]
+            shifted = _rotate([i for i in rows if i in rect_set], q)
+            rest = tuple(i for i in rows if i not in rect_set)
+            long_chain = Chain(b, h, q, shifted + rest)
+            if q < pairs:
+                items.append((long_chain, Chain(b, h, n - 1 - q, p.chain_rows[n - 1 - q][::-1])))
+            else:
+                items.append((long_chain,))
+    workers = _place_round_robin(items, num_workers)
+    return _assemble(p, "symmetric_shift", num_workers, workers,
+                     _wave_dq_orders(p, items, num_workers))
+
+
+def _assemble(p: Problem, name: str, num_workers: int, workers: list[list[Item]],
+              dq: dict[TileKey, tuple[int, ...] | None]) -> Schedule:
+    return Schedule(
+        problem=p,
+        name=name,
+        num_workers=num_workers,
+        workers=tuple(tuple(c for item in items for c in item) for items in workers),
+        dq_orders=dq,
+        params=(("num_workers", num_workers),),
+    )
+
+
+BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
+    "atomic": _atomic,
+    "naive": _naive,
+    "spt": _spt,
+    "descending": _descending,
+    "shift": _shift,
+    "symmetric_shift": _symmetric_shift,
+}
+
+
+def _build(p: Problem, name: str, num_workers: int, params: tuple = ()) -> Schedule:
+    return BUILDERS[name](p, num_workers)
+
+
+def default_schedule(mask: str, head_dim: int) -> str:
+    """The paper's advice, used by ``auto`` until a measured table exists."""
+    if mask == "full":
+        return "shift"
+    return "descending" if head_dim >= 128 else "symmetric_shift"
+
+
+@lru_cache(maxsize=256)
+def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Schedule:
+    """Build the schedule ``name`` for ``problem`` on ``num_workers`` persistent workers.
+
+    ``num_workers`` is explicit because wave-based orders depend on it: pin it to make two
+    different GPUs produce the same bits. ``name="auto"`` resolves to
+    :func:`default_schedule`. Results are cached per (problem, name, workers).
+    """
+    if name == "auto":
+        name = default_schedule(problem.mask, problem.head_dim)
+    if name not in BUILDERS:
+        raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(NAMES)} or 'auto'")
+    if int(num_workers) < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    return _build(problem, name, int(num_workers))
