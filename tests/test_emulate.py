@@ -1,0 +1,162 @@
+"""Specification of the tile-level emulator (dash_ref.emulate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dash_ref import DETERMINISTIC, NAMES, Problem, build_schedule
+from dash_ref.emulate import emulate, forward, replay, visit_index
+from verify.demo import random_inputs
+from verify.highprec import error_bound, reference_grads
+from verify.reference import attention_f64
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def normwise(x: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((x.double() - exact).norm() / exact.norm())
+
+
+SHAPES = [  # (B, H, H_kv, S_q, S_k, d, BM, BN)
+    (1, 2, 2, 48, 48, 16, 16, 16),
+    (2, 4, 2, 37, 70, 16, 16, 16),  # S_q < S_k, ragged tiles, GQA
+    (1, 3, 1, 70, 37, 8, 16, 8),  # S_q > S_k: causal rows that see no key; MQA
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mask", ["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_schedule_meets_the_bound_against_float64(shape, mask, dtype):
+    b, h, hk, sq, sk, d, bm, bn = shape
+    p = Problem(b, h, hk, sq, sk, d, mask, bm, bn)
+    q, k, v, do = random_inputs(p, dtype, seed=sq * 7 + sk)
+    ref = attention_f64(q, k, v, do, causal=mask == "causal")
+    bound = error_bound(dtype)
+    for name in NAMES:
+        fwd, bwd = emulate(build_schedule(p, name, 3), q, k, v, do)
+        assert normwise(fwd.o, ref.o) <= bound, name
+        for got, want in ((bwd.dq, ref.dq), (bwd.dk, ref.dk), (bwd.dv, ref.dv)):
+            assert torch.isfinite(got).all(), name
+            assert normwise(got, want) <= bound, name
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_schedule_meets_the_bound_against_mpmath(mask, dtype):
+    p = Problem(1, 2, 1, 24, 20, 8, mask, 8, 8)
+    q, k, v, do = random_inputs(p, dtype, seed=11)
+    exact = reference_grads(q, k, v, do, causal=mask == "causal", dps=50)
+    bound = error_bound(dtype)
+    for name in NAMES:
+        _, bwd = emulate(build_schedule(p, name, 2), q, k, v, do)
+        for got, want in ((bwd.dq, exact.dq), (bwd.dk, exact.dk), (bwd.dv, exact.dv)):
+            assert normwise(got, want) <= bound, name
+
+
+def test_forward_lse_is_base_two_and_rows_without_keys_are_empty():
+    p = Problem(1, 1, 1, 20, 8, 8, "causal", 8, 8)  # rows 0..11 see no key
+    q, k, v, _ = random_inputs(p, torch.bfloat16, seed=3)
+    fwd = forward(q, k, v, causal=True, block_m=8, block_n=8)
+    blind = slice(0, p.seqlen_q - p.seqlen_k)
+    assert torch.isneginf(fwd.lse2[0, blind, 0]).all()
+    assert torch.equal(fwd.o[0, blind], torch.zeros_like(fwd.o[0, blind]))
+    s = torch.einsum("qd,kd->qk", q[0, :, 0].double(), k[0, :, 0].double()) / 8**0.5
+    row = p.seqlen_q - 1  # the last row sees every key
+    want = torch.logsumexp(s[row], 0) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    assert abs(float(fwd.lse2[0, row, 0]) - float(want)) < 1e-5
+
+
+# Seeded problems with at least three KV tiles: orders must show in the bits.
+ORDER_PROBLEMS = [Problem(1, 2, 2, 64, 64, 16, mask, 16, 16) for mask in ("full", "causal")]
+
+
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return not torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_summation_order_changes_the_bits_but_not_the_accuracy():
+    dq_parted = dkdv_parted = False
+    for p in ORDER_PROBLEMS:
+        for seed in range(3):
+            q, k, v, do = random_inputs(p, torch.bfloat16, seed)
+            ref = attention_f64(q, k, v, do, causal=p.mask == "causal")
+            out = {n: emulate(build_schedule(p, n, 4), q, k, v, do)[1]
+                   for n in ("naive", "shift", "descending")}
+            dq_parted |= _bits_differ(out["naive"].dq, out["shift"].dq)
+            dkdv_parted |= (_bits_differ(out["naive"].dk, out["descending"].dk)
+                            or _bits_differ(out["naive"].dv, out["descending"].dv))
+            for bwd in out.values():
+                assert normwise(bwd.dq, ref.dq) <= error_bound(torch.bfloat16)
+    assert dq_parted, "naive and shift gave the same dQ bits on every problem"
+    assert dkdv_parted, "ascending and descending visits gave the same dK/dV bits"
+
+
+@pytest.mark.parametrize("name", DETERMINISTIC)
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_replay_of_own_partials_is_bit_exact(name, mask):
+    p = Problem(2, 2, 1, 45, 33, 8, mask, 8, 16)
+    q, k, v, do = random_inputs(p, torch.float16, seed=5)
+    sched = build_schedule(p, name, 3)
+    _, bwd = emulate(sched, q, k, v, do, return_partials=True)
+    assert torch.equal(replay(sched, bwd.partials), bwd.dq_acc)
+    assert torch.equal(bwd.dq_acc.view(torch.int32), replay(sched, bwd.partials).view(torch.int32))
+
+
+def test_partials_do_not_depend_on_the_schedule():
+    """A tile pair's partial is a function of its inputs; only the order of the sums moves."""
+    p = ORDER_PROBLEMS[1]
+    q, k, v, do = random_inputs(p, torch.bfloat16, seed=1)
+    got = {}
+    for name in ("naive", "symmetric_shift"):
+        sched = build_schedule(p, name, 4)
+        _, bwd = emulate(sched, q, k, v, do, return_partials=True)
+        got[name] = {key: bwd.partials[v_] for key, v_ in visit_index(sched).items()}
+    assert got["naive"].keys() == got["symmetric_shift"].keys()
+    for key, tile in got["naive"].items():
+        assert torch.equal(tile, got["symmetric_shift"][key]), key
+
+
+def test_atomic_arrival_order_changes_dq():
+    p = ORDER_PROBLEMS[0]
+    q, k, v, do = random_inputs(p, torch.bfloat16, seed=2)
+    sched = build_schedule(p, "atomic", 4)
+    runs = [emulate(sched, q, k, v, do, arrival_seed=s)[1].dq for s in range(4)]
+    assert any(_bits_differ(runs[0], r) for r in runs[1:])
+    with pytest.raises(ValueError, match="no dQ order"):
+        replay(sched, torch.zeros(len(visit_index(sched)), p.block_m, p.head_dim))
+
+
+def test_emulator_rejects_bad_inputs():
+    p = Problem(1, 2, 1, 16, 16, 8, "full", 8, 8)
+    q, k, v, do = random_inputs(p, torch.bfloat16, seed=0)
+    sched = build_schedule(p, "naive", 2)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        emulate(sched, q.float(), k.float(), v.float(), do)
+    with pytest.raises(ValueError, match="do not match"):
+        emulate(sched, q[:, :8], k, v, do)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mask=st.sampled_from(["full", "causal"]),
+    s_q=st.integers(1, 20), s_k=st.integers(1, 20),
+    bm=st.sampled_from([4, 8]), bn=st.sampled_from([4, 8]),
+    group=st.sampled_from([1, 2]), name=st.sampled_from(DETERMINISTIC),
+    workers=st.integers(1, 5), seed=st.integers(0, 2**16),
+)
+def test_fuzzed_shapes_match_float64_and_replay(mask, s_q, s_k, bm, bn, group, name, workers,
+                                                seed):
+    p = Problem(1, 2, 2 // group, s_q, s_k, 8, mask, bm, bn)
+    q, k, v, do = random_inputs(p, torch.float16, seed)
+    sched = build_schedule(p, name, workers).validate()
+    _, bwd = emulate(sched, q, k, v, do, return_partials=True)
+    ref = attention_f64(q, k, v, do, causal=mask == "causal")
+    for got, want in ((bwd.dq, ref.dq), (bwd.dk, ref.dk), (bwd.dv, ref.dv)):
+        assert torch.isfinite(got).all()
+        err = (got.double() - want).norm()
+        assert err <= error_bound(torch.float16) * max(float(want.norm()), 1e-30) or err == 0
+    assert torch.equal(replay(sched, bwd.partials), bwd.dq_acc)
