@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("schedule", "simulate", "demo")
+COMMANDS = ("demo", "schedule", "simulate", "audit", "fuzz", "check")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,212 @@
+"""Audit a determinism claim: run one attention many times on identical inputs, count the bits.
+
+:func:`audit` runs forward + backward ``trials`` times on the same inputs and reports, for
+each of O, dQ, dK, dV, how many distinct bit patterns appeared, the largest distance (in
+units in the last place) of any run from the first, where the first difference sits, and
+how long the runs took. With ``perturb=True`` every run also varies what may legally vary
+between two runs of a training job:
+
+- ``busy stream`` (CUDA): a second stream keeps the GPU busy with matrix products while the
+  audited call runs, so thread blocks are scheduled differently;
+- ``fresh allocations``: inputs are copied to new memory behind a spacer of random size,
+  so addresses (and alignment-dependent paths) differ;
+- ``unrelated work``: a random amount of unrelated work is launched before the call.
+
+A deterministic implementation gives one pattern per output however it is perturbed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from dash_ref import Problem
+from dash_ref.numerics import ulp_distance
+from verify.impls import Impl, get_impl
+from verify.strategies import Case
+
+OUTPUTS = ("O", "dQ", "dK", "dV")
+
+
+@dataclass
+class OutputAudit:
+    """What the trials produced for one output tensor."""
+
+    name: str
+    distinct: int = 1
+    max_ulp_spread: int = 0
+    first_trial: int | None = None  # first trial whose bits differ from trial 0
+    first_index: tuple[int, ...] | None = None
+    first_values: tuple[float, float] | None = None
+
+
+@dataclass
+class AuditReport:
+    impl: str
+    problem: Problem
+    dtype: str
+    trials: int
+    perturbations: list[str]
+    outputs: dict[str, OutputAudit]
+    times_ms: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def deterministic(self) -> bool:
+        """True when every output had exactly one bit pattern over all trials."""
+        return all(o.distinct == 1 for o in self.outputs.values())
+
+    @property
+    def median_ms(self) -> float:
+        t = sorted(self.times_ms)
+        return t[len(t) // 2] if t else float("nan")
+
+    def summary(self) -> str:
+        p = self.problem
+        verdict = ("DETERMINISTIC: one bit pattern per output" if self.deterministic
+                   else "NOT DETERMINISTIC: outputs changed between identical runs")
+        lines = [
+            f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
+            f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
+            f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} dtype={self.dtype}",
+            f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}; "
+            f"median {self.median_ms:.3f} ms per forward+backward",
+            f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference",
+        ]
+        for o in self.outputs.values():
+            where = ("-" if o.first_trial is None else
+                     f"trial {o.first_trial} at (b, s, h, d) = {o.first_index}: "
+                     f"{o.first_values[0]!r} vs {o.first_values[1]!r}")
+            lines.append(f"  {o.name:<7}{o.distinct:>9}{o.max_ulp_spread:>9}  {where}")
+        lines.append(f"  verdict: {verdict}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["problem"] = asdict(self.problem)
+        out["deterministic"] = self.deterministic
+        out["median_ms"] = self.median_ms
+        return out
+
+
+def _digest(x: torch.Tensor) -> str:
+    raw = x.detach().contiguous().view(torch.uint8) if x.numel() else x.detach()
+    return hashlib.sha1(raw.cpu().numpy().tobytes()).hexdigest()
+
+
+class _Perturber:
+    """Makes each trial's surroundings differ (see the module docstring)."""
+
+    def __init__(self, device: torch.device, enabled: bool, seed: int) -> None:
+        self.device, self.enabled = device, enabled
+        self.rng = random.Random(seed)
+        self.cuda = device.type == "cuda"
+        self.side = torch.cuda.Stream(device) if (enabled and self.cuda) else None
+        n = 2048 if self.cuda else 64
+        self.busy = torch.randn(n, n, device=device) if enabled else None
+        self._keep: list[torch.Tensor] = []
+
+    @property
+    def names(self) -> list[str]:
+        if not self.enabled:
+            return []
+        return (["busy stream"] if self.cuda else []) + ["fresh allocations", "unrelated work"]
+
+    def before(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if not self.enabled:
+            return inputs
+        for _ in range(self.rng.randrange(4)):  # unrelated work, in a varying amount
+            self.busy @ self.busy
+        if self.side is not None:  # keep the GPU busy while the audited call runs
+            self.side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.side):
+                for _ in range(8):
+                    self.busy @ self.busy
+        # A spacer of random size shifts where the fresh copies land.
+        self._keep = [torch.empty(self.rng.randrange(1, 1 << 16), dtype=torch.uint8,
+                                  device=self.device)]
+        return tuple(x.clone() for x in inputs)
+
+    def after(self) -> None:
+        if self.side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+        self._keep = []
+
+
+def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool = True,
+          dtype: str = "bf16", seed: int = 0, softmax_scale: float | None = None,
+          device: str | None = None, progress: bool = True) -> AuditReport:
+    """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied."""
+    impl = get_impl(impl) if isinstance(impl, str) else impl
+    dev = torch.device(device or impl.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{impl.name} needs a CUDA device, and none is available")
+    if trials < 2:
+        raise ValueError("an audit needs at least 2 trials")
+    scale = softmax_scale if softmax_scale is not None else problem.head_dim ** -0.5
+    inputs = Case(problem, dtype, seed=seed).tensors(dev)
+    causal = problem.mask == "causal"
+    perturber = _Perturber(dev, perturb, seed)
+    outputs = {name: OutputAudit(name) for name in OUTPUTS}
+    seen: dict[str, set[str]] = {name: set() for name in OUTPUTS}
+    first: dict[str, torch.Tensor] = {}
+    times: list[float] = []
+    bar = _progress(trials, f"audit {impl.name}", progress)
+    for t in range(trials):
+        args = perturber.before(inputs)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        result = impl(*args, causal, scale)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append((time.perf_counter() - start) * 1e3)
+        perturber.after()
+        for name, x in zip(OUTPUTS, result):
+            digest = _digest(x)
+            if t == 0:
+                first[name] = x.detach().cpu().clone()
+            elif digest not in seen[name]:
+                _record_difference(outputs[name], t, first[name], x.detach().cpu())
+            seen[name].add(digest)
+            outputs[name].distinct = len(seen[name])
+        bar.update(1)
+    bar.close()
+    return AuditReport(impl.name, problem, dtype, trials, perturber.names, outputs, times,
+                       impl.note)
+
+
+def _record_difference(out: OutputAudit, trial: int, ref: torch.Tensor, x: torch.Tensor
+                       ) -> None:
+    bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+    differ = ref.contiguous().view(bits) != x.contiguous().view(bits)
+    if not differ.any():
+        return
+    spread = int(ulp_distance(ref[differ], x[differ], x.dtype).max())
+    out.max_ulp_spread = max(out.max_ulp_spread, spread)
+    if out.first_trial is None:
+        idx = tuple(int(i) for i in differ.nonzero()[0])
+        out.first_trial, out.first_index = trial, idx
+        out.first_values = (float(ref[idx]), float(x[idx]))
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm progress bar on stderr, or nothing."""
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)

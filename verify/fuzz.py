@@ -1,0 +1,108 @@
+"""Fuzz an attention implementation over shapes, and shrink a failure to a one-line reproducer.
+
+:func:`check` runs one :class:`~verify.strategies.Case` through an implementation and
+holds every output to the float64 reference within ``verify.highprec.error_bound``
+(normwise), requiring finite values, the right shapes and dtypes. :func:`fuzz` lets
+``hypothesis`` draw cases, and when one fails, shrinks it to the smallest failing shape
+and returns it with a ``dash-verify check`` command line that reproduces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import HealthCheck, given, seed, settings
+
+from verify.audit import OUTPUTS, _progress
+from verify.highprec import error_bound
+from verify.impls import Impl, get_impl
+from verify.reference import attention_f64
+from verify.strategies import Case, cases
+
+
+@dataclass
+class CheckResult:
+    case: Case
+    ok: bool
+    errors: dict[str, float]
+    message: str = ""
+
+
+class CheckFailure(AssertionError):
+    """A case on which an implementation disagrees with the reference."""
+
+
+def check(impl: Impl | str, case: Case) -> CheckResult:
+    """Run one case and compare every output with float64 (normwise, ``error_bound``)."""
+    impl = get_impl(impl) if isinstance(impl, str) else impl
+    q, k, v, do = case.tensors(impl.device)
+    scale = case.problem.head_dim ** -0.5
+    got = impl(q, k, v, do, case.causal, scale)
+    ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
+    bound = error_bound(case.torch_dtype)
+    errors, problems = {}, []
+    for name, x, want in zip(OUTPUTS, got, (ref.o, ref.dq, ref.dk, ref.dv)):
+        if tuple(x.shape) != tuple(want.shape) or x.dtype != case.torch_dtype:
+            problems.append(f"{name} is {tuple(x.shape)} {x.dtype}, expected "
+                            f"{tuple(want.shape)} {case.torch_dtype}")
+            continue
+        x = x.detach().cpu().double()
+        if not torch.isfinite(x).all():
+            problems.append(f"{name} has {int((~torch.isfinite(x)).sum())} non-finite values")
+            continue
+        scale_ = float(want.norm())
+        err = float((x - want).norm()) / scale_ if scale_ > 0 else float((x - want).norm())
+        errors[name] = err
+        if err > bound:
+            problems.append(f"{name} normwise error {err:.2e} > bound {bound:.2e}")
+    return CheckResult(case, not problems, errors, "; ".join(problems))
+
+
+@dataclass
+class FuzzResult:
+    impl: str
+    examples: int
+    failure: CheckResult | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def reproducer(self) -> str:
+        """A one-line command that reruns the shrunk failing case."""
+        if self.failure is None:
+            return ""
+        return f"dash-verify check --impl {self.impl} {self.failure.case.flags()}"
+
+
+def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_seed: int = 0,
+         progress: bool = True, **case_kwargs) -> FuzzResult:
+    """Draw up to ``budget`` cases; on a failure, shrink it and return the smallest one."""
+    impl = get_impl(impl) if isinstance(impl, str) else impl
+    bar = _progress(budget, f"fuzz {impl.name}", progress)
+    state = {"examples": 0, "last_failure": None}
+
+    @seed(rng_seed)
+    @settings(max_examples=budget, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(cases(max_elements=max_elements, **case_kwargs))
+    def run(case: Case) -> None:
+        state["examples"] += 1
+        bar.update(1)
+        try:
+            result = check(impl, case)
+        except Exception as exc:  # a crash is a finding too
+            result = CheckResult(case, False, {}, f"raised {type(exc).__name__}: {exc}")
+        if not result.ok:
+            state["last_failure"] = result
+            raise CheckFailure(result.message)
+
+    try:
+        run()
+    except CheckFailure:
+        pass
+    finally:
+        bar.close()
+    # Hypothesis replays the shrunk example last, so the last failure seen is the smallest.
+    return FuzzResult(impl.name, state["examples"], state["last_failure"])

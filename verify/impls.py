@@ -1,0 +1,164 @@
+"""Attention implementations under audit, behind one signature.
+
+An implementation is a callable ``fn(q, k, v, do, causal, softmax_scale) -> (o, dq, dk, dv)``
+over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-right).
+:func:`get_impl` resolves a name:
+
+=====================  =====================================================================
+name                   what runs
+=====================  =====================================================================
+``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME (CPU); with
+                       ``atomic``, each call draws a fresh arrival order, like real atomics
+``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
+                       ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
+                       ``torch.use_deterministic_algorithms(True)``
+``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
+                       non-deterministic peer)
+``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
+                       ``deterministic=True``
+``module:function``    any importable user callable with the signature above
+=====================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+AttentionFn = Callable[..., Outputs]
+
+
+@dataclass
+class Impl:
+    """A named implementation and the device its inputs must live on."""
+
+    name: str
+    fn: AttentionFn
+    device: str = "cpu"
+    note: str = ""
+
+    def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
+        return self.fn(q, k, v, do, causal, softmax_scale)
+
+
+def _emulator(schedule: str, workers: int = 4) -> AttentionFn:
+    from dash_ref import build_schedule
+    from dash_ref.emulate import emulate, problem_of
+
+    def run(q, k, v, do, causal, softmax_scale):
+        p = problem_of(q, k, causal, 16, 16)
+        sched = build_schedule(p, schedule, workers)
+        seed = random.SystemRandom().randrange(2**31) if schedule == "atomic" else None
+        fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
+        return fwd.o, bwd.dq, bwd.dk, bwd.dv
+
+    return run
+
+
+def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+              "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def run(q, k, v, do, causal, softmax_scale):
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        kwargs: dict = {"scale": softmax_scale, "enable_gqa": q.shape[2] != k.shape[2]}
+        if causal and q.shape[1] == k.shape[1]:
+            kwargs["is_causal"] = True
+        elif causal:
+            from torch.nn.attention.bias import causal_lower_right
+            kwargs["attn_mask"] = causal_lower_right(q.shape[1], k.shape[1])
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        try:
+            with sdpa_kernel([chosen]):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, **kwargs)
+                o.backward(do.transpose(1, 2))
+        finally:
+            torch.use_deterministic_algorithms(previous)
+        return (o.detach().transpose(1, 2), qt.grad.transpose(1, 2), kt.grad.transpose(1, 2),
+                vt.grad.transpose(1, 2))
+
+    return run
+
+
+def _dash(schedule: str) -> AttentionFn:
+    import dash_cuda
+
+    def run(q, k, v, do, causal, softmax_scale):
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        o = dash_cuda.attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale,
+                                schedule="naive" if schedule == "atomic" else schedule,
+                                deterministic=schedule != "atomic")
+        o.backward(do)
+        return o.detach(), qg.grad, kg.grad, vg.grad
+
+    return run
+
+
+def load_fa4() -> Callable | None:
+    """FlashAttention-4's ``flash_attn_func`` if importable (also from an unpacked ``/tmp/site``)."""
+    import os
+    import sys
+
+    bundle = ["/tmp/site", "/tmp/site/nvidia_cutlass_dsl/dsl_packages"]
+    sys.path[:0] = [p for p in bundle if os.path.isdir(p) and p not in sys.path]
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    return flash_attn_func
+
+
+def _fa4(deterministic: bool) -> AttentionFn:
+    fa = load_fa4()
+    if fa is None:
+        raise RuntimeError("FlashAttention-4 is not importable here")
+
+    def run(q, k, v, do, causal, softmax_scale):
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        out = fa(qg, kg, vg, softmax_scale=softmax_scale, causal=causal,
+                 deterministic=deterministic)
+        o = out[0] if isinstance(out, tuple) else out
+        o.backward(do)
+        return o.detach(), qg.grad, kg.grad, vg.grad
+
+    return run
+
+
+def get_impl(name: str) -> Impl:
+    """Resolve an implementation name (see the module docstring)."""
+    kind, _, arg = name.partition(":")
+    if kind == "emulator":
+        from dash_ref import NAMES
+        if arg not in NAMES:
+            raise ValueError(f"unknown schedule {arg!r} for the emulator; choose from {NAMES}")
+        return Impl(name, _emulator(arg), "cpu", "tile-level emulation on the CPU")
+    if kind == "dash":
+        return Impl(name, _dash(arg or "auto"), "cuda")
+    if name.startswith("sdpa-"):
+        parts = name.split("-")
+        backend, det = parts[1], parts[-1] == "det"
+        if backend not in ("math", "efficient", "flash", "cudnn"):
+            raise ValueError(f"unknown SDPA backend {backend!r}")
+        device = "cpu" if backend == "math" and not torch.cuda.is_available() else "cuda"
+        note = "use_deterministic_algorithms(True)" if det else ""
+        return Impl(name, _sdpa(backend, det), device, note)
+    if name in ("fa4", "fa4-det"):
+        return Impl(name, _fa4(name == "fa4-det"), "cuda")
+    if arg:
+        fn = getattr(importlib.import_module(kind), arg)
+        return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable")
+    raise ValueError(f"unknown implementation {name!r}: use emulator:NAME, sdpa-BACKEND[-det], "
+                     "dash:NAME, fa4[-det] or module:function")
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

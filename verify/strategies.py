@@ -1,0 +1,114 @@
+"""Hypothesis strategies for attention problems, exported for users.
+
+Draw shapes that break kernels: lengths of 1, lengths that are not a multiple of any tile
+size, ``S_q != S_k`` both ways (bottom-right causal rows that see no key), GQA and MQA
+head groups, every mask, dtype and schedule, all bounded by a memory budget so a fuzzing
+run stays small::
+
+    from hypothesis import given
+    from verify.strategies import cases
+
+    @given(cases(max_elements=50_000))
+    def test_my_kernel(case):
+        q, k, v, do = case.tensors()
+        ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from dash_ref import NAMES, Problem
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One drawn problem with its dtype, schedule and input seed."""
+
+    problem: Problem
+    dtype: str = "bf16"
+    schedule: str = "naive"
+    seed: int = 0
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def causal(self) -> bool:
+        return self.problem.mask == "causal"
+
+    def tensors(self, device: str | torch.device = "cpu") -> tuple[torch.Tensor, ...]:
+        """Seeded standard-normal ``q, k, v, do`` in ``(B, S, H, d)`` layout."""
+        p = self.problem
+        gen = torch.Generator().manual_seed(self.seed)
+
+        def draw(s: int, h: int) -> torch.Tensor:
+            x = torch.randn(p.batch, s, h, p.head_dim, generator=gen)
+            return x.to(self.torch_dtype).to(device)
+
+        return (draw(p.seqlen_q, p.heads), draw(p.seqlen_k, p.heads_kv),
+                draw(p.seqlen_k, p.heads_kv), draw(p.seqlen_q, p.heads))
+
+    def flags(self) -> str:
+        """The command-line flags that rebuild this case (for one-line reproducers)."""
+        p = self.problem
+        return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
+                f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
+                f"--mask {p.mask} --block-m {p.block_m} --block-n {p.block_n} "
+                f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
+
+
+def elements(p: Problem) -> int:
+    """Elements of ``q, k, v, do`` together: what the memory budget bounds."""
+    return p.batch * p.head_dim * (2 * p.seqlen_q * p.heads + 2 * p.seqlen_k * p.heads_kv)
+
+
+def seqlens(max_len: int = 300, tiles: tuple[int, ...] = (16, 32, 64, 128)) -> st.SearchStrategy:
+    """Lengths that stress tiling: 1, tile multiples, one off either side, and anything."""
+    edges = {1, 2, 3}
+    for t in tiles:
+        edges |= {t - 1, t, t + 1, 2 * t - 1, 2 * t + 1}
+    edges = sorted(x for x in edges if 1 <= x <= max_len)
+    return st.one_of(st.sampled_from(edges), st.integers(1, max_len))
+
+
+@st.composite
+def head_layouts(draw, max_kv_heads: int = 4, max_group: int = 4) -> tuple[int, int]:
+    """``(H, H_kv)`` with ``H % H_kv == 0``: MHA (group 1), GQA and MQA (``H_kv = 1``)."""
+    h_kv = draw(st.integers(1, max_kv_heads))
+    return h_kv * draw(st.integers(1, max_group)), h_kv
+
+
+@st.composite
+def problems(draw, max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
+             masks: tuple[str, ...] = ("full", "causal"),
+             blocks: tuple[tuple[int, int], ...] = ((16, 16), (32, 16), (64, 64), (128, 128)),
+             max_len: int = 300) -> Problem:
+    """A :class:`Problem` whose inputs hold at most ``max_elements`` numbers."""
+    d = draw(st.sampled_from(head_dims))
+    bm, bn = draw(st.sampled_from(blocks))
+    heads, heads_kv = draw(head_layouts())
+    batch = draw(st.integers(1, 3))
+    # q, k, v, do hold batch * d * 2 * (S_q * H + S_k * H_kv) numbers: bound each length.
+    per_token = batch * d * 2 * (heads + heads_kv)
+    longest = max(1, min(max_len, max_elements // per_token))
+    s_q, s_k = draw(seqlens(longest)), draw(seqlens(longest))
+    return Problem(batch, heads, heads_kv, s_q, s_k, d, draw(st.sampled_from(masks)), bm, bn)
+
+
+@st.composite
+def cases(draw, max_elements: int = 200_000, schedules: tuple[str, ...] = NAMES,
+          dtypes: tuple[str, ...] = ("bf16", "fp16"), **problem_kwargs) -> Case:
+    """A :class:`Case`: a problem, a dtype, a schedule name and an input seed."""
+    return Case(
+        problem=draw(problems(max_elements=max_elements, **problem_kwargs)),
+        dtype=draw(st.sampled_from(dtypes)),
+        schedule=draw(st.sampled_from(schedules)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
