@@ -23,3 +23,19 @@ __all__ = [
     "build_schedule",
     "default_schedule",
 ]
+
+# the DAG model, the event simulator and their renderings (DESIGN.md section 4)
+from .dag import DAG, CriticalPath, build_dag, critical_path  # noqa: E402
+from .gantt import save_gantt, text_timeline  # noqa: E402
+from .simulator import SimResult, simulate  # noqa: E402
+
+__all__ += [
+    "DAG",
+    "CriticalPath",
+    "SimResult",
+    "build_dag",
+    "critical_path",
+    "save_gantt",
+    "simulate",
+    "text_timeline",
+]
