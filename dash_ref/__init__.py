@@ -1,4 +1,4 @@
-"""dash_ref: schedules as data, the DAG model, and a tile-level reference of the attention backward."""
+"""dash_ref: schedules as data, the DAG model, and a tile-level reference of the backward."""
 
 from .problem import Problem
 from .schedule import (

@@ -16,7 +16,7 @@ MASKS = ("full", "causal")
 
 @dataclass(frozen=True)
 class Problem:
-    """An attention problem: sizes, mask and tile shape (``B, H, H_kv, S_q, S_k, d, mask, BM, BN``)."""
+    """An attention problem: sizes, mask and tiles (``B, H, H_kv, S_q, S_k, d, mask, BM, BN``)."""
 
     batch: int
     heads: int

@@ -1,1 +1,1 @@
-"""verify: prove kernels match dash_ref bit for bit, measure accuracy, audit determinism, fuzz shapes."""
+"""verify: kernels against dash_ref bit for bit, accuracy, determinism audits, shape fuzzing."""

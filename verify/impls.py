@@ -104,7 +104,7 @@ def _dash(schedule: str) -> AttentionFn:
 
 
 def load_fa4() -> Callable | None:
-    """FlashAttention-4's ``flash_attn_func`` if importable (also from an unpacked ``/tmp/site``)."""
+    """FlashAttention-4's ``flash_attn_func`` if importable (also from ``/tmp/site``)."""
     import os
     import sys
 

@@ -17,7 +17,7 @@ class Grads:
 
 
 def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Bottom-right causal mask ``(S_q, S_k)``: row ``r`` sees key ``c`` iff ``c <= r + S_k - S_q``."""
+    """Bottom-right causal mask ``(S_q, S_k)``: row ``r`` sees ``c`` iff ``c <= r + S_k - S_q``."""
     r = torch.arange(seqlen_q, device=device)[:, None]
     c = torch.arange(seqlen_k, device=device)[None, :]
     return c <= r + seqlen_k - seqlen_q
