@@ -1,0 +1,193 @@
+"""Launch the backward: preprocess D, the persistent schedule-driven kernel, postprocesses.
+
+CONTRACT_PLACEHOLDER
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from dash_ref import Schedule
+
+from .bwd_kernel import dash_bwd_kernel
+from .config import backward_config, backward_problem
+from .forward import scale_log2
+from .prepost_kernels import dash_delta_kernel, dash_dq_kernel, dash_gqa_kernel
+from .tables import TABLE_NAMES, device_schedule
+
+F32 = torch.float32
+
+
+@dataclass
+class BackwardAudit:
+    """What ``audit=True`` returns beside the gradients (small problems only).
+
+    ``partials[v]`` is the fp32 partial ``P_ij = dS_ij @ K_j`` of visit ``v`` in
+    :meth:`dash_ref.Schedule.to_tables` order (workers, then chains in run order, then
+    visits in visit order); its row ``r`` is query row ``i * BM + r`` (rows past ``S_q``
+    hold anything). ``dq_acc`` is the fp32 ``(B, S_q, H, d)`` accumulator before scaling,
+    so ``dash_ref.emulate.replay(schedule, partials)`` must equal it bit for bit.
+    ``dk_heads`` / ``dv_heads`` are each query head's fp32 ``(B, S_k, H, d)`` dK / dV
+    accumulators before the GQA sum (dK unscaled).
+    """
+
+    schedule: Schedule
+    partials: torch.Tensor
+    dq_acc: torch.Tensor
+    dk_heads: torch.Tensor
+    dv_heads: torch.Tensor
+
+
+# -- residency ------------------------------------------------------------------------------
+_resident: dict[tuple, int] = {}
+_resident_lock = threading.Lock()
+
+
+def _blocks_per_sm(kernel, device: torch.device) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, smem, threads)."""
+    props = torch.cuda.get_device_properties(device)
+    kernel._init_handles()  # loads the binary; fills n_regs
+    warps = kernel.metadata.num_warps
+    regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in 256s
+    by_regs = (props.regs_per_multiprocessor // regs_per_warp) // warps
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    shared = kernel.metadata.shared
+    by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32
+    return max(0, min(by_regs, by_threads, by_smem, 32))
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``: the default number of persistent workers."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def max_workers(key: tuple, device: torch.device, compile_kernel) -> int:
+    """Most programs of the backward kernel that can be resident at once on ``device``.
+
+    ``compile_kernel()`` returns the compiled kernel for this launch; the answer is cached
+    per ``key`` (kernel variant and device).
+    """
+    with _resident_lock:
+        hit = _resident.get(key)
+    if hit is None:
+        hit = sm_count(device) * _blocks_per_sm(compile_kernel(), device)
+        with _resident_lock:
+            _resident[key] = hit
+    return hit
+
+
+# -- launch ---------------------------------------------------------------------------------
+def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse2: torch.Tensor, do: torch.Tensor, causal: bool, softmax_scale: float,
+                 schedule: str, num_workers: int | None, audit: bool = False,
+                 poison: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
+    """dQ, dK, dV (and the audit record) under schedule ``schedule``.
+
+    Inputs are validated ``(B, S, H, d)`` views (contiguous last dim, non-empty sequences);
+    ``lse2`` is fp32 with dims ``(B, S_q, H)``. ``schedule`` is a resolved name (``atomic``
+    or a deterministic one). ``poison`` fills outputs and scratch with NaN first.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    device = q.device
+    cfg = backward_config(head_dim)
+    problem = backward_problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+    deterministic = schedule != "atomic"
+    per_head = audit or heads != heads_kv
+
+    # D = rowsum(dO * O), fp32, laid out like LSE2: a (B, S_q, H) view of (B, H, S_q)
+    delta = torch.empty((batch, heads, seqlen_q), device=device, dtype=F32).transpose(1, 2)
+    if lse2.stride() != delta.stride():  # the kernel reads LSE2 and D with one set of strides
+        lse2 = torch.empty_like(delta).copy_(lse2)
+    grid_rows = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
+    dash_delta_kernel[grid_rows](
+        o, do, delta,
+        o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        delta.stride(0), delta.stride(1), delta.stride(2),
+        heads, seqlen_q, BM=cfg.block_m, HEAD_DIM=head_dim,
+    )
+
+    dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=device, dtype=F32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if per_head:
+        dk_out = torch.empty((batch, seqlen_k, heads, head_dim), device=device, dtype=F32)
+        dv_out = torch.empty_like(dk_out)
+    else:
+        dk_out, dv_out = dk, dv
+    scratch = [dq, dk, dv] + ([dk_out, dv_out] if per_head else [])
+
+    kernel_args_tail = dict(
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
+        DETERMINISTIC=deterministic, AUDIT=audit, PER_HEAD=per_head,
+        OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+    def args(sched_tables, sem, partials):
+        t = sched_tables
+        return (
+            q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, sem, partials,
+            t["worker_offsets"], t["chain_bhj"], t["chain_offsets"], t["visit_q"],
+            t["visit_rank"],
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            lse2.stride(0), lse2.stride(1), lse2.stride(2),
+            dk_out.stride(0), dk_out.stride(1), dk_out.stride(2),
+            dv_out.stride(0), dv_out.stride(1), dv_out.stride(2),
+            heads, heads // heads_kv, seqlen_q, seqlen_k, problem.n_q, seqlen_k - seqlen_q,
+            scale_log2(softmax_scale), softmax_scale,
+        )
+
+    workers = int(num_workers) if num_workers is not None else sm_count(device)
+    variant = (device, q.dtype, head_dim, cfg, causal, deterministic, audit, per_head)
+    placeholder = {name: torch.zeros(4, device=device, dtype=torch.int32) for name in TABLE_NAMES}
+    limit = max_workers(variant, device, lambda: dash_bwd_kernel.warmup(
+        *args(placeholder, placeholder["visit_q"], dq_acc), grid=(workers,), **kernel_args_tail))
+    if workers > limit:
+        raise ValueError(
+            f"num_workers={workers} exceeds the {limit} backward programs that can be resident "
+            f"at once on {torch.cuda.get_device_name(device)}: a persistent grid larger than "
+            "that could deadlock on its semaphores"
+        )
+
+    sched = device_schedule(problem, schedule, workers, device)  # validated, cached per shape
+    # one semaphore per dQ tile (b, h, i): the rank whose partial goes in next
+    sem = torch.zeros(sched.num_tiles if deterministic else 1, device=device, dtype=torch.int32)
+    partials = (torch.empty((sched.num_visits, cfg.block_m, head_dim), device=device,
+                            dtype=F32) if audit else dq_acc)
+    if audit:
+        scratch.append(partials)
+    if poison:
+        for t in scratch:
+            t.fill_(math.nan)
+
+    # One program per worker; the grid never exceeds what is resident (checked above).
+    dash_bwd_kernel[(workers,)](*args(sched.tables, sem, partials), **kernel_args_tail)
+
+    dash_dq_kernel[grid_rows](
+        dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
+        heads, seqlen_q, softmax_scale, BM=cfg.block_m, HEAD_DIM=head_dim,
+    )
+    if per_head:
+        grid_kv = (triton.cdiv(seqlen_k, cfg.block_n), batch * heads_kv)
+        dash_gqa_kernel[grid_kv](
+            dk_out, dv_out, dk, dv,
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            heads_kv, seqlen_k, softmax_scale,
+            GROUP=heads // heads_kv, BN=cfg.block_n, HEAD_DIM=head_dim,
+        )
+    record = None
+    if audit:
+        record = BackwardAudit(sched.schedule(), partials, dq_acc, dk_out, dv_out)
+    return dq, dk, dv, record

@@ -1,0 +1,95 @@
+"""The forward kernel: FlashAttention's online softmax in base 2, one program per Q tile.
+
+Program ``(m, b * H + h)`` owns query rows ``m * BM : (m + 1) * BM`` of head ``(b, h)`` and
+streams the KV tiles its rows can see in ascending order:
+
+* first the tiles every row of the tile sees in full (no mask arithmetic at all),
+* then the rest: the last partial KV tile and, for causal masks, the diagonal band.
+
+Scores are kept in base-2 units, ``s2 = S * scale_log2`` with ``scale_log2 =
+softmax_scale * log2(e)``, so every exponential is one ``ex2.approx``. The outputs are
+``O`` (input dtype) and ``LSE2 = log2(sum_k 2^s2)`` (fp32, base 2), the value the backward
+subtracts. A row that sees no key (causal with ``S_q > S_k``) gets ``O = 0`` and
+``LSE2 = -inf``, as :mod:`dash_ref.emulate` defines it; the backward masks those rows'
+probabilities to exactly 0, so they produce zero gradients and never NaN.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .bwd_kernel import _load_tile, _store_tile
+
+
+@triton.jit
+def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, scale_log2,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Fold one KV tile into the running max ``m``, sum ``l`` and output ``acc``."""
+    s2 = tl.dot(q, tl.trans(k)) * scale_log2
+    if MASKED:
+        visible = cols[None, :] < S_K
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + CAUSAL_OFFSET)
+        s2 = tl.where(visible, s2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s2, 1))
+    # a row that has seen no key yet keeps m = -inf; subtract 0 instead of -inf - -inf
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s2 - m_safe[:, None])
+    alpha = tl.math.exp2(m - m_safe)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l
+
+
+@triton.jit
+def dash_fwd_kernel(
+    Q, K, V, O, LSE2,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_ls, stride_lh,
+    H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
+    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_kv = h // GROUP
+    rows = pid_m * BM + tl.arange(0, BM)
+    q = _load_tile(Q + b * stride_qb + h * stride_qh, rows, S_Q, stride_qs, HEAD_DIM)
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
+
+    m = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, HEAD_DIM], dtype=tl.float32)
+
+    # keys [0, hi) are seen by some row of the tile; keys [0, dense) by all of its rows
+    hi = S_K
+    dense = (S_K // BN) * BN
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(S_K, (pid_m + 1) * BM + CAUSAL_OFFSET), 0)
+        dense = tl.minimum(dense, tl.maximum(pid_m * BM + CAUSAL_OFFSET + 1, 0) // BN * BN)
+    for start in range(0, dense, BN):
+        cols = start + tl.arange(0, BN)
+        k = _load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
+        v = _load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
+        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
+                                  scale_log2, False, CAUSAL)
+    for start in range(dense, hi, BN):
+        cols = start + tl.arange(0, BN)
+        k = _load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
+        v = _load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
+        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
+                                  scale_log2, True, CAUSAL)
+
+    seen = l > 0.0
+    o = acc / tl.where(seen, l, 1.0)[:, None]
+    o = tl.where(seen[:, None], o, 0.0)
+    lse2 = tl.where(seen, m + tl.math.log2(l), float("-inf"))
+    _store_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os,
+                o.to(O.dtype.element_ty), HEAD_DIM)
+    tl.store(LSE2 + b * stride_lb + h * stride_lh + rows * stride_ls, lse2, mask=rows < S_Q)
