@@ -8,9 +8,9 @@ import json
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="every schedule on one small problem: bits and accuracy")
-    p.add_argument("--seqlen", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=16)
-    p.add_argument("--block", type=int, default=16, help="BM = BN")
+    p.add_argument("--seqlen", type=int, default=256)
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--block", type=int, default=32, help="BM = BN")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
