@@ -39,3 +39,38 @@ __all__ += [
     "simulate",
     "text_timeline",
 ]
+
+# exact rounding on raw bits, ULPs and the fp32 add contract (DESIGN.md section 5)
+from .numerics import (  # noqa: E402
+    NAN_DISTANCE,
+    bf16_bits,
+    bits_bf16,
+    bits_f32,
+    bits_fp16,
+    f32_bits,
+    flush_subnormals_f32,
+    fp16_bits,
+    fp32_add_rne,
+    round_f32_to,
+    ulp,
+    ulp_distance,
+    ulp_error,
+    unit_roundoff,
+)
+
+__all__ += [
+    "NAN_DISTANCE",
+    "bf16_bits",
+    "bits_bf16",
+    "bits_f32",
+    "bits_fp16",
+    "f32_bits",
+    "flush_subnormals_f32",
+    "fp16_bits",
+    "fp32_add_rne",
+    "round_f32_to",
+    "ulp",
+    "ulp_distance",
+    "ulp_error",
+    "unit_roundoff",
+]

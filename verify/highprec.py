@@ -1,0 +1,480 @@
+"""High-precision attention gradients for small shapes, error metrics, and the accuracy bound.
+
+Reference values (:func:`reference_grads`)
+    Given the *same* low-precision inputs a kernel sees (bf16/fp16 ``Q, K, V, dO``, upcast
+    exactly), compute the mathematically exact attention forward and backward::
+
+        P  = softmax(scale * Q K^T)  (masked logits excluded)     LSE = log sum exp(scale * Q K^T)
+        O  = P V                      dV = P^T dO                  dP  = dO V^T
+        D  = rowsum(dO * O)           dS = P * (dP - D)
+        dQ = scale * dS K             dK = scale * dS^T Q
+
+    Every input is a binary float, so it is an integer times a power of two; the matrix
+    products, ``D``, ``dS`` and the scalings are done in exact integer arithmetic (Python
+    integers in NumPy object arrays, one power-of-two exponent per matrix). Only three
+    things are not exact: ``exp``/``log``/division for the softmax and the value of
+    ``scale`` when it is irrational (``1/sqrt(d)`` for ``d`` not a power of 4); those are
+    computed in ``mpmath`` with ``dps`` significant decimal digits (default 50) and then
+    carried exactly. ``D`` uses the exact ``O``. The results are rounded once to float64
+    (correctly rounded from the exact integer form), far finer than bf16/fp16, so they
+    are the "exact" side of every ULP and normwise metric. A kernel that uses ``scale``
+    rounded to fp32 differs from ``1/sqrt(d)`` by at most ``2**-24`` relative, inside the fp32
+    term of the bound; pass that value as ``softmax_scale`` to take it exactly.
+
+    Masks: ``full`` or ``causal``, bottom-right aligned when ``S_q != S_k`` (query row ``r``
+    sees key ``c`` iff ``c <= r + S_k - S_q``). A row that sees no key has ``O = 0``,
+    ``LSE = -inf`` and contributes nothing to any gradient (its ``dQ`` is 0). GQA: ``H`` query
+    heads share ``H_kv`` key/value heads (query head ``h`` uses KV head ``h // (H // H_kv)``),
+    and ``dK, dV`` of a KV head are summed over its query heads. Layout ``(B, S, H, d)``
+    (``layout="bshd"``, FlashAttention's) or ``(B, H, S, d)`` (``layout="bhsd"``, SDPA's);
+    outputs use the same layout, ``LSE`` is ``(B, H, S_q)`` (natural log, of the scaled
+    logits).
+
+Metrics (:func:`error_report`)
+    ``max_ulp`` (largest elementwise error in ULPs of the output format, from
+    :func:`dash_ref.numerics.ulp_error`; information only: where a gradient cancels to
+    almost nothing a correct result can be many ULPs off), ``normwise``
+    ``= ||x - exact||_F / ||exact||_F`` (the quantity the bound is about), and ``n_above``,
+    the number of elements with ``|x_i - exact_i| > bound * (|exact_i| + rms(exact))``: a
+    mixed relative/absolute elementwise reading of the same bound that points at *where*
+    an error sits (a missing tile shows up as a block of rows).
+
+The bound (:func:`error_bound`)
+    Every schedule executes the arithmetic of ``DESIGN.md`` section 5: fp32 products and
+    sums, with operands rounded to the storage format (unit roundoff ``u``: ``2**-8`` bf16,
+    ``2**-11`` fp16) at fixed points. Schedules differ only in the order of fp32 sums. To
+    first order each rounding to the storage format multiplies one value by ``1 + delta``,
+    ``|delta| <= u``, and contributes ``delta * term`` to an output:
+
+    - ``O = round(round(P) V)``: terms ``P_rc V_c``; the final rounding.
+    - ``dV = round(round(P)^T dO)``: terms ``P_rc dO_r``; the final rounding.
+    - ``dQ = round(scale * round(dS) K)``: terms ``scale dS_rc K_c``; the error
+      ``dD_r = sum_j dO_rj err(O_rj)`` of ``D = rowsum(dO * O)`` computed from the forward's
+      rounded ``O`` (its terms are ``P_rc dP_rc``, from the rounding of ``P``, and
+      ``dO_rj O_rj``), which enters every ``dS_rc`` of the row as ``-P_rc dD_r`` and so
+      ``dQ_r`` as ``-scale dD_r (P K)_r``; the final rounding.
+    - ``dK = round(scale * round(dS)^T Q)``: terms ``scale dS_rc Q_r``; ``-scale P_rc dD_r Q_r``
+      summed over ``r``; the final rounding (GQA: the terms of all query heads of the group).
+
+    The rounding errors are independent with mean zero, so the squared error norm has
+    expectation at most ``u**2 * M**2``, ``M**2`` the sum of the squared norms of all terms
+    (the final rounding counts ``||exact||**2``). :func:`reference_grads` computes the
+    *rounding-error magnification* ``kappa = M / ||exact||_F`` of each output (in float64 from
+    the exact intermediates: a magnitude, not part of the exact path;
+    ``HighPrecResult.kappa``). It is about 1.4 to 1.9 for zero-mean random inputs and
+    grows where the output cancels (keys with a large common offset make ``dS K`` cancel,
+    since the rows of ``dS`` sum to zero: ``kappa_dQ`` of 50 and more). The fp32 operations
+    (``u32 = 2**-24``: the ``Q K^T`` and ``dO V^T`` products, ``exp2``, the fp32 ``LSE``, sums over
+    ``S_k`` for dQ, ``S_q * H/H_kv`` for dK/dV and ``d``) are covered by their worst case
+    ``n_acc * u32``, ``n_acc = d + max(S_q * H/H_kv, S_k)``, added without a safety factor
+    (below ``0.1 u`` for bf16 at the shapes mpmath can check). The bound is::
+
+        normwise <= safety * kappa * u + n_acc * u32,        safety = 2
+
+    about ``3.5 u`` (1.4 % for bf16, 0.17 % for fp16) on well-conditioned inputs.
+    Without ``kappa`` (:func:`error_bound` called on its own) ``kappa = 2`` is assumed,
+    which is right only for well-conditioned inputs.
+
+    Why ``safety = 2``: a round-to-nearest relative error of a value with a random
+    significand has an rms of about ``0.42 u`` (``E delta**2 = (u**2 / 3) E[1/m**2]``,
+    ``m`` in [1, 2)), so the model predicts ``normwise ~ 0.42 kappa u``; measured on random
+    and on deliberately ill-conditioned problems (offset keys, values or gradients, peaked
+    softmax, causal with ``S_q != S_k``, GQA) it is ``0.3`` to ``0.5 kappa u``
+    (``tests/test_highprec.py``). The norm sums many independent errors and concentrates,
+    so correct results stay a factor of 4 below the bound; on problems with a handful of
+    output elements, where it cannot concentrate, the largest value seen in 9000 random
+    draws was ``1.17 kappa u``, still under it. A wrong gradient is wrong by a fraction of
+    its own size: dropping ``D``, a wrong scale or a lost dQ tile partial gives normwise
+    errors of 10 % to 100 %, 15 to 60 times the bf16 bound and over 100 times the fp16
+    one. Because ``kappa`` tracks the conditioning, the bound stays this tight on
+    well-conditioned inputs and still holds on ill-conditioned ones, where any fixed
+    relative bound either fails or is too loose to catch anything.
+
+    A problem whose exact output is all zero (every row sees at most one key makes
+    ``dQ = 0``) has no relative error; its ``kappa`` is inf (0 if no term can be wrong) and
+    the bound says nothing: check absolute errors there (``floor`` in :func:`error_report`).
+    At long sequences a lost partial is a small part of the whole norm; ``n_above`` then
+    still points at the rows it damaged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mpmath
+import numpy as np
+import torch
+
+from dash_ref.numerics import ulp_error, unit_roundoff
+
+__all__ = [
+    "GRADS",
+    "KAPPA_DEFAULT",
+    "SAFETY",
+    "ErrorReport",
+    "HighPrecResult",
+    "error_bound",
+    "error_report",
+    "grad_error_reports",
+    "reference_grads",
+]
+
+#: Safety factor of :func:`error_bound` (justified in the module docstring).
+SAFETY = 2.0
+#: ``kappa`` assumed by :func:`error_bound` when none is given (well-conditioned inputs).
+KAPPA_DEFAULT = 2.0
+#: Outputs with a bound.
+GRADS = ("o", "dq", "dk", "dv")
+_U32 = 2.0**-24
+LAYOUTS = ("bshd", "bhsd")
+
+
+# -- exact integer blocks ---------------------------------------------------------------
+class _Exact:
+    """A matrix of exact binary numbers: ``n * 2**e`` with ``n`` Python ints, one ``e``."""
+
+    __slots__ = ("e", "n")
+
+    def __init__(self, n: np.ndarray, e: int) -> None:
+        self.n = n
+        self.e = e
+
+    @staticmethod
+    def from_pairs(mans: Sequence[int], exps: Sequence[int], shape: tuple[int, ...]) -> _Exact:
+        nz = [e for m, e in zip(mans, exps, strict=True) if m]
+        base = min(nz) if nz else 0
+        vals = [m << (e - base) if m else 0 for m, e in zip(mans, exps, strict=True)]
+        arr = np.empty(len(vals), dtype=object)
+        arr[:] = vals
+        return _Exact(arr.reshape(shape), base)
+
+    @staticmethod
+    def from_tensor(t: torch.Tensor) -> _Exact:
+        flat = t.detach().to(torch.float64).cpu().reshape(-1).tolist()
+        mans, exps = [], []
+        for x in flat:
+            if not math.isfinite(x):
+                raise ValueError("reference_grads needs finite inputs")
+            num, den = x.as_integer_ratio()
+            e = 1 - den.bit_length()  # den is a power of two
+            if num:
+                tz = (num & -num).bit_length() - 1
+                num >>= tz
+                e += tz
+            mans.append(num)
+            exps.append(e)
+        return _Exact.from_pairs(mans, exps, tuple(t.shape))
+
+    @staticmethod
+    def from_mpf(x: mpmath.mpf) -> _Exact:
+        m, e = x.man_exp
+        arr = np.empty((), dtype=object)
+        arr[()] = int(m)
+        return _Exact(arr, int(e))
+
+    def _shifted(self, e: int) -> np.ndarray:
+        return self.n if e == self.e else self.n * (1 << (self.e - e))
+
+    def __add__(self, other: _Exact) -> _Exact:
+        e = min(self.e, other.e)
+        return _Exact(self._shifted(e) + other._shifted(e), e)
+
+    def __sub__(self, other: _Exact) -> _Exact:
+        e = min(self.e, other.e)
+        return _Exact(self._shifted(e) - other._shifted(e), e)
+
+    def __mul__(self, other: _Exact) -> _Exact:
+        return _Exact(self.n * other.n, self.e + other.e)
+
+    def __matmul__(self, other: _Exact) -> _Exact:
+        return _Exact(self.n @ other.n, self.e + other.e)
+
+    @property
+    def T(self) -> _Exact:  # noqa: N802
+        return _Exact(self.n.T, self.e)
+
+    def rowsum(self) -> _Exact:
+        return _Exact(self.n.sum(axis=-1), self.e)
+
+    def column(self) -> _Exact:
+        return _Exact(self.n[:, None], self.e)
+
+    def to_f64(self) -> np.ndarray:
+        """Correctly rounded float64 values (CPython's int true division is exact-rounding)."""
+        e = self.e
+        if e >= 0:
+            vals = [float(int(v) << e) for v in self.n.reshape(-1)]
+        else:
+            d = 1 << -e
+            vals = [int(v) / d for v in self.n.reshape(-1)]
+        return np.array(vals, dtype=np.float64).reshape(self.n.shape)
+
+
+def _zeros(shape: tuple[int, ...]) -> _Exact:
+    arr = np.empty(shape, dtype=object)
+    arr.fill(0)
+    return _Exact(arr, 0)
+
+
+# -- reference ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HighPrecResult:
+    """Exact attention outputs rounded to float64, in the layout of the inputs."""
+
+    o: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    layout: str = "bshd"
+    kappa: dict[str, float] = field(default_factory=dict)
+
+
+def _visible(causal: bool, s_q: int, s_k: int) -> list[range]:
+    if not causal:
+        return [range(s_k)] * s_q
+    return [range(min(s_k, max(0, r + s_k - s_q + 1))) for r in range(s_q)]
+
+
+def reference_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dps: int = 50,
+    layout: str = "bshd",
+) -> HighPrecResult:
+    """Exact O, LSE, dQ, dK, dV of softmax attention (see the module docstring), as float64.
+
+    ``q, do``: ``(B, S_q, H, d)`` / ``(B, S_q, H, d_v)``; ``k, v``: ``(B, S_k, H_kv, d)`` /
+    ``(B, S_k, H_kv, d_v)`` (``layout="bhsd"`` swaps the S and H axes). Any float dtype;
+    values are taken exactly. ``softmax_scale`` defaults to ``1/sqrt(d)``; ``dps`` is the
+    mpmath precision (decimal digits) of exp, log, division and an irrational scale.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if dps < 30:
+        raise ValueError(f"dps must be at least 30, got {dps}")
+    if layout == "bhsd":
+        q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or do.dim() != 4:
+        raise ValueError("q, k, v, do must be 4-D")
+    bsz, s_q, heads, d = q.shape
+    s_k, heads_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
+    if k.shape != (bsz, s_k, heads_kv, d) or v.shape[:3] != (bsz, s_k, heads_kv):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if do.shape != (bsz, s_q, heads, d_v):
+        raise ValueError(f"do must have shape {(bsz, s_q, heads, d_v)}, got {tuple(do.shape)}")
+    if heads_kv < 1 or heads % heads_kv:
+        raise ValueError(f"H ({heads}) must be a multiple of H_kv ({heads_kv})")
+    group = heads // heads_kv
+    rows = _visible(causal, s_q, s_k)
+
+    o = np.zeros((bsz, s_q, heads, d_v))
+    lse = np.full((bsz, heads, s_q), -np.inf)
+    dq = np.zeros((bsz, s_q, heads, d))
+    dk = np.zeros((bsz, s_k, heads_kv, d))
+    dv = np.zeros((bsz, s_k, heads_kv, d_v))
+
+    with mpmath.workdps(dps):
+        if softmax_scale is None:
+            scale_mp = 1 / mpmath.sqrt(d) if d > 0 else mpmath.mpf(1)
+        else:
+            scale_mp = mpmath.mpf(float(softmax_scale))
+        scale = _Exact.from_mpf(scale_mp)
+        scale2 = float(scale_mp) ** 2
+        mag = dict.fromkeys(GRADS, 0.0)  # sums of squared rounding-term magnitudes
+        for b in range(bsz):
+            kk = [_Exact.from_tensor(k[b, :, g]) for g in range(heads_kv)]
+            vv = [_Exact.from_tensor(v[b, :, g]) for g in range(heads_kv)]
+            dk_acc = [_zeros((s_k, d)) for _ in range(heads_kv)]
+            dv_acc = [_zeros((s_k, d_v)) for _ in range(heads_kv)]
+            for h in range(heads):
+                g = h // group
+                qh = _Exact.from_tensor(q[b, :, h])
+                doh = _Exact.from_tensor(do[b, :, h])
+                p, lse_h = _softmax(qh @ kk[g].T * scale, rows)
+                lse[b, h] = lse_h
+                oh = p @ vv[g]
+                dp = doh @ vv[g].T
+                delta = (doh * oh).rowsum().column()
+                ds = p * (dp - delta)
+                o[b, :, h] = oh.to_f64()
+                dq[b, :, h] = ((ds @ kk[g]) * scale).to_f64()
+                inputs = (q[b, :, h], k[b, :, g], v[b, :, g], do[b, :, h])
+                _add_magnitudes(mag, scale2, p, ds, dp, o[b, :, h], inputs)
+                dk_acc[g] = dk_acc[g] + ds.T @ qh
+                dv_acc[g] = dv_acc[g] + p.T @ doh
+            for g in range(heads_kv):
+                dk[b, :, g] = (dk_acc[g] * scale).to_f64()
+                dv[b, :, g] = dv_acc[g].to_f64()
+
+    out = [torch.from_numpy(t) for t in (o, dq, dk, dv)]
+    if layout == "bhsd":
+        out = [t.transpose(1, 2).contiguous() for t in out]
+    o_t, dq_t, dk_t, dv_t = out
+    kappa = {}
+    for name, t in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), strict=True):
+        total = mag[name] + float(np.sum(t * t))  # + the final rounding of the output
+        norm2 = float(np.sum(t * t))
+        kappa[name] = math.sqrt(total / norm2) if norm2 > 0 else (math.inf if total else 0.0)
+    return HighPrecResult(o_t, torch.from_numpy(lse), dq_t, dk_t, dv_t, layout, kappa)
+
+
+def _add_magnitudes(
+    mag: dict[str, float],
+    scale2: float,
+    p_exact: _Exact,
+    ds_exact: _Exact,
+    dp_exact: _Exact,
+    o: np.ndarray,
+    inputs: tuple[torch.Tensor, ...],
+) -> None:
+    """Add one head's squared rounding-term magnitudes (model in the module docstring).
+
+    Magnitudes only need a few digits, so this runs in float64 on rounded copies.
+    """
+    p, ds, dp = p_exact.to_f64(), ds_exact.to_f64(), dp_exact.to_f64()
+    q, k, v, do = (t.detach().to(torch.float64).numpy() for t in inputs)
+    p2, ds2 = p * p, ds * ds
+    qn, kn, vn, don = ((t * t).sum(axis=1) for t in (q, k, v, do))
+    w = (p2 * dp * dp).sum(axis=1) + (do * do * o * o).sum(axis=1)  # E dD_r^2 / u^2
+    pk = p @ k
+    mag["o"] += float((p2 @ vn).sum())
+    mag["dv"] += float(p2.sum(axis=1) @ don)
+    mag["dq"] += scale2 * float((ds2 @ kn).sum() + (w * (pk * pk).sum(axis=1)).sum())
+    mag["dk"] += scale2 * float(ds2.sum(axis=1) @ qn + (p2.sum(axis=1) * w) @ qn)
+
+
+def _softmax(logits: _Exact, rows: list[range]) -> tuple[_Exact, list[float]]:
+    """Row softmax of exact logits over the visible keys, in mpf; masked entries exactly 0."""
+    s_q, s_k = logits.n.shape
+    mans: list[int] = [0] * (s_q * s_k)
+    exps: list[int] = [0] * (s_q * s_k)
+    lse: list[float] = []
+    e = logits.e
+    for r, cols in enumerate(rows):
+        if not cols:
+            lse.append(-math.inf)
+            continue
+        z = [mpmath.mpf((int(logits.n[r, c]), e)) for c in cols]
+        zmax = max(z)
+        ez = [mpmath.exp(x - zmax) for x in z]
+        total = mpmath.fsum(ez)
+        for c, x in zip(cols, ez, strict=True):
+            m, ex = (x / total).man_exp
+            mans[r * s_k + c] = int(m)
+            exps[r * s_k + c] = int(ex)
+        lse.append(float(zmax + mpmath.log(total)))
+    return _Exact.from_pairs(mans, exps, (s_q, s_k)), lse
+
+
+# -- metrics and bound ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ErrorReport:
+    """Accuracy of one output against the exact values (see the module docstring)."""
+
+    max_ulp: float
+    normwise: float
+    bound: float
+    n_above: int
+    numel: int
+
+    @property
+    def passed(self) -> bool:
+        """True if the normwise error meets the bound."""
+        return self.normwise <= self.bound
+
+
+def error_bound(
+    dtype: torch.dtype,
+    grad: str = "dq",
+    kappa: float | None = None,
+    *,
+    seqlen_q: int = 0,
+    seqlen_k: int = 0,
+    head_dim: int = 0,
+    group: int = 1,
+    safety: float = SAFETY,
+) -> float:
+    """Normwise relative error bound ``safety * kappa * u + n_acc * 2**-24`` for one output.
+
+    ``grad`` is ``"o"``, ``"dq"``, ``"dk"`` or ``"dv"`` (checked, not used otherwise);
+    ``u = unit_roundoff(dtype)``; ``kappa`` is ``HighPrecResult.kappa[grad]`` (default
+    :data:`KAPPA_DEFAULT`); the shape arguments give
+    ``n_acc = head_dim + max(seqlen_q * group, seqlen_k)`` (0 if left out).
+    """
+    if grad not in GRADS:
+        raise ValueError(f"grad must be one of {GRADS}, got {grad!r}")
+    kappa = KAPPA_DEFAULT if kappa is None else float(kappa)
+    n_acc = head_dim + max(seqlen_q * group, seqlen_k)
+    return safety * kappa * unit_roundoff(dtype) + n_acc * _U32
+
+
+def error_report(
+    x: torch.Tensor,
+    exact: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    bound: float | None = None,
+    floor: float = 0.0,
+) -> ErrorReport:
+    """Max ULP error, normwise relative error and elements above ``bound`` of ``x`` vs ``exact``.
+
+    ``dtype`` (the output format whose ULPs are counted) defaults to ``x.dtype``; ``bound``
+    defaults to ``error_bound(dtype, "dq")``. The normwise error divides by
+    ``max(||exact||_F, floor)``; with both zero it is 0 if ``x`` is all zero, else inf.
+    """
+    dtype = x.dtype if dtype is None else dtype
+    bound = error_bound(dtype) if bound is None else float(bound)
+    if x.shape != exact.shape:
+        raise ValueError(f"shape mismatch: {tuple(x.shape)} vs {tuple(exact.shape)}")
+    xe = x.detach().to(torch.float64)
+    ex = exact.detach().to(torch.float64)
+    err = (xe - ex).abs()
+    numel = ex.numel()
+    if numel == 0:
+        return ErrorReport(0.0, 0.0, bound, 0, 0)
+    max_ulp = float(ulp_error(xe, ex, dtype).max())
+    num = float(torch.linalg.vector_norm(err))
+    den = max(float(torch.linalg.vector_norm(ex)), floor)
+    normwise = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+    rms = float(torch.linalg.vector_norm(ex)) / math.sqrt(numel)
+    n_above = int((err > bound * (ex.abs() + rms)).sum())
+    return ErrorReport(max_ulp, normwise, bound, n_above, numel)
+
+
+def grad_error_reports(
+    exact: HighPrecResult,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    dtype: torch.dtype | None = None,
+) -> dict[str, ErrorReport]:
+    """:func:`error_report` of dQ, dK, dV against ``exact``, each with its own bound.
+
+    The bounds use ``exact.kappa`` and the shape of the problem (:func:`error_bound`).
+    """
+    dtype = dq.dtype if dtype is None else dtype
+    s_ax, h_ax = (1, 2) if exact.layout == "bshd" else (2, 1)
+    shape = {
+        "seqlen_q": exact.dq.shape[s_ax],
+        "seqlen_k": exact.dk.shape[s_ax],
+        "head_dim": max(exact.dq.shape[3], exact.dv.shape[3]),
+        "group": exact.dq.shape[h_ax] // exact.dk.shape[h_ax],
+    }
+    got = {"dq": dq, "dk": dk, "dv": dv}
+    return {
+        name: error_report(
+            got[name],
+            getattr(exact, name),
+            dtype,
+            error_bound(dtype, name, exact.kappa.get(name), **shape),
+        )
+        for name in ("dq", "dk", "dv")
+    }
