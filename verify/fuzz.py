@@ -2,7 +2,8 @@
 
 :func:`check` runs one :class:`~verify.strategies.Case` through an implementation and
 holds every output to the float64 reference within ``verify.highprec.error_bound``
-(normwise), requiring finite values, the right shapes and dtypes. :func:`fuzz` lets
+(:func:`verify.reference.grad_checks`), requiring finite values, the right shapes and
+dtypes. :func:`fuzz` lets
 ``hypothesis`` draw cases, and when one fails, shrinks it to the smallest failing shape
 and returns it with a ``dash-verify check`` command line that reproduces it.
 """
@@ -15,9 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from verify.audit import OUTPUTS, _progress
-from verify.highprec import error_bound
 from verify.impls import Impl, get_impl
-from verify.reference import attention_f64
+from verify.reference import attention_f64, grad_checks
 from verify.strategies import Case, cases
 
 
@@ -34,28 +34,27 @@ class CheckFailure(AssertionError):
 
 
 def check(impl: Impl | str, case: Case) -> CheckResult:
-    """Run one case and compare every output with float64 (normwise, ``error_bound``)."""
+    """Run one case and hold every output to the float64 reference and its bound."""
     impl = get_impl(impl) if isinstance(impl, str) else impl
     q, k, v, do = case.tensors(impl.device)
     scale = case.problem.head_dim ** -0.5
     got = impl(q, k, v, do, case.causal, scale)
     ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
-    bound = error_bound(case.torch_dtype)
     errors, problems = {}, []
+    outputs = {}
     for name, x, want in zip(OUTPUTS, got, (ref.o, ref.dq, ref.dk, ref.dv)):
         if tuple(x.shape) != tuple(want.shape) or x.dtype != case.torch_dtype:
             problems.append(f"{name} is {tuple(x.shape)} {x.dtype}, expected "
                             f"{tuple(want.shape)} {case.torch_dtype}")
-            continue
-        x = x.detach().cpu().double()
-        if not torch.isfinite(x).all():
-            problems.append(f"{name} has {int((~torch.isfinite(x)).sum())} non-finite values")
-            continue
-        scale_ = float(want.norm())
-        err = float((x - want).norm()) / scale_ if scale_ > 0 else float((x - want).norm())
-        errors[name] = err
-        if err > bound:
-            problems.append(f"{name} normwise error {err:.2e} > bound {bound:.2e}")
+        else:
+            outputs[name.lower()] = x.detach().cpu()
+    for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
+        errors[name] = c.normwise
+        if not c.finite:
+            problems.append(f"{name} has non-finite values")
+        elif not c.ok:
+            problems.append(f"{name} error {c.error:.2e} > allowed {c.allowed:.2e} "
+                            f"(normwise {c.normwise:.2e})")
     return CheckResult(case, not problems, errors, "; ".join(problems))
 
 

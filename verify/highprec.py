@@ -307,8 +307,11 @@ def reference_grads(
                 ds = p * (dp - delta)
                 o[b, :, h] = oh.to_f64()
                 dq[b, :, h] = ((ds @ kk[g]) * scale).to_f64()
-                inputs = (q[b, :, h], k[b, :, g], v[b, :, g], do[b, :, h])
-                _add_magnitudes(mag, scale2, p, ds, dp, o[b, :, h], inputs)
+                add_rounding_magnitudes(
+                    mag, scale2, p.to_f64(), ds.to_f64(), dp.to_f64(), o[b, :, h],
+                    *(t.detach().to(torch.float64).numpy()
+                      for t in (q[b, :, h], k[b, :, g], v[b, :, g], do[b, :, h])),
+                )
                 dk_acc[g] = dk_acc[g] + ds.T @ qh
                 dv_acc[g] = dv_acc[g] + p.T @ doh
             for g in range(heads_kv):
@@ -319,29 +322,28 @@ def reference_grads(
     if layout == "bhsd":
         out = [t.transpose(1, 2).contiguous() for t in out]
     o_t, dq_t, dk_t, dv_t = out
-    kappa = {}
-    for name, t in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), strict=True):
-        total = mag[name] + float(np.sum(t * t))  # + the final rounding of the output
-        norm2 = float(np.sum(t * t))
-        kappa[name] = math.sqrt(total / norm2) if norm2 > 0 else (math.inf if total else 0.0)
+    kappa = kappas(mag, {"o": o, "dq": dq, "dk": dk, "dv": dv})
     return HighPrecResult(o_t, torch.from_numpy(lse), dq_t, dk_t, dv_t, layout, kappa)
 
 
-def _add_magnitudes(
+def add_rounding_magnitudes(
     mag: dict[str, float],
     scale2: float,
-    p_exact: _Exact,
-    ds_exact: _Exact,
-    dp_exact: _Exact,
+    p: np.ndarray,
+    ds: np.ndarray,
+    dp: np.ndarray,
     o: np.ndarray,
-    inputs: tuple[torch.Tensor, ...],
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    do: np.ndarray,
 ) -> None:
     """Add one head's squared rounding-term magnitudes (model in the module docstring).
 
-    Magnitudes only need a few digits, so this runs in float64 on rounded copies.
+    All arguments are float64 arrays of one (batch, head): ``p, ds, dp`` are ``(S_q, S_k)``,
+    ``o, q, do`` are ``(S_q, d)`` and ``k, v`` are ``(S_k, d)``. Magnitudes only need a few
+    digits, so float64 copies of the exact values (or a float64 computation) serve.
     """
-    p, ds, dp = p_exact.to_f64(), ds_exact.to_f64(), dp_exact.to_f64()
-    q, k, v, do = (t.detach().to(torch.float64).numpy() for t in inputs)
     p2, ds2 = p * p, ds * ds
     qn, kn, vn, don = ((t * t).sum(axis=1) for t in (q, k, v, do))
     w = (p2 * dp * dp).sum(axis=1) + (do * do * o * o).sum(axis=1)  # E dD_r^2 / u^2
@@ -350,6 +352,16 @@ def _add_magnitudes(
     mag["dv"] += float(p2.sum(axis=1) @ don)
     mag["dq"] += scale2 * float((ds2 @ kn).sum() + (w * (pk * pk).sum(axis=1)).sum())
     mag["dk"] += scale2 * float(ds2.sum(axis=1) @ qn + (p2.sum(axis=1) * w) @ qn)
+
+
+def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray]) -> dict[str, float]:
+    """``kappa = M / ||exact||`` per output, ``M**2`` the magnitudes plus the final rounding."""
+    kappa = {}
+    for name, t in outputs.items():
+        norm2 = float(np.sum(t * t))
+        total = mag[name] + norm2
+        kappa[name] = math.sqrt(total / norm2) if norm2 > 0 else (math.inf if total else 0.0)
+    return kappa
 
 
 def _softmax(logits: _Exact, rows: list[range]) -> tuple[_Exact, list[float]]:
