@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from verify.audit import OUTPUTS, _progress
