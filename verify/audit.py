@@ -17,7 +17,6 @@ A deterministic implementation gives one pattern per output however it is pertur
 
 from __future__ import annotations
 
-import hashlib
 import random
 import sys
 import time
@@ -94,9 +93,25 @@ class AuditReport:
         return out
 
 
-def _digest(x: torch.Tensor) -> str:
-    raw = x.detach().contiguous().view(torch.uint8) if x.numel() else x.detach()
-    return hashlib.sha1(raw.cpu().numpy().tobytes()).hexdigest()
+_HASH_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _digest(x: torch.Tensor) -> tuple[int, ...]:
+    """A 64-bit hash of the raw bits, computed where the tensor lives (no copy to the host).
+
+    Two linear hashes with fixed random odd weights (wrapping int64 arithmetic): different
+    bit patterns collide with probability about ``2**-64``.
+    """
+    x = x.detach().contiguous()
+    bits = x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    bits = bits.reshape(-1).to(torch.int64)
+    key = (bits.numel(), str(bits.device))
+    if key not in _HASH_WEIGHTS:
+        gen = torch.Generator().manual_seed(0x5EED)
+        w = torch.randint(-(2**62), 2**62, (2, bits.numel()), generator=gen) | 1
+        _HASH_WEIGHTS[key] = w.to(bits.device)
+    w = _HASH_WEIGHTS[key]
+    return (x.dtype.itemsize, *(int(v) for v in (bits * w).sum(dim=1).tolist()))
 
 
 class _Perturber:
@@ -153,7 +168,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     causal = problem.mask == "causal"
     perturber = _Perturber(dev, perturb, seed)
     outputs = {name: OutputAudit(name) for name in OUTPUTS}
-    seen: dict[str, set[str]] = {name: set() for name in OUTPUTS}
+    seen: dict[str, set[tuple[int, ...]]] = {name: set() for name in OUTPUTS}
     first: dict[str, torch.Tensor] = {}
     times: list[float] = []
     bar = _progress(trials, f"audit {impl.name}", progress)
@@ -170,9 +185,9 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         for name, x in zip(OUTPUTS, result):
             digest = _digest(x)
             if t == 0:
-                first[name] = x.detach().cpu().clone()
+                first[name] = x.detach().clone()
             elif digest not in seen[name]:
-                _record_difference(outputs[name], t, first[name], x.detach().cpu())
+                _record_difference(outputs[name], t, first[name], x.detach())
             seen[name].add(digest)
             outputs[name].distinct = len(seen[name])
         bar.update(1)
