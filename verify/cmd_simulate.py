@@ -15,7 +15,7 @@ from dash_ref.gantt import save_gantt, text_timeline
 from dash_ref.schedule import NAMES, build_schedule
 from dash_ref.simulator import simulate
 
-from .cmd_schedule import add_shape_args, problem_from_args
+from .cli_args import add_shape_args, problem_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
