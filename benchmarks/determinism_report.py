@@ -1,0 +1,133 @@
+"""Which attention backwards on this GPU are bitwise repeatable? One command, one report.
+
+Runs :func:`verify.audit.audit` (forward + backward on identical inputs, with a busy second
+stream, fresh allocations and unrelated work between runs) for every implementation that
+is importable here, on the paper's grid at S = 1k and 8k, and a long audit (1000 trials by
+default) of every dash_cuda schedule and of its atomic peer on one shape. Writes
+``determinism.json`` and ``determinism.md`` to ``--out``.
+
+    PYTHONPATH=. python benchmarks/determinism_report.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dash_ref import DETERMINISTIC, Problem
+from verify.audit import audit
+from verify.impls import get_impl, load_fa4
+
+PEERS = ("sdpa-cudnn", "sdpa-cudnn-det", "sdpa-flash", "sdpa-flash-det", "sdpa-efficient",
+         "sdpa-efficient-det", "fa4", "fa4-det")
+
+
+def grid(seqlens: list[int]) -> list[Problem]:
+    """The paper's grid (16384 tokens, hidden 2048) at the given lengths, both masks."""
+    out = []
+    for d, heads in ((64, 32), (128, 16)):
+        for s in seqlens:
+            for mask in ("full", "causal"):
+                out.append(Problem(16384 // s, heads, heads, s, s, d, mask))
+    return out
+
+
+def available(names: list[str]) -> list[str]:
+    ok = []
+    for name in names:
+        if name.startswith("fa4") and load_fa4() is None:
+            print(f"  skip {name}: FlashAttention-4 is not importable", flush=True)
+            continue
+        ok.append(name)
+    return ok
+
+
+def run_audit(name: str, p: Problem, trials: int) -> dict:
+    label = (f"{name:<22} d={p.head_dim:<4} S={p.seqlen_q:<6} {p.mask:<7} "
+             f"{trials} trials")
+    try:
+        rep = audit(get_impl(name), p, trials=trials, perturb=True, progress=False)
+    except Exception as exc:  # an unsupported shape or backend is a finding, not a crash
+        print(f"  {label}: ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
+              flush=True)
+        return {"impl": name, "problem": p.__dict__, "trials": trials, "error": str(exc)[:500]}
+    distinct = {k: v.distinct for k, v in rep.outputs.items()}
+    print(f"  {label}: {'repeatable' if rep.deterministic else 'NOT repeatable'} "
+          f"distinct={distinct} median {rep.median_ms:.2f} ms", flush=True)
+    out = rep.to_json()
+    out["impl"] = name
+    return out
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"# Determinism audit on {meta['gpu']}", "",
+             f"Command: `{meta['command']}`  ", f"git {meta['git']}, torch {meta['torch']}, "
+             f"triton {meta['triton']}, {meta['date']}", "",
+             "Each row: forward + backward on identical inputs, perturbed between runs (busy "
+             "second stream, fresh allocations, unrelated work). `distinct` counts bit "
+             "patterns of O / dQ / dK / dV.", "",
+             "| impl | d | S | mask | trials | repeatable | distinct O/dQ/dK/dV | max ulp dQ |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["problem"]
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {p['head_dim']} | {p['seqlen_q']} | {p['mask']} | "
+                         f"{r['trials']} | error | {r['error'][:60]} | |")
+            continue
+        o = r["outputs"]
+        dist = "/".join(str(o[k]["distinct"]) for k in ("O", "dQ", "dK", "dV"))
+        lines.append(f"| {r['impl']} | {p['head_dim']} | {p['seqlen_q']} | {p['mask']} | "
+                     f"{r['trials']} | {'yes' if r['deterministic'] else '**no**'} | {dist} | "
+                     f"{o['dQ']['max_ulp_spread']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--seqlens", default="1024,8192")
+    ap.add_argument("--trials", type=int, default=20, help="per peer and grid cell")
+    ap.add_argument("--long-trials", type=int, default=1000, help="per dash_cuda schedule")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("determinism_report needs a CUDA device", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    meta = {
+        "command": "python " + " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "python": platform.python_version(),
+        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() or "unknown",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    rows = []
+    ours = [f"dash:{n}" for n in DETERMINISTIC] + ["dash:atomic"]
+    long_problem = Problem(4, 32, 32, 4096, 4096, 64, "full")
+    print(f"long audit, {args.long_trials} trials each:", flush=True)
+    for name in ours:
+        rows.append(run_audit(name, long_problem, args.long_trials))
+    peers = available(list(PEERS))
+    print(f"grid audit, {args.trials} trials each:", flush=True)
+    for p in grid([int(s) for s in args.seqlens.split(",")]):
+        for name in ["dash:auto", "dash:atomic", *peers]:
+            rows.append(run_audit(name, p, args.trials))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "determinism.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "determinism.md").write_text(markdown(rows, meta))
+    print(f"wrote {out}/determinism.json and .md in {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
