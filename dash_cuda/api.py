@@ -33,7 +33,7 @@ def _check_tensors(named: dict[str, torch.Tensor], layout: str) -> None:
     for name, x in named.items():
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
+        if name != "lse" and x.dim() != 4:
             want = "(B, S, H, d)" if layout == "bshd" else "(B, H, S, d)"
             raise ValueError(f"{name} must have 4 dims {want}, got shape {tuple(x.shape)}")
     q = named["q"]
@@ -192,8 +192,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         The attention output, shaped and laid out like ``q``.
     """
     _check_tensors({"q": q, "k": k, "v": v}, layout)
-    _check_devices({"q": q, "k": k, "v": v})
     _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
+    _check_devices({"q": q, "k": k, "v": v})
     head_dim = q.shape[-1]
     name = _resolve_schedule(schedule, deterministic, causal, head_dim)
     return _DashAttention.apply(q, k, v, causal, _scale(softmax_scale, head_dim), name,
@@ -211,8 +211,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     in :func:`attention`.
     """
     _check_tensors({"q": q, "k": k, "v": v}, layout)
-    _check_devices({"q": q, "k": k, "v": v})
     _check_options(causal, softmax_scale, "auto", True, None)
+    _check_devices({"q": q, "k": k, "v": v})
     qv, kv, vv = (_as_bshd(x, layout) for x in (q, k, v))
     o, lse = _forward(qv, kv, vv, causal, _scale(softmax_scale, q.shape[-1]), _poison)
     return _as_bshd(o, layout), (lse if layout == "bshd" else lse.transpose(1, 2))
@@ -233,8 +233,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     _check_tensors(named, layout)
-    _check_devices(named)
     _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
+    _check_devices(named)
     head_dim = q.shape[-1]
     name = _resolve_schedule(schedule, deterministic, causal, head_dim)
     views = [_as_bshd(x, layout) for x in (q, k, v, o)]

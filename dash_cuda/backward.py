@@ -1,6 +1,63 @@
 """Launch the backward: preprocess D, the persistent schedule-driven kernel, postprocesses.
 
-CONTRACT_PLACEHOLDER
+Arithmetic contract (``DESIGN.md`` section 5)
+---------------------------------------------
+Every floating-point step of the backward, in order, with the instruction it becomes on
+sm_90 (read off the PTX and SASS Triton 3.6 emits for these kernels; ``python -m
+dash_cuda.inspect_asm`` prints the counts again) and the :mod:`dash_ref.emulate` function
+that names the same step. Inputs ``Q, K, V, O, dO`` are bf16/fp16, every other value is fp32;
+``rnd`` is round-to-nearest-even to the input dtype.
+
+Each step: what the kernel computes / the sm_90 instruction (PTX, then SASS) / the
+emulate step that names it.
+
+ 0. ``scale_log2 = fp32(softmax_scale * log2(e))`` / host: float64 product rounded to fp32
+    / ``scale_log2``.
+ 1. ``D_r = sum_d dO_rd * O_rd`` (:func:`~dash_cuda.prepost_kernels.dash_delta_kernel`) /
+    ``mul.f32`` of exact upcasts, summed by ``tl.sum`` (per-thread adds, then a shuffle
+    tree: an order of its own) / ``preprocess_d``.
+ 2. ``S^T = K_j Q_i^T``, fresh fp32 accumulator / ``wgmma.mma_async ... f32.bf16.bf16``
+    (HGMMA) / ``qk``.
+ 3. ``P = exp2(S * scale_log2 - LSE2_i)`` / ``fma.rn.f32`` (FFMA: product and difference
+    rounded once) then ``ex2.approx.ftz.f32`` (MUFU.EX2: approximate, subnormal inputs and
+    results flushed to 0) / ``softmax_p``.
+ 4. masked elements ``P = 0`` exactly / select / ``softmax_p``.
+ 5. ``P_op = rnd(P)`` / ``cvt.rn.bf16x2.f32`` (F2FP.BF16.F32.PACK) / ``round_operand``.
+ 6. ``dV_j += P_op^T dO_i`` / HGMMA with ``dV_j`` as its accumulator / ``dv_step``.
+ 7. ``dP^T = V_j dO_i^T``, fresh accumulator / HGMMA / ``dp``.
+ 8. ``dS = P * (dP - D_i)`` / ``sub.f32`` then ``mul.f32`` (FADD, FMUL: no contraction
+    is possible) / ``ds``.
+ 9. ``dS_op = rnd(dS)`` / ``cvt.rn.bf16x2.f32`` / ``round_operand``.
+10. ``dK_j += dS_op^T Q_i`` / HGMMA with ``dK_j`` as its accumulator / ``dk_step``.
+11. ``P_ij = dS_op K_j``, fresh accumulator / HGMMA, then an opaque ``mov.b32`` so that
+    Triton cannot fold step 12 into the MMA's accumulator / ``dq_partial``.
+12. ``dQacc_i = dQacc_i + P_ij`` in the tile's dQ order, from ``+0.0`` (memset), under
+    the semaphore / ``ld.global.cg`` + ``add.f32`` + ``st.global`` (FADD, RNE, subnormals
+    kept) / ``dq_add`` via ``replay``.
+    ``atomic`` peer instead: ``atom.global.gpu.relaxed.add.v4.f32`` (REDG.E.ADD.F32,
+    flushes subnormals) in arrival order / no emulate step (no fixed order).
+13. ``dQ = rnd(dQacc * scale)`` / ``mul.f32`` + ``cvt.rn`` / ``epilogue``.
+14. one query head per KV head: ``dK = rnd(dK_j * scale)``, ``dV = rnd(dV_j)`` / ``mul.f32``
+    + ``cvt.rn`` / ``epilogue``.
+15. GQA: each query head's fp32 ``dK_j``, ``dV_j`` go to a scratch buffer, then
+    ``dK = rnd((((+0 + dK_h0) + dK_h1) + ...) * scale)`` with heads ascending, ``dV``
+    likewise without the scale / ``add.f32`` ..., ``mul.f32`` + ``cvt.rn`` / ``gqa_sum``,
+    ``epilogue``.
+
+Where the kernel and :mod:`dash_ref.emulate` differ today (for the L2 emulation to model):
+steps 2, 6, 7, 10, 11 are tensor-core MMAs (k16 blocks fused, see ``DESIGN.md`` section 6),
+steps 6 and 10 accumulate inside the MMA; step 3 is one fused multiply-add and an
+approximate, flush-to-zero ``exp2`` where the emulator rounds the product, the
+difference and a correctly rounded ``exp2`` separately; step 1 sums in a different order.
+Steps 12 to 15 match the emulator bit for bit: they are what ``audit=True`` checks.
+
+Subnormals: the dQ sums (12) and the GQA sums (15) are plain fp32 adds, which keep
+subnormal inputs and results (no ``.ftz``); only the ``atomic`` peer's ``red.add.f32``
+flushes them. ``ex2.approx.ftz`` returns 0 where ``P`` would be below ``2**-126``.
+
+Forward (:mod:`dash_cuda.fwd_kernel`): ``LSE2`` is stored in base 2,
+``LSE2 = m + log2(l)`` with ``m`` the running max of ``S * scale_log2`` and ``l`` the sum
+of ``exp2(S * scale_log2 - m)``, rows that see no key ``LSE2 = -inf`` and ``O = 0``.
 """
 
 from __future__ import annotations
@@ -55,9 +112,11 @@ def _blocks_per_sm(kernel, device: torch.device) -> int:
     kernel._init_handles()  # loads the binary; fills n_regs
     warps = kernel.metadata.num_warps
     regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in 256s
-    by_regs = (props.regs_per_multiprocessor // regs_per_warp) // warps
+    regs = getattr(props, "regs_per_multiprocessor", 65536)  # every sm_80/sm_90 has 64 Ki
+    by_regs = (regs // regs_per_warp) // warps
     by_threads = props.max_threads_per_multi_processor // (32 * warps)
     shared = kernel.metadata.shared
+    # one KiB of each block's shared memory is reserved by the system on sm_8x/sm_90
     by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32
     return max(0, min(by_regs, by_threads, by_smem, 32))
 
@@ -127,6 +186,7 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     kernel_args_tail = dict(
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         DETERMINISTIC=deterministic, AUDIT=audit, PER_HEAD=per_head,
+        PREFETCH=bool(cfg.prefetch),
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -179,13 +239,13 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         heads, seqlen_q, softmax_scale, BM=cfg.block_m, HEAD_DIM=head_dim,
     )
     if per_head:
-        grid_kv = (triton.cdiv(seqlen_k, cfg.block_n), batch * heads_kv)
+        grid_kv = (triton.cdiv(seqlen_k, 64), batch * heads_kv)
         dash_gqa_kernel[grid_kv](
             dk_out, dv_out, dk, dv,
             dk.stride(0), dk.stride(1), dk.stride(2),
             dv.stride(0), dv.stride(1), dv.stride(2),
             heads_kv, seqlen_k, softmax_scale,
-            GROUP=heads // heads_kv, BN=cfg.block_n, HEAD_DIM=head_dim,
+            GROUP=heads // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=8,
         )
     record = None
     if audit:

@@ -59,6 +59,19 @@ def _store_tile(base, rows, n_rows, stride_s, x, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _load_q_do(q_base, do_base, VISIT_Q, vis, vis_end, S_Q, stride_qs, stride_dos,
+               BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Q and dO tiles of visit ``vis`` (zeros when ``vis`` is past the chain's last visit)."""
+    valid = vis < vis_end
+    i = tl.load(VISIT_Q + vis, mask=valid, other=0)
+    rows = i * BM + tl.arange(0, BM)
+    n_rows = tl.where(valid, S_Q, 0)
+    q = _load_tile(q_base, rows, n_rows, stride_qs, HEAD_DIM)
+    do = _load_tile(do_base, rows, n_rows, stride_dos, HEAD_DIM)
+    return q, do
+
+
+@triton.jit
 def _wait_turn(sem, rank):
     """Spin until the tile's semaphore reaches ``rank`` (acquire, GPU scope)."""
     while tl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
@@ -111,7 +124,12 @@ def _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET, scale_
     return p_op, ds_op, partial
 
 
-@triton.jit
+# Lengths, head counts and the LSE strides vary from call to call; keeping them out of the
+# specialization key gives one compiled kernel per (dtype, head dim, flags).
+_RUNTIME_INTS = ["H", "GROUP", "S_Q", "S_K", "N_Q", "CAUSAL_OFFSET", "stride_lb", "stride_lh"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def dash_bwd_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ_ACC, DK, DV, SEM, PARTIALS,
     WORKER_OFFSETS, CHAIN_BHJ, CHAIN_OFFSETS, VISIT_Q, VISIT_RANK,
@@ -126,7 +144,7 @@ def dash_bwd_kernel(
     scale_log2, softmax_scale,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
-    PER_HEAD: tl.constexpr, OPAQUE: tl.constexpr = True,
+    PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, OPAQUE: tl.constexpr = True,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -148,11 +166,23 @@ def dash_bwd_kernel(
         delta_base = DELTA + b * stride_lb + h * stride_lh
         # dQacc is contiguous (B, S_q, H, d): row r of head h starts at ((b*S_q + r)*H + h)*d
         dq_base = DQ_ACC + (b * S_Q * H + h) * HEAD_DIM
-        for vis in range(tl.load(CHAIN_OFFSETS + c), tl.load(CHAIN_OFFSETS + c + 1)):
+        vis_begin = tl.load(CHAIN_OFFSETS + c)
+        vis_end = tl.load(CHAIN_OFFSETS + c + 1)
+        if PREFETCH:
+            q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end, S_Q,
+                                         stride_qs, stride_dos, BM, HEAD_DIM)
+        for vis in range(vis_begin, vis_end):
             i = tl.load(VISIT_Q + vis)
             rows = i * BM + tl.arange(0, BM)
-            q = _load_tile(q_base, rows, S_Q, stride_qs, HEAD_DIM)
-            do = _load_tile(do_base, rows, S_Q, stride_dos, HEAD_DIM)
+            if PREFETCH:
+                # this visit's tiles were loaded one visit ago; start the next visit's now,
+                # so their latency hides behind this visit's MMAs and its dQ hand-off
+                q, do = q_next, do_next
+                q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis + 1, vis_end, S_Q,
+                                             stride_qs, stride_dos, BM, HEAD_DIM)
+            else:
+                q = _load_tile(q_base, rows, S_Q, stride_qs, HEAD_DIM)
+                do = _load_tile(do_base, rows, S_Q, stride_dos, HEAD_DIM)
             lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
             delta = tl.load(delta_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
             p_op, ds_op, partial = _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K,

@@ -25,6 +25,7 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    prefetch: bool = False  # backward: load the next visit's Q/dO tiles one visit ahead
 
 
 # Forward: one program per (Q tile, b, h), K/V tiles streamed through an online softmax.
@@ -39,20 +40,19 @@ _FORWARD = {
 # and visits Q tiles of block_m rows. BN = 128 rows of fp32 dK and dV at d = 128 are 128
 # registers per thread over 8 warps, which is why BM stays at 64 there.
 _BACKWARD = {
-    16: TileConfig(64, 128, 8, 1),
-    32: TileConfig(64, 128, 8, 1),
-    64: TileConfig(64, 128, 8, 1),
-    128: TileConfig(64, 128, 8, 1),
+    16: TileConfig(64, 128, 8, 1, prefetch=True),
+    32: TileConfig(64, 128, 8, 1, prefetch=True),
+    64: TileConfig(64, 128, 8, 1, prefetch=True),
+    128: TileConfig(64, 128, 8, 1),  # prefetching here spills (ptxas: 255 registers)
 }
 
 
 def _override(cfg: TileConfig, env: str) -> TileConfig:
-    """``DASH_CUDA_BWD_TILES=BM,BN,warps,stages`` (benchmarks and tuning only)."""
+    """``DASH_CUDA_BWD_TILES=BM,BN,warps,stages[,prefetch]`` (benchmarks and tuning only)."""
     text = os.environ.get(env)
     if not text:
         return cfg
-    bm, bn, warps, stages = (int(x) for x in text.split(","))
-    return TileConfig(bm, bn, warps, stages)
+    return TileConfig(*(int(x) for x in text.split(",")))
 
 
 def forward_config(head_dim: int) -> TileConfig:

@@ -42,7 +42,8 @@ def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, scale_log2
     return acc, m_new, l
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "GROUP", "S_Q", "S_K", "CAUSAL_OFFSET", "stride_lb",
+                               "stride_lh"])
 def dash_fwd_kernel(
     Q, K, V, O, LSE2,
     stride_qb, stride_qs, stride_qh,

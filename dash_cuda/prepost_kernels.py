@@ -17,7 +17,7 @@ import triton.language as tl
 from .bwd_kernel import _load_tile, _store_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "S_Q", "stride_lb", "stride_lh"])
 def dash_delta_kernel(
     O, DO, DELTA,
     stride_ob, stride_os, stride_oh,
@@ -37,7 +37,7 @@ def dash_delta_kernel(
     tl.store(DELTA + b * stride_lb + h * stride_lh + rows * stride_ls, delta, mask=rows < S_Q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "S_Q"])
 def dash_dq_kernel(
     DQ_ACC, DQ,
     stride_dqb, stride_dqs, stride_dqh,
@@ -55,7 +55,7 @@ def dash_dq_kernel(
     _store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H_KV", "S_K"])
 def dash_gqa_kernel(
     DK_HEADS, DV_HEADS, DK, DV,
     stride_dkb, stride_dks, stride_dkh,

@@ -1,0 +1,65 @@
+"""Inputs, references and bounds shared by the GPU tests."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from verify.reference import attention_f64
+
+try:  # the accuracy bound of verify.highprec when it exists, else fixed normwise bounds
+    from verify.highprec import error_bound
+except ImportError:  # pragma: no cover - depends on the checkout
+    error_bound = None
+
+DTYPES = (torch.bfloat16, torch.float16)
+FIXED_BOUND = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+# (B, H, H_kv, S_q, S_k): tile multiples, ragged lengths, S_q < S_k and S_q > S_k (causal
+# rows that see no key), MHA, GQA and MQA, a single query row.
+SHAPES = [
+    (2, 4, 4, 256, 256),
+    (1, 4, 2, 200, 333),
+    (2, 6, 1, 333, 190),
+    (1, 2, 2, 1, 77),
+    (3, 8, 2, 64, 700),
+    (1, 4, 4, 1000, 1000),
+]
+
+
+def inputs(shape, d: int, dtype: torch.dtype, seed: int):
+    """Fresh seeded ``q, k, v, do`` on the GPU, ``(B, S, H, d)``."""
+    b, h, hk, sq, sk = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*size):
+        return torch.randn(*size, device="cuda", generator=gen).to(dtype)
+
+    return randn(b, sq, h, d), randn(b, sk, hk, d), randn(b, sk, hk, d), randn(b, sq, h, d)
+
+
+def bound(dtype: torch.dtype, grad: str, shape, d: int) -> float:
+    """Normwise relative error bound for one output."""
+    b, h, hk, sq, sk = shape
+    if error_bound is None:
+        return FIXED_BOUND[dtype]
+    return error_bound(dtype, grad, seqlen_q=sq, seqlen_k=sk, head_dim=d, group=h // hk)
+
+
+def normwise(x: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((x.double() - exact).norm() / exact.norm())
+
+
+def reference(q, k, v, do, causal: bool):
+    """float64 output and gradients, and the base-2 LSE, on the GPU."""
+    ref = attention_f64(q, k, v, do, causal=causal)
+    group = q.shape[2] // k.shape[2]
+    s = torch.einsum("bqhd,bkhd->bqhk", q.double(), k.double().repeat_interleave(group, 2))
+    s = s / math.sqrt(q.shape[-1])
+    if causal:
+        r = torch.arange(q.shape[1], device=q.device)[:, None]
+        c = torch.arange(k.shape[1], device=q.device)[None, :]
+        s = s.masked_fill(~(c <= r + k.shape[1] - q.shape[1])[None, :, None, :], -math.inf)
+    lse2 = torch.logsumexp(s, dim=-1) / math.log(2)
+    return ref, lse2

@@ -1,0 +1,143 @@
+"""dash_cuda against float64: every schedule, mask, dtype, head dim, GQA ratio, odd shapes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from gpu_cases import DTYPES, SHAPES, bound, inputs, normwise, reference
+
+import dash_cuda
+from dash_ref import NAMES
+
+CASES = [
+    (name, causal, dtype, d, SHAPES[n % len(SHAPES)])
+    for n, (name, causal, dtype, d) in enumerate(
+        itertools.product(NAMES, (False, True), DTYPES, (64, 128)))
+]
+
+
+def check_against_float64(shape, d, dtype, causal, schedule, seed, **kw):
+    q, k, v, do = inputs(shape, d, dtype, seed)
+    ref, lse_ref = reference(q, k, v, do, causal)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                              schedule=schedule,
+                                              deterministic=schedule != "atomic", **kw)
+    for name, x, exact in (("o", o, ref.o), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
+                           ("dv", dv, ref.dv)):
+        assert x.dtype == dtype and x.shape == exact.shape
+        assert torch.isfinite(x).all(), name
+        err = normwise(x, exact)
+        assert err <= bound(dtype, name, shape, d), f"{name}: normwise error {err:.2e}"
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert (lse[~seen] == -math.inf).all()
+    assert (lse[seen].double() - lse_ref[seen]).abs().max() <= 1e-4 * (1 + lse_ref[seen].abs()
+                                                                       .max())
+
+
+@pytest.mark.parametrize("schedule, causal, dtype, d, shape", CASES)
+def test_schedule_matches_float64(schedule, causal, dtype, d, shape):
+    check_against_float64(shape, d, dtype, causal, schedule, seed=len(shape) * d + causal)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("d", [16, 32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_small_head_dims(shape, d, causal):
+    check_against_float64(shape, d, torch.bfloat16, causal, "auto", seed=d + 3 * causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pinned_workers(causal):
+    check_against_float64((2, 4, 2, 515, 515), 64, torch.bfloat16, causal, "shift", seed=5,
+                          num_workers=7)
+
+
+def test_autograd_matches_attention_backward_bit_for_bit():
+    q, k, v, do = inputs((2, 4, 2, 300, 300), 64, torch.bfloat16, seed=11)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = dash_cuda.attention(*leaves, causal=True, schedule="descending")
+    out.backward(do)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True)
+    grads = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True,
+                                         schedule="descending")
+    assert torch.equal(out, o)
+    for leaf, g in zip(leaves, grads):
+        assert torch.equal(leaf.grad, g)
+
+
+def test_bhsd_layout_gives_the_same_bits():
+    q, k, v, do = inputs((2, 6, 2, 190, 333), 128, torch.float16, seed=12)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True)
+    grads = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True)
+    t = [x.transpose(1, 2).contiguous() for x in (q, k, v, do)]
+    o_t, lse_t = dash_cuda.attention_forward(*t[:3], causal=True, layout="bhsd")
+    grads_t = dash_cuda.attention_backward(*t[:3], o_t, lse_t, t[3], causal=True,
+                                           layout="bhsd")
+    assert o_t.shape == t[0].shape and lse_t.shape == (2, 6, 190)
+    assert torch.equal(o_t.transpose(1, 2), o) and torch.equal(lse_t.transpose(1, 2), lse)
+    for g, g_t in zip(grads, grads_t):
+        assert torch.equal(g_t.transpose(1, 2), g)
+
+
+def test_sdpa_layout_through_autograd():
+    q, k, v, do = inputs((1, 8, 2, 257, 257), 64, torch.bfloat16, seed=13)
+    leaves = [x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    out = dash_cuda.attention(*leaves, causal=True, layout="bhsd")
+    out.backward(do.transpose(1, 2))
+    ref, _ = reference(q, k, v, do, True)
+    for leaf, exact, name in zip(leaves, (ref.dq, ref.dk, ref.dv), ("dq", "dk", "dv")):
+        assert normwise(leaf.grad.transpose(1, 2), exact) <= bound(
+            torch.bfloat16, name, (1, 8, 2, 257, 257), 64)
+
+
+def test_deterministic_false_runs_the_atomic_peer():
+    check_against_float64((1, 4, 4, 512, 2048), 64, torch.bfloat16, False, "naive", seed=14,
+                          deterministic=False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 0, 50), (2, 4, 2, 50, 0), (0, 4, 2, 50, 50)])
+def test_empty_sequences(shape, causal):
+    q, k, v, do = inputs(shape, 64, torch.bfloat16, seed=15)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = dash_cuda.attention(*leaves, causal=causal)
+    assert out.shape == q.shape
+    assert (out == 0).all()
+    out.backward(do)
+    for leaf in leaves:
+        assert leaf.grad.shape == leaf.shape and (leaf.grad == 0).all()
+    _, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    assert lse.shape == shape[:1] + shape[3:4] + shape[1:2]
+    assert (lse == -math.inf).all()
+
+
+@pytest.mark.parametrize("schedule", NAMES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 6, 1, 333, 190), (1, 4, 2, 200, 333)])
+def test_poisoned_outputs_are_all_written(schedule, causal, shape):
+    q, k, v, do = inputs(shape, 64, torch.bfloat16, seed=16)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, _poison=True)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    for audit in (False, True) if schedule != "atomic" else (False,):
+        out = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                           schedule=schedule,
+                                           deterministic=schedule != "atomic",
+                                           audit=audit, _poison=True)
+        for g in out[:3]:
+            assert not torch.isnan(g).any()
+        if audit:
+            for t in (out[3].dq_acc, out[3].dk_heads, out[3].dv_heads):
+                assert not torch.isnan(t).any()
+
+
+def test_num_workers_larger_than_resident_is_refused():
+    q, k, v, do = inputs((1, 2, 2, 128, 128), 64, torch.bfloat16, seed=17)
+    o, lse = dash_cuda.attention_forward(q, k, v)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with pytest.raises(ValueError, match="resident"):
+        dash_cuda.attention_backward(q, k, v, o, lse, do, num_workers=64 * sms)
