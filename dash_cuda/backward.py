@@ -186,7 +186,7 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     kernel_args_tail = dict(
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         DETERMINISTIC=deterministic, AUDIT=audit, PER_HEAD=per_head,
-        PREFETCH=bool(cfg.prefetch),
+        PREFETCH=bool(cfg.prefetch), LATE_RELEASE=bool(cfg.late_release),
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

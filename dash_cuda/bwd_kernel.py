@@ -100,13 +100,12 @@ def _opaque(x):
 
 @triton.jit
 def _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
-           CAUSAL: tl.constexpr, OPAQUE: tl.constexpr):
-    """One tile pair, in the transposed form (rows of every score tile are keys).
+           CAUSAL: tl.constexpr):
+    """One tile pair up to ``dS``, in the transposed form (rows of score tiles are keys).
 
-    Returns the operand-dtype ``P^T`` and ``dS^T`` for the dV/dK updates and the fp32
-    partial ``P_ij = dS @ K_j``. Keeping keys as rows lets both ``P^T @ dO`` and
-    ``dS^T @ Q`` take their left operand straight from registers; only ``dS`` for the
-    partial needs a transpose.
+    Returns the operand-dtype ``P^T`` and ``dS^T``. Keeping keys as rows lets both
+    ``P^T @ dO`` and ``dS^T @ Q`` take their left operand straight from registers; only
+    ``dS`` for the partial ``dS @ K_j`` needs a transpose.
     """
     s_t = tl.dot(k, tl.trans(q))                          # S^T = K_j Q_i^T, fp32 accumulate
     p_t = tl.math.exp2(s_t * scale_log2 - lse2[None, :])  # fma + ex2.approx.ftz
@@ -116,12 +115,16 @@ def _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET, scale_
     p_t = tl.where(visible, p_t, 0.0)                     # masked elements exactly 0
     dp_t = tl.dot(v, tl.trans(do))                        # dP^T = V_j dO_i^T
     ds_t = p_t * (dp_t - delta[None, :])                  # dS = P * (dP - D)
-    p_op = p_t.to(q.dtype)
-    ds_op = ds_t.to(q.dtype)
-    partial = tl.dot(tl.trans(ds_op), k)                  # P_ij = dS(bf16) K_j, fresh acc
+    return p_t.to(q.dtype), ds_t.to(q.dtype)
+
+
+@triton.jit
+def _dq_partial(ds_op, k, OPAQUE: tl.constexpr):
+    """``P_ij = dS(bf16) K_j`` in a fresh fp32 accumulator."""
+    partial = tl.dot(tl.trans(ds_op), k)
     if OPAQUE:  # off only in the CPU interpreter, which has no inline asm (and no combine pass)
         partial = _opaque(partial)
-    return p_op, ds_op, partial
+    return partial
 
 
 # Lengths, head counts and the LSE strides vary from call to call; keeping them out of the
@@ -144,7 +147,8 @@ def dash_bwd_kernel(
     scale_log2, softmax_scale,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
-    PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, OPAQUE: tl.constexpr = True,
+    PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, LATE_RELEASE: tl.constexpr,
+    OPAQUE: tl.constexpr = True,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -171,6 +175,8 @@ def dash_bwd_kernel(
         if PREFETCH:
             q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end, S_Q,
                                          stride_qs, stride_dos, BM, HEAD_DIM)
+        pending_sem = SEM  # LATE_RELEASE: the tile this program still holds (rank >= 0)
+        pending_rank = -1
         for vis in range(vis_begin, vis_end):
             i = tl.load(VISIT_Q + vis)
             rows = i * BM + tl.arange(0, BM)
@@ -185,25 +191,40 @@ def dash_bwd_kernel(
                 do = _load_tile(do_base, rows, S_Q, stride_dos, HEAD_DIM)
             lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
             delta = tl.load(delta_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
-            p_op, ds_op, partial = _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K,
-                                          CAUSAL_OFFSET, scale_log2, CAUSAL, OPAQUE)
+            p_op, ds_op = _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET,
+                                 scale_log2, CAUSAL)
             dv += tl.dot(p_op, do)                       # dV_j += P^T(bf16) dO_i
             dk += tl.dot(ds_op, q)                       # dK_j += dS^T(bf16) Q_i
+            dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * (H * HEAD_DIM) + offs_d[None, :]
+            row_ok = rows[:, None] < S_Q
+            if DETERMINISTIC:
+                if LATE_RELEASE:  # noqa: SIM102 - a compile-time branch around a run-time one
+                    # the previous visit's dQ stores had this visit's MMAs to drain: the
+                    # release's fence finds them done. Released before any new wait, so a
+                    # worker never waits while it holds a tile.
+                    if pending_rank >= 0:
+                        _pass_turn(pending_sem, pending_rank)
+                rank = tl.load(VISIT_RANK + vis)
+                sem = SEM + (b * H + h) * N_Q + i
+                _wait_turn(sem, rank)
+                # issued before the partial's MMA, so the load's latency hides behind it
+                acc = tl.load(dq_ptrs, mask=row_ok, other=0.0, cache_modifier=".cg")
+            partial = _dq_partial(ds_op, k, OPAQUE)     # P_ij = dS(bf16) K_j, fresh acc
             if AUDIT:
                 r = tl.arange(0, BM)
                 tl.store(PARTIALS + (tl.cast(vis, tl.int64) * BM + r[:, None]) * HEAD_DIM
                          + offs_d[None, :], partial)
-            dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * (H * HEAD_DIM) + offs_d[None, :]
-            row_ok = rows[:, None] < S_Q
             if DETERMINISTIC:
-                rank = tl.load(VISIT_RANK + vis)
-                sem = SEM + (b * H + h) * N_Q + i
-                _wait_turn(sem, rank)
-                acc = tl.load(dq_ptrs, mask=row_ok, other=0.0, cache_modifier=".cg")
-                tl.store(dq_ptrs, acc + partial, mask=row_ok)
-                _pass_turn(sem, rank)
+                tl.store(dq_ptrs, acc + partial, mask=row_ok)  # dQacc_i += P_ij, fp32 RNE
+                if LATE_RELEASE:
+                    pending_sem, pending_rank = sem, rank
+                else:
+                    _pass_turn(sem, rank)
             else:
                 tl.atomic_add(dq_ptrs, partial, mask=row_ok, sem="relaxed", scope="gpu")
+        if DETERMINISTIC and LATE_RELEASE:  # noqa: SIM102 - compile time, then run time
+            if pending_rank >= 0:
+                _pass_turn(pending_sem, pending_rank)
         if PER_HEAD:
             # fp32 per query head; the GQA postprocess sums heads in ascending order
             _store_tile(DK + b * stride_dkb + h * stride_dkh, cols, S_K, stride_dks, dk,

@@ -26,6 +26,7 @@ class TileConfig:
     num_warps: int
     num_stages: int
     prefetch: bool = False  # backward: load the next visit's Q/dO tiles one visit ahead
+    late_release: bool = False  # backward: release a dQ tile after the next visit's MMAs
 
 
 # Forward: one program per (Q tile, b, h), K/V tiles streamed through an online softmax.
@@ -47,22 +48,27 @@ _BACKWARD = {
 }
 
 
-def _override(cfg: TileConfig, env: str) -> TileConfig:
-    """``DASH_CUDA_BWD_TILES=BM,BN,warps,stages[,prefetch]`` (benchmarks and tuning only)."""
-    text = os.environ.get(env)
-    if not text:
-        return cfg
-    return TileConfig(*(int(x) for x in text.split(",")))
+def _override(cfg: TileConfig, env: str, head_dim: int) -> TileConfig:
+    """Tuning only: ``DASH_CUDA_BWD_TILES="BM,BN,warps,stages[,prefetch[,late_release]]"``.
+
+    Several head dims at once: ``"64:64,128,8,1,1;128:64,128,8,1"``; an entry without a
+    ``d:`` prefix applies to every head dim.
+    """
+    for entry in filter(None, os.environ.get(env, "").split(";")):
+        dims, _, values = entry.rpartition(":")
+        if not dims or int(dims) == head_dim:
+            return TileConfig(*(int(x) for x in values.split(",")))
+    return cfg
 
 
 def forward_config(head_dim: int) -> TileConfig:
     """Tile shape of the forward kernel for ``head_dim``."""
-    return _override(_FORWARD[head_dim], "DASH_CUDA_FWD_TILES")
+    return _override(_FORWARD[head_dim], "DASH_CUDA_FWD_TILES", head_dim)
 
 
 def backward_config(head_dim: int) -> TileConfig:
     """Tile shape of the persistent backward kernel for ``head_dim``."""
-    return _override(_BACKWARD[head_dim], "DASH_CUDA_BWD_TILES")
+    return _override(_BACKWARD[head_dim], "DASH_CUDA_BWD_TILES", head_dim)
 
 
 def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
