@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("demo", "schedule", "simulate", "audit", "fuzz", "check")
+COMMANDS = ("demo", "schedule", "simulate", "audit", "fuzz", "check", "figures")
 
 
 def build_parser() -> argparse.ArgumentParser:

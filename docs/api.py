@@ -1,0 +1,177 @@
+"""Render the API reference (``docs/api.md``) from the docstrings of the public functions.
+
+    python -m docs.api > docs/api.md
+
+``dash_cuda`` is imported lazily: if its import fails (it should not, it needs no GPU to
+import), its section says so instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+
+SECTIONS: list[tuple[str, str, list[str]]] = [
+    ("Problems and schedules", "dash_ref",
+     ["Problem", "build_schedule", "default_schedule", "Schedule", "Chain", "ScheduleTables",
+      "ScheduleError", "NAMES", "DETERMINISTIC"]),
+    ("Tile-level emulation", "dash_ref.emulate",
+     ["emulate", "forward", "backward", "replay", "visit_index", "problem_of",
+      "ForwardResult", "BackwardResult", "gqa_sum"]),
+    ("The DAG model", "dash_ref.dag",
+     ["build_dag", "critical_path", "DAG", "CriticalPath", "Task", "parallel_chains",
+      "depth_condition", "edge_keeps_critical_path"]),
+    ("The event simulator", "dash_ref.simulator", ["simulate", "SimResult", "Interval"]),
+    ("Gantt charts", "dash_ref.gantt", ["save_gantt", "text_timeline"]),
+    ("Rounding, bits and ULPs", "dash_ref.numerics",
+     ["f32_bits", "bits_f32", "bf16_bits", "bits_bf16", "fp16_bits", "bits_fp16",
+      "round_f32_to", "fp32_add_rne", "flush_subnormals_f32", "cpu_keeps_subnormals", "ulp",
+      "ulp_distance", "ulp_error", "unit_roundoff", "float_format", "FloatFormat"]),
+    ("Determinism audit", "verify.audit", ["audit", "AuditReport", "OutputAudit"]),
+    ("Shape fuzzing and one-case checks", "verify.fuzz",
+     ["fuzz", "check", "FuzzResult", "CheckResult"]),
+    ("Hypothesis strategies", "verify.strategies",
+     ["cases", "problems", "seqlens", "head_layouts", "Case", "elements"]),
+    ("Implementations under audit", "verify.impls", ["get_impl", "Impl"]),
+    ("Bitwise comparison", "verify.compare",
+     ["compare", "TensorDiff", "first_dq_mismatch", "trace_dq", "dq_divergence", "Divergence"]),
+    ("Exact gradients and the error bound", "verify.highprec",
+     ["reference_grads", "HighPrecResult", "grad_error_reports", "error_report", "ErrorReport",
+      "error_bound"]),
+    ("Float64 reference", "verify.reference", ["attention_f64", "grad_checks"]),
+    ("GPU kernels", "dash_cuda", ["attention", "attention_forward", "attention_backward"]),
+]
+
+HEADER = """# API reference
+
+Generated from the docstrings by `python -m docs.api > docs/api.md` (a full
+`python -m docs.figures` run rewrites it too). Names are listed by module; everything here
+runs on a CPU except `dash_cuda`'s kernels. For a first run see
+[quickstart.md](quickstart.md).
+
+"""
+
+
+class _Text:
+    """An annotation kept as its source text (``from __future__ import annotations``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _unquoted(annotation: object) -> object:
+    return _Text(annotation) if isinstance(annotation, str) else annotation
+
+
+def _signature(name: str, obj: object) -> str:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return name
+    params = [p.replace(annotation=_unquoted(p.annotation)) for p in sig.parameters.values()]
+    sig = sig.replace(parameters=params, return_annotation=_unquoted(sig.return_annotation))
+    return f"{name}{sig}"
+
+
+ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc):`~?([^`]+)`")
+
+
+SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields):\s*$")
+
+
+def _google(doc: str) -> str:
+    """Google-style ``Args:``/``Returns:`` sections as Markdown lists."""
+    out: list[str] = []
+    inside = False
+    for line in doc.split("\n"):
+        if SECTION.match(line):
+            out += [f"**{line.strip()[:-1]}**", ""]
+            inside = True
+        elif inside and line.startswith("        "):
+            out[-1] += " " + line.strip()
+        elif inside and line.startswith("    "):
+            out.append("- " + line.strip())
+        else:
+            inside = inside and bool(line.strip())
+            out.append(line)
+    return "\n".join(out)
+
+
+def _doc(obj: object) -> str:
+    doc = inspect.getdoc(obj) or "(no docstring)"
+    return _google(ROLE.sub(r"``\1``", doc.strip()))
+
+
+def _methods(cls: type) -> list[tuple[str, object]]:
+    out = []
+    for name, member in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(member, property):
+            out.append((name, member))
+        elif inspect.isfunction(member) or isinstance(member, (staticmethod, classmethod)):
+            out.append((name, getattr(cls, name)))
+    return out
+
+
+def _entry(module: str, name: str, obj: object) -> list[str]:
+    lines = []
+    if inspect.isclass(obj):
+        lines += [f"### `{module}.{name}`", "", "```python", f"class {_signature(name, obj)}",
+                  "```", "", _doc(obj), ""]
+        for mname, member in _methods(obj):
+            if isinstance(member, property):
+                lines += [f"- `{name}.{mname}` (property): {_first_line(member)}"]
+            else:
+                lines += [f"- `{name}.{_signature(mname, member)}`: {_first_line(member)}"]
+        if _methods(obj):
+            lines.append("")
+    elif callable(obj):
+        lines += [f"### `{module}.{name}`", "", "```python", _signature(name, obj), "```", "",
+                  _doc(obj), ""]
+    else:
+        lines += [f"### `{module}.{name}`", "", "```python", f"{name} = {obj!r}", "```", ""]
+    return lines
+
+
+def _first_line(obj: object) -> str:
+    doc = inspect.getdoc(obj) or ""
+    para = doc.split("\n\n")[0].replace("\n", " ").strip()
+    return ROLE.sub(r"``\1``", para) or "(no docstring)"
+
+
+def render() -> str:
+    """The whole reference as Markdown."""
+    lines = [HEADER.rstrip("\n"), ""]
+    lines += ["Contents: " + ", ".join(f"[{title}](#{_anchor(title)})"
+                                       for title, _, _ in SECTIONS), ""]
+    for title, module, names in SECTIONS:
+        lines += [f"## {title}", ""]
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - a package being written may not import
+            lines += [f"`{module}` could not be imported here ({type(exc).__name__}: {exc}); "
+                      "its reference is left out.", ""]
+            continue
+        summary = ROLE.sub(r"``\1``", (inspect.getdoc(mod) or "").split("\n\n")[0]
+                           .replace("\n", " "))
+        lines += [f"Module `{module}`: {summary}", ""]
+        for name in names:
+            if not hasattr(mod, name):
+                lines += [f"- `{module}.{name}`: not present in this version", ""]
+                continue
+            lines += _entry(module, name, getattr(mod, name))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _anchor(title: str) -> str:
+    return "".join(c for c in title.lower().replace(" ", "-") if c.isalnum() or c == "-")
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
