@@ -31,7 +31,7 @@ accumulator ``C``:
 A product with ``K > 16`` is a *chain* of such steps: ``tl.dot`` on Hopper issues one k16
 instruction per 16 columns of ``A`` in ascending ``k``, each taking the previous result as
 its ``C`` (:func:`mma`; the step and the order are explicit parameters).  Triton's lowering
-shows it: ``mma.sync.m16n8k16`` (tiles below 64 rows) in a loop over ``k`` that updates the
+shows it: ``mma.sync.m16n8k16`` (tiles too small for wgmma) in a loop over ``k`` updating the
 accumulator registers, ``wgmma.m64nNk16`` in ascending ``k`` with the running accumulator.
 When the accumulator is a zero constant, the first ``wgmma`` runs without ``C``; whether
 that equals a ``+0`` term (whose exponent ``-126`` enters the maximum) is a model parameter

@@ -98,7 +98,7 @@ CHAINS = {"chain_k32": (32, "ascending"), "chain_k64": (64, "ascending"),
           "chain_descending": (16, "descending")}
 _MMA_RE = re.compile(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)")
 
-# shared with forked workers
+# the test sets, shared with the worker processes (forked before CUDA is touched)
 _STATE: dict = {}
 
 
@@ -149,16 +149,12 @@ def _model_task(args):
     return args, _model(*args)
 
 
-def _score_task(args):
-    """Mismatches of one alternative against the GPU outputs of every kernel that shares it."""
-    dtype, which, load_c, variant, k_step, order = args
-    pred = _model(dtype, which, load_c, variant, k_step, order)
-    out = {}
-    for name, (w, _, lc, _) in KERNELS.items():
-        got = _STATE["gpu"].get((name, dtype))
-        if w == which and lc == load_c and got is not None:
-            out[name] = int(np.count_nonzero(pred != got))
-    return args, out
+def _score_task(task):
+    """Mismatches of one alternative against the GPU outputs of the kernels sharing its data
+    (``task = (model arguments, {kernel: GPU bits})``)."""
+    args, outputs = task
+    pred = _model(*args)
+    return args, {name: int(np.count_nonzero(pred != got)) for name, got in outputs.items()}
 
 
 def _pool(jobs: int):
@@ -324,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"test sets built in {time.time() - t0:.1f} s: " + ", ".join(
         f"{dt}/{w}: {len(c)} tiles" for (dt, w), c in sets.items()), flush=True)
 
+    # CPU workers for the model, started before CUDA is initialised; the model of every
+    # kernel's data runs while the GPU works
+    pool = _pool(max(1, args.jobs))
+    needed = sorted({(dt, KERNELS[k][0], KERNELS[k][2]) for dt in dtypes for k in kernels
+                     if len(sets[(dt, KERNELS[k][0])])})
+    model_async = pool.map_async(_model_task, [(dt, w, lc, "hopper") for dt, w, lc in needed])
+
     # GPU runs
     gpu: dict[tuple[str, str], np.ndarray] = {}
     ptx: dict[tuple[str, str], dict] = {}
@@ -337,25 +340,24 @@ def main(argv: list[str] | None = None) -> int:
             gpu[(name, dt)], handle = run_kernel(cases, block_k, load_c, warps, device)
             ptx[(name, dt)] = ptx_summary(handle, out / "ptx" / f"{name}_{dt}.ptx")
             print(f"ran {name}/{dt} in {time.time() - t1:.1f} s", flush=True)
-    _STATE["gpu"] = gpu
 
-    # the model, and the alternatives, in parallel on the CPU
+    # the alternatives, scored in parallel on the CPU
     t1 = time.time()
-    needed = sorted({(dt, KERNELS[k][0], KERNELS[k][2]) for (k, dt) in gpu})
-    model_tasks = [(dt, w, lc, "hopper") for dt, w, lc in needed]
     score_tasks = []
     if not args.no_variants:
         for dt, w, lc in needed:
-            score_tasks += [(dt, w, lc, v, 16, "ascending") for v in CANDIDATES if v != "hopper"]
+            outputs = {k: gpu[(k, dt)] for k in kernels
+                       if KERNELS[k][0] == w and KERNELS[k][2] == lc and (k, dt) in gpu}
+            specs = [(v, 16, "ascending") for v in CANDIDATES if v != "hopper"]
             if lc:
-                score_tasks.append((dt, w, lc, "c_separate_add", 16, "ascending"))
+                specs.append(("c_separate_add", 16, "ascending"))
             if w == "64":
-                score_tasks += [(dt, w, lc, "hopper", ks, order) for ks, order in CHAINS.values()]
-    with _pool(max(1, args.jobs)) as pool:
-        model_async = pool.map_async(_model_task, model_tasks)
-        score_async = pool.map_async(_score_task, score_tasks)
-        model = {key[:3]: pred for key, pred in model_async.get()}
-        scores = score_async.get()
+                specs += [("hopper", ks, order) for ks, order in CHAINS.values()]
+            score_tasks += [((dt, w, lc, v, ks, order), outputs) for v, ks, order in specs]
+    scores = pool.map(_score_task, score_tasks) if score_tasks else []
+    model = {key[:3]: pred for key, pred in model_async.get()}
+    pool.close()
+    pool.join()
     print(f"model and {len(score_tasks)} alternatives in {time.time() - t1:.1f} s", flush=True)
 
     results = []
