@@ -32,8 +32,9 @@ emulate step that names it.
 11. ``P_ij = dS_op K_j``, fresh accumulator / HGMMA, then an opaque ``mov.b32`` so that
     Triton cannot fold step 12 into the MMA's accumulator / ``dq_partial``.
 12. ``dQacc_i = dQacc_i + P_ij`` in the tile's dQ order, from ``+0.0`` (memset), under
-    the semaphore / ``ld.global.cg`` + ``add.f32`` + ``st.global`` (FADD, RNE, subnormals
-    kept) / ``dq_add`` via ``replay``.
+    the semaphore / ``ld.global.cg`` (LDG.E.128.STRONG.GPU, issued after the acquire and
+    before step 11's MMA) + ``add.f32`` + ``st.global`` (FADD, RNE, subnormals kept) /
+    ``dq_add`` via ``replay``.
     ``atomic`` peer instead: ``atom.global.gpu.relaxed.add.v4.f32`` (REDG.E.ADD.F32,
     flushes subnormals) in arrival order / no emulate step (no fixed order).
 13. ``dQ = rnd(dQacc * scale)`` / ``mul.f32`` + ``cvt.rn`` / ``epilogue``.

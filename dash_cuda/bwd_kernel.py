@@ -11,7 +11,11 @@ chain_offsets[c + 1]]`` in that order. Each visit computes the fp32 partial
 * deterministic schedules: wait until the semaphore of tile ``(b, h, i)`` equals the
   visit's rank (``visit_rank``), load the accumulator tile, add, store, release the
   semaphore with ``rank + 1``. The sums therefore happen in the schedule's dQ order, one
-  fp32 round-to-nearest-even add at a time, with subnormals kept.
+  fp32 round-to-nearest-even add at a time, with subnormals kept. The accumulator load is
+  issued right after the wait and before the partial's MMA, whose time hides its latency.
+  With ``LATE_RELEASE`` the release moves after the next visit's MMAs (the stores have
+  drained by then), always before the next wait: a program never waits while it holds a
+  tile. It measured slower (tiles are held longer), so it is off by default.
 * ``atomic``: relaxed fp32 atomics in arrival order (non-deterministic, flushes
   subnormals); the peer that measures what determinism costs.
 

@@ -7,15 +7,15 @@ import math
 import torch
 import triton
 
+from dash_ref.emulate import scale_log2 as _scale_log2_fp32
+
 from .config import forward_config
 from .fwd_kernel import dash_fwd_kernel
 
-LOG2E = 1.4426950408889634
-
 
 def scale_log2(softmax_scale: float) -> float:
-    """``softmax_scale * log2(e)``, computed in float64; the kernel receives it as fp32."""
-    return softmax_scale * LOG2E
+    """The emulator's fp32 ``softmax_scale * log2(e)`` (Triton passes floats as fp32)."""
+    return float(_scale_log2_fp32(softmax_scale))
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
