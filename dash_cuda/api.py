@@ -74,6 +74,13 @@ def _check_tensors(named: dict[str, torch.Tensor], layout: str) -> None:
         if name != "lse" and x.stride(-1) != 1 and x.shape[-1] > 1:
             raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got "
                              f"strides {tuple(x.stride())}")
+    for name, x in named.items():
+        # kernels address a row inside one (batch, head) slice with 32-bit offsets
+        xv = x if name == "lse" else _as_bshd(x, layout)
+        rows, row_stride = xv.shape[1], xv.stride(1)
+        if rows and (rows - 1) * row_stride + xv.shape[-1] > 2**31 - 1:
+            raise ValueError(f"{name} is too long: its rows span more than 2**31 elements "
+                             "within one (batch, head) slice")
 
 
 def _check_devices(named: dict[str, torch.Tensor]) -> None:

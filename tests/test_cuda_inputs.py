@@ -146,6 +146,13 @@ def test_non_contiguous_last_dim():
         dash_cuda.attention(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v)
 
 
+def test_sequences_beyond_32_bit_offsets_are_refused():
+    # meta tensors: shapes and strides without memory
+    q = torch.empty(1, 2**20, 32, 128, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="too long"):
+        dash_cuda.attention(q, q, q)
+
+
 def test_backward_tensors_are_checked():
     args = backward_args()
     args["lse"] = args["lse"].double()
