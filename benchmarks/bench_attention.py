@@ -1,0 +1,263 @@
+"""Forward and backward TFLOP/s on the paper's grid for every dash_cuda schedule and every peer.
+
+One process on one GPU, the same inputs for everyone: each dash_cuda schedule, its
+``atomic`` peer, PyTorch SDPA (cuDNN and flash backends) and FlashAttention-4's Hopper
+kernels with and without ``deterministic=True`` when importable (``/tmp/site`` from
+``tools/fa4_bundle.sh``). Every cell also records whether 20 repeated backwards were
+bitwise equal. Times are CUDA events around CUDA-graph replays after warm-up (eager where
+capture fails), median of ``--reps``; FLOPs follow FlashAttention (backward = 2.5 x
+forward, causal halved). Writes ``<tag>.json``, ``<tag>.md`` and ``<tag>.png`` to ``--out``::
+
+    PYTHONPATH=. python benchmarks/bench_attention.py --out benchmarks/results
+    python benchmarks/bench_attention.py --plot benchmarks/results/bench_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+TOKENS, HIDDEN = 16384, 2048
+REPEATS = 20
+
+
+def _sdpa_closures(backend: str, q, k, v, do, causal):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+
+    def fwd():
+        with sdpa_kernel(chosen):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                    is_causal=causal)
+
+    out = fwd()
+    dot = do.transpose(1, 2)
+    return fwd, lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
+
+
+def _fa4_closures(fa, deterministic: bool, q, k, v, do, causal):
+    import torch
+
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+    def fwd():
+        out = fa(qg, kg, vg, causal=causal, deterministic=deterministic)
+        return out[0] if isinstance(out, tuple) else out
+
+    out = fwd()
+    return fwd, lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+
+def _dash_closures(name: str, q, k, v, do, causal, workers):
+    import dash_cuda
+
+    det = name != "atomic"
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    return (lambda: dash_cuda.attention_forward(q, k, v, causal=causal),
+            lambda: dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                                 schedule=name if det else "auto",
+                                                 deterministic=det, num_workers=workers))
+
+
+def repeatable(bwd, n: int = REPEATS) -> bool:
+    """True if ``n`` backwards give bitwise-equal dQ, dK and dV."""
+    import torch
+
+    first = [g.clone() for g in bwd()]
+    return all(all(torch.equal(a, b) for a, b in zip(first, bwd())) for _ in range(n - 1))
+
+
+def run(args) -> dict:
+    import torch
+    from bench_backward import environment, flops_backward, timed
+
+    from dash_cuda import tables
+    from dash_cuda.config import backward_problem
+    from dash_ref import DETERMINISTIC
+    from verify.impls import load_fa4
+
+    fa = load_fa4()
+    env = environment(args)
+    env["fa4"] = "available" if fa is not None else "not importable"
+    ours = [*DETERMINISTIC, "atomic"]
+    peers = ["sdpa-cudnn", "sdpa-flash"] + (["fa4", "fa4-det"] if fa is not None else [])
+    cells = [(d, HIDDEN // d, s, TOKENS // s, causal) for d in args.head_dims
+             for causal in (m == "causal" for m in args.masks) for s in args.seqlens]
+    t0 = time.perf_counter()
+    tables.prepare([(backward_problem(b, h, h, s, s, d, causal), n, env["num_workers"])
+                    for d, h, s, b, causal in cells for n in DETERMINISTIC],
+                   processes=args.processes)
+    print(f"schedules built and validated in {time.perf_counter() - t0:.0f} s", flush=True)
+    records = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n_cell, (d, h, s, b, causal) in enumerate(cells, 1):
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                       for _ in range(4))
+        flops_b = flops_backward(b, h, s, d, causal)
+        mask = "causal" if causal else "full"
+        for impl in [f"dash:{n}" for n in ours] + peers:
+            rec = {"d": d, "H": h, "S": s, "B": b, "mask": mask, "impl": impl}
+            try:
+                if impl.startswith("dash:"):
+                    fwd, bwd = _dash_closures(impl[5:], q, k, v, do, causal, args.workers)
+                elif impl.startswith("sdpa-"):
+                    fwd, bwd = _sdpa_closures(impl[5:], q, k, v, do, causal)
+                else:
+                    fwd, bwd = _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)
+                fwd_ms, _ = timed(fwd, args.warmup, args.reps)
+                bwd_ms, mode = timed(bwd, args.warmup, args.reps)
+                rec.update(fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4), timing=mode,
+                           fwd_tflops=round(flops_b / 2.5 / fwd_ms / 1e9, 1),
+                           bwd_tflops=round(flops_b / bwd_ms / 1e9, 1),
+                           bitwise_repeat=repeatable(bwd))
+                print(f"[{n_cell}/{len(cells)}] d={d:<3} {mask:<6} S={s:<5} {impl:<22} "
+                      f"fwd {rec['fwd_tflops']:6.1f} bwd {rec['bwd_tflops']:6.1f} TFLOP/s "
+                      f"repeat={'yes' if rec['bitwise_repeat'] else 'NO'} ({mode})",
+                      flush=True)
+            except Exception as err:  # noqa: BLE001 - record, keep measuring
+                rec["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                print(f"[{n_cell}/{len(cells)}] d={d} {mask} S={s} {impl}: FAILED "
+                      f"{rec['error'][:160]}", flush=True)
+            records.append(rec)
+            torch.cuda.empty_cache()
+    return {"environment": env, "results": records}
+
+
+def best_deterministic(by_impl: dict[str, dict]) -> tuple[str, float]:
+    det = {k: r["bwd_tflops"] for k, r in by_impl.items()
+           if k.startswith("dash:") and k != "dash:atomic" and "bwd_tflops" in r}
+    name = max(det, key=det.get)
+    return name, det[name]
+
+
+def by_cell(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["d"], r["mask"], r["S"], r["B"]), {})[r["impl"]] = r
+    return out
+
+
+def markdown(report: dict) -> str:
+    env, rows = report["environment"], report["results"]
+    cells = by_cell(rows)
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    lines = [
+        "# Attention TFLOP/s on the paper's grid (bf16, 16384 tokens, hidden 2048)", "",
+        f"`{env['command']}`", "",
+        f"{env['gpu']} ({env['sm_count']} SMs), torch {env['torch']}, triton {env['triton']}, "
+        f"CUDA {env['cuda']}, cuDNN {env['cudnn']}, FlashAttention-4 {env['fa4']}; git "
+        f"{env['git_revision']}; {env['date_utc']}; num_workers {env['num_workers']}; "
+        f"median of {env['reps']} after {env['warmup']} warm-up runs.", "",
+        "## Backward TFLOP/s (`*`: 20 repeated backwards were NOT bitwise equal)", "",
+        "| d | mask | S | " + " | ".join(i.removeprefix("dash:") for i in impls) + " |",
+        "|" + "---|" * (3 + len(impls)),
+    ]
+    for (d, mask, s, _), t in cells.items():
+        vals = []
+        for i in impls:
+            r = t.get(i, {})
+            vals.append(f"{r['bwd_tflops']:.1f}{'' if r['bitwise_repeat'] else '*'}"
+                        if "bwd_tflops" in r else "err")
+        lines.append(f"| {d} | {mask} | {s} | " + " | ".join(vals) + " |")
+    lines += ["", "## The gap: best deterministic dash_cuda schedule over each peer", "",
+              "| d | mask | S | best schedule | TFLOP/s | / FA4 det | / FA4 | / cuDNN | "
+              "/ own atomic |", "|---|---|---|---|---|---|---|---|---|"]
+    for (d, mask, s, _), t in cells.items():
+        try:
+            name, best = best_deterministic(t)
+        except ValueError:
+            continue
+
+        def ratio(key: str, t=t, best=best) -> str:
+            r = t.get(key, {})
+            return f"{best / r['bwd_tflops']:.2f}" if "bwd_tflops" in r else "-"
+
+        lines.append(f"| {d} | {mask} | {s} | {name[5:]} | {best:.1f} | {ratio('fa4-det')} | "
+                     f"{ratio('fa4')} | {ratio('sdpa-cudnn')} | {ratio('dash:atomic')} |")
+    lines += ["", "## Forward TFLOP/s", "", "| d | mask | S | dash_cuda | cuDNN | flash | "
+              "FA4 |", "|---|---|---|---|---|---|---|"]
+    for (d, mask, s, _), t in cells.items():
+        def fwd(key: str, t=t) -> str:
+            r = t.get(key, {})
+            return f"{r['fwd_tflops']:.1f}" if "fwd_tflops" in r else "-"
+
+        lines.append(f"| {d} | {mask} | {s} | {fwd('dash:naive')} | {fwd('sdpa-cudnn')} | "
+                     f"{fwd('sdpa-flash')} | {fwd('fa4')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Backward TFLOP/s against sequence length, one panel per head dim and mask."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if "bwd_tflops" in r]
+    panels = sorted({(r["d"], r["mask"]) for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), sharey=True,
+                             squeeze=False)
+    for ax, (d, mask) in zip(axes[0], panels):
+        for impl in impls:
+            pts = sorted((r["S"], r["bwd_tflops"]) for r in rows
+                         if (r["d"], r["mask"], r["impl"]) == (d, mask, impl))
+            if not pts:
+                continue
+            style = "-" if impl.startswith("dash:") and impl != "dash:atomic" else "--"
+            ax.plot(*zip(*pts), style, marker="o", ms=3, label=impl.removeprefix("dash:"))
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d = {d}, {mask}")
+        ax.set_xlabel("sequence length (batch = 16384 / S)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("backward TFLOP/s")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Backward on {report['environment']['gpu']} (solid: deterministic "
+                 "dash_cuda schedules; dashed: non-deterministic or peers)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--plot", type=Path, help="only redraw the PNG (and table) of a JSON")
+    parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--seqlens", nargs="+", type=int,
+                        default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--masks", nargs="+", default=["full", "causal"])
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--processes", type=int, default=os.cpu_count())
+    parser.add_argument("--tag", default="bench_attention")
+    args = parser.parse_args(argv)
+    if args.plot:
+        report = json.loads(args.plot.read_text())
+        plot(report, args.plot.with_suffix(".png"))
+        args.plot.with_suffix(".md").write_text(markdown(report))
+        return 0
+    sys.path.insert(0, str(Path(__file__).parent))
+    report = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = markdown(report)
+    (args.out / f"{args.tag}.md").write_text(table)
+    try:
+        plot(report, args.out / f"{args.tag}.png")
+    except ImportError:
+        print("matplotlib missing: rerun with --plot here", flush=True)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
