@@ -41,7 +41,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["reference_grads", "HighPrecResult", "grad_error_reports", "error_report", "ErrorReport",
       "error_bound"]),
     ("Float64 reference", "verify.reference", ["attention_f64", "grad_checks"]),
-    ("GPU kernels", "dash_cuda", ["attention", "attention_forward", "attention_backward"]),
+    ("GPU kernels", "dash_cuda", ["attention", "attention_forward", "attention_backward",
+                                  "HEAD_DIMS", "LAYOUTS"]),
+    ("GPU kernel tiles", "dash_cuda.config", ["backward_problem", "backward_config",
+                                              "forward_config"]),
 ]
 
 HEADER = """# API reference

@@ -15,7 +15,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 
 from dash_ref import NAMES, Problem, build_schedule
 from dash_ref.emulate import emulate
-from dash_ref.numerics import ulp_distance
+from dash_ref.numerics import ulp, ulp_distance, unit_roundoff
 from verify.compare import compare, dq_divergence, first_dq_mismatch
 from verify.demo import floored_ulp_error, random_inputs
 from verify.highprec import grad_error_reports, reference_grads
@@ -79,6 +79,7 @@ def numbers_of(mask: str, data: dict) -> dict:
         out[f"err.{mask}.{g}.max"] = max(vals)
         out[f"err.{mask}.{g}.spread_pct"] = 100 * (max(vals) / min(vals) - 1)
         out[f"err.{mask}.{g}.bound_over_max"] = out[f"err.{mask}.{g}.bound"] / max(vals)
+        out[f"err.{mask}.{g}.max_over_u"] = max(vals) / unit_roundoff(DTYPE)
     a, b = (runs[x][1] for x in PAIR)
     d32 = ulp_distance(a.dq_acc, b.dq_acc)
     d16 = ulp_distance(a.dq, b.dq)
@@ -188,17 +189,30 @@ def errors(numbers: dict, masks: list[str], path: Path) -> Path:
     return save(fig, path)
 
 
-def trace(data: dict) -> str:
+def trace(data: dict) -> tuple[str, dict]:
     """The running fp32 sum of one dQ element whose *rounded* value differs between
-    the two schedules of :data:`PAIR`, step by step."""
+    the two schedules of :data:`PAIR`, step by step, and a few numbers about it."""
     (sa, a), (sb, b) = (data["runs"][x] for x in PAIR)
     element = first_dq_mismatch(a.dq, b.dq) or first_dq_mismatch(a.dq_acc, b.dq_acc)
     div = dq_divergence(sa, a.partials, sb, b.partials, element, PAIR)
     ra, rb = a.dq[element], b.dq[element]
     scale = D ** -0.5
-    return (div.table() + "\n" +
+    text = (div.table() + "\n" +
             f"  after scaling by 1/sqrt(d) = {scale:g} and rounding to bf16: "
             f"{PAIR[0]} {float(ra):.6g} [{hex16(ra)}], {PAIR[1]} {float(rb):.6g} [{hex16(rb)}]")
+    running = [abs(x.running) for x in div.steps_a + div.steps_b]
+    final = torch.tensor([div.steps_a[-1].running], dtype=torch.float32)
+    other = torch.tensor([div.steps_b[-1].running], dtype=torch.float32)
+    numbers = {
+        "trace.partials": len(div.steps_a),
+        "trace.max_running": max(running),
+        "trace.ulp_max_running": float(ulp(torch.tensor(max(running)), torch.float32)),
+        "trace.final": div.steps_a[-1].running,
+        "trace.ulp_final": float(ulp(final, torch.float32)[0]),
+        "trace.ulps_apart": int(ulp_distance(final, other)[0]),
+        "trace.bf16_ulps_apart": int(ulp_distance(ra.reshape(1), rb.reshape(1))[0]),
+    }
+    return text, numbers
 
 
 def orders(data: dict, b: int = 0, h: int = 0) -> str:
@@ -219,14 +233,16 @@ def run(out: Path) -> tuple[dict, dict, dict]:
     data = {mask: run_mask(mask) for mask in ("full", "causal")}
     numbers = {"bits.seqlen": SEQLEN, "bits.heads": HEADS, "bits.heads_kv": HEADS_KV,
                "bits.d": D, "bits.block": BLOCK,
-               "bits.workers": WORKERS, "bits.seed": SEED}
+               "bits.workers": WORKERS, "bits.seed": SEED, "bits.partials": SEQLEN // BLOCK}
     for mask, d in data.items():
         numbers.update(numbers_of(mask, d))
     masks = list(data)
     heatmap(data, out / "bits-heatmap.png")
     bars(numbers, masks, out / "bits-vs-naive.png")
     errors(numbers, masks, out / "errors.png")
-    transcripts = {"dq_trace": trace(data["full"]), "dq_orders": orders(data["causal"])}
+    text, n = trace(data["full"])
+    numbers.update(n)
+    transcripts = {"dq_trace": text, "dq_orders": orders(data["causal"])}
     figs = {"bits-heatmap.png": "ULP heatmap", "bits-vs-naive.png": "bits vs naive",
             "errors.png": "errors against mpmath"}
     return numbers, figs, transcripts

@@ -3,13 +3,17 @@
 A number the prose quotes is written between two HTML comments, which a repository
 browser hides::
 
-    <!--n:order.fp32_differ_pct|.1f-->31.7<!--/n-->
+    <!--n:order.fp32_differ_pct:.1f-->31.8<!--/n-->
 
 ``order.fp32_differ_pct`` is a key of ``docs/figures/numbers.json`` and ``.1f`` an optional
-format spec (default: ``str`` for ints and strings, ``.3g`` for floats). A command
-transcript is a fenced block between ``<!--begin:NAME-->`` and ``<!--end:NAME-->``, whose
-body is ``docs/figures/NAME.txt``. :func:`refresh` rewrites both from fresh data;
-``tests/test_docs.py`` checks that the pages and the data agree.
+format spec after a colon (a ``|`` would split a Markdown table cell); the default is
+``str`` for ints and strings, ``.3g`` for floats. A command transcript is a fenced block
+between ``<!--begin:NAME-->`` and ``<!--end:NAME-->`` whose body is
+``docs/figures/NAME.txt``. :func:`refresh` rewrites both from fresh data.
+
+A marker must not start a line (a line that starts with ``<!--`` is an HTML block in
+Markdown, shown raw) nor sit inside code (shown literally). ``tests/test_docs.py`` checks
+that, and that the pages and the data agree.
 """
 
 from __future__ import annotations
@@ -18,8 +22,27 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-NUMBER = re.compile(r"<!--n:([\w.\-]+)(?:\|([^>]*?))?-->(.*?)<!--/n-->", re.S)
+NUMBER = re.compile(r"<!--n:([\w.\-]+)(?::([^>]*?))?-->(.*?)<!--/n-->", re.S)
 BLOCK = re.compile(r"(<!--begin:([\w.\-]+)-->\n)(.*?)(<!--end:\2-->)", re.S)
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE_CODE = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
+
+
+def code_spans(text: str, inline: bool = True) -> list[tuple[int, int]]:
+    """``(start, end)`` of every fenced block and (with ``inline``) inline code span.
+
+    Markdown shows comments inside code literally, so markers there are not markers: the
+    functions below skip them.
+    """
+    spans = [m.span() for m in FENCE.finditer(text)]
+    if inline:
+        outside = FENCE.sub(lambda m: " " * len(m.group(0)), text)
+        spans += [m.span() for m in INLINE_CODE.finditer(outside)]
+    return spans
+
+
+def _in(pos: int, spans: list[tuple[int, int]]) -> bool:
+    return any(a <= pos < b for a, b in spans)
 
 
 def fmt(value: object, spec: str | None = None) -> str:
@@ -33,8 +56,10 @@ def fmt(value: object, spec: str | None = None) -> str:
 
 def numbers_in(text: str) -> Iterator[tuple[str, str | None, str]]:
     """``(key, spec, shown text)`` of every generated number in a page."""
+    code = code_spans(text)
     for m in NUMBER.finditer(text):
-        yield m.group(1), m.group(2), m.group(3)
+        if not _in(m.start(), code):
+            yield m.group(1), m.group(2), m.group(3)
 
 
 def blocks_in(text: str) -> Iterator[tuple[str, str]]:
@@ -61,11 +86,13 @@ def refresh(text: str, numbers: Mapping[str, object], transcripts: Mapping[str, 
 
     Unknown keys are left as they are (the test reports them).
     """
+    code = code_spans(text)
+
     def number(m: re.Match) -> str:
         key, spec = m.group(1), m.group(2)
-        if key not in numbers:
+        if key not in numbers or _in(m.start(), code):
             return m.group(0)
-        return f"<!--n:{key}{'|' + spec if spec else ''}-->{fmt(numbers[key], spec)}<!--/n-->"
+        return f"<!--n:{key}{':' + spec if spec else ''}-->{fmt(numbers[key], spec)}<!--/n-->"
 
     def block(m: re.Match) -> str:
         name = m.group(2)
@@ -73,7 +100,8 @@ def refresh(text: str, numbers: Mapping[str, object], transcripts: Mapping[str, 
             return m.group(0)
         return m.group(1) + fence(transcripts[name]) + m.group(4)
 
-    return BLOCK.sub(block, NUMBER.sub(number, text))
+    text = NUMBER.sub(number, text)
+    return BLOCK.sub(block, text)
 
 
 def refresh_pages(docs: Path, numbers: Mapping[str, object],

@@ -62,6 +62,16 @@ def exact(values: list[torch.Tensor]) -> Fraction:
     return sum((Fraction(float(v)) for v in values), Fraction(0))
 
 
+def significant_bits(x: Fraction) -> int:
+    """Bits from the leading 1 to the last 1 of an exact binary fraction (0 for zero)."""
+    if x == 0:
+        return 0
+    num, den = abs(x.numerator), x.denominator  # den is a power of two
+    low = (num & -num).bit_length() - 1 - (den.bit_length() - 1)
+    high = num.bit_length() - 1 - (den.bit_length() - 1)
+    return high - low + 1
+
+
 def triple_example(seed: int = 0) -> dict:
     """The example of the page: values, every running sum with its bits, and the errors."""
     t, x = find_triple(seed)
@@ -78,7 +88,7 @@ def triple_example(seed: int = 0) -> dict:
         for k, s in enumerate(sums):
             exact_step = exact([sums[k - 1], vals[k]]) if k else Fraction(float(vals[0]))
             steps.append({"value": float(s), "hex": hex32(s),
-                          "exact": float(exact_step),
+                          "exact": float(exact_step), "bits": significant_bits(exact_step),
                           "rounded": Fraction(float(s)) != exact_step})
         final = sums[-1]
         err = abs(Fraction(float(final)) - true)
@@ -86,6 +96,7 @@ def triple_example(seed: int = 0) -> dict:
             "steps": steps, "value": float(final), "hex": hex32(final),
             "error_ulp": float(err / Fraction(float(ulp(_f32(true), F32)))),
         }
+    out["ulp"] = float(ulp(_f32(true), F32)[0])
     out["ulp_apart"] = int(ulp_distance(_f32(out["orders"]["abc"]["value"]),
                                         _f32(out["orders"]["cba"]["value"]))[0])
     return out
@@ -232,6 +243,7 @@ def run(out: Path) -> tuple[dict, dict]:
         "order.fp32_differ": stats["fp32_differ"],
         "order.fp32_differ_pct": 100 * stats["fp32_differ"] / stats["n"],
         "order.fp32_one_ulp_apart": stats["one_ulp_apart"],
+        "order.fp32_one_ulp_pct": 100 * stats["one_ulp_apart"] / stats["fp32_differ"],
         "order.fp32_differ_after_bf16": stats["fp32_differ_after_bf16"],
         "order.bf16_differ": stats["bf16_differ"],
         "tie.b": tie["b_value"],
@@ -251,5 +263,7 @@ def run(out: Path) -> tuple[dict, dict]:
         for k, s in enumerate(o["steps"]):
             numbers[f"order.{name}.step{k}_hex"] = s["hex"]
             numbers[f"order.{name}.step{k}_rounded"] = "yes" if s["rounded"] else "no"
+            numbers[f"order.{name}.step{k}_bits"] = s["bits"]
     numbers["order.exact"] = ex["exact"]
+    numbers["order.ulp"] = ex["ulp"]
     return numbers, {"order-bits.png": "three additions in two orders"}

@@ -1,0 +1,168 @@
+"""The docs: figures regenerate on a CPU, and the numbers the pages quote are current.
+
+``dash-verify figures --fast`` draws sections 1 to 3 into a temporary folder; its PNGs must
+be valid and its numbers must equal the committed ``docs/figures/numbers.json``, whose
+values must in turn be what the pages show (``docs/markers.py`` explains the markers).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # docs/ is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from docs.markers import blocks_in, code_spans, fmt, numbers_in, refresh  # noqa: E402
+
+DOCS = ROOT / "docs"
+FIGURES = DOCS / "figures"
+PAGES = sorted(DOCS.glob("*.md"))
+FAST_FIGURES = ("order-bits.png", "tiles-causal.png", "gantt-full.png", "gantt-causal.png",
+                "grid-full.png", "grid-causal.png", "dag-critical-path.png", "lemma.png")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def committed_numbers() -> dict:
+    return json.loads((FIGURES / "numbers.json").read_text())
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return b == pytest.approx(a, rel=1e-12)
+    return a == b
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG; raises AssertionError unless every chunk is intact."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path.name}: not a PNG"
+    pos, kinds, size = 8, [], None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"{path.name}: bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        kinds.append(kind)
+        pos += 12 + length
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds, path.name
+    assert size and size[0] > 100 and size[1] > 100, f"{path.name}: {size}"
+    return size
+
+
+def test_fast_figures_command_writes_valid_pngs_and_current_numbers(tmp_path):
+    from verify.cli import main
+
+    pages_before = {p: p.read_text() for p in PAGES}
+    assert main(["figures", "--out", str(tmp_path), "--fast"]) == 0
+    for name in FAST_FIGURES:
+        png_size(tmp_path / name)
+    # the cheap numbers, recomputed, equal what is committed (and quoted in the pages)
+    fresh = json.loads((tmp_path / "numbers.json").read_text())
+    committed = committed_numbers()
+    assert len(fresh) > 100
+    stale = {k: (v, committed.get(k)) for k, v in fresh.items() if not same(v, committed.get(k))}
+    assert not stale, f"docs/figures/numbers.json is stale, run python -m docs.figures: {stale}"
+    for txt in tmp_path.glob("*.txt"):
+        assert txt.read_text() == (FIGURES / txt.name).read_text(), txt.name
+    # writing elsewhere leaves the pages alone
+    assert {p: p.read_text() for p in PAGES} == pages_before
+
+
+def test_committed_figures_are_valid_pngs():
+    pngs = sorted(FIGURES.glob("*.png"))
+    assert {p.name for p in pngs} >= set(FAST_FIGURES) | {
+        "bits-heatmap.png", "bits-vs-naive.png", "errors.png"}
+    for p in pngs:
+        png_size(p)
+
+
+def test_every_generated_number_in_the_pages_matches_numbers_json():
+    numbers = committed_numbers()
+    seen = 0
+    for page in PAGES:
+        for key, spec, shown in numbers_in(page.read_text()):
+            seen += 1
+            assert key in numbers, f"{page.name}: {key} is not in numbers.json"
+            assert shown == fmt(numbers[key], spec), (
+                f"{page.name}: {key} shows {shown!r}, numbers.json gives "
+                f"{fmt(numbers[key], spec)!r}; run python -m docs.figures")
+    assert seen > 150
+
+
+def test_every_transcript_in_the_pages_matches_its_file():
+    seen = 0
+    for page in PAGES:
+        for name, body in blocks_in(page.read_text()):
+            seen += 1
+            path = FIGURES / f"{name}.txt"
+            assert path.exists(), f"{page.name}: no figures/{name}.txt"
+            assert body == path.read_text().rstrip("\n"), f"{page.name}: {name} is stale"
+    assert seen >= 8
+
+
+def test_markers_are_rendered_hidden():
+    """A marker starting a line is an HTML block (shown raw); one in code is shown literally."""
+    for page in PAGES:
+        text = page.read_text()
+        assert not re.search(r"^ {0,3}<!--n:", text, re.M), page.name
+        inline = [s for s in code_spans(text) if s not in code_spans(text, inline=False)]
+        for m in re.finditer(r"<!--n:", text):
+            assert not any(a <= m.start() < b for a, b in inline), (
+                f"{page.name}: a marker inside inline code near {text[m.start():m.start() + 40]}")
+
+
+def test_refresh_rewrites_numbers_and_blocks_but_not_code():
+    text = ("| a | <!--n:x.y:.2f-->0<!--/n--> |\n`<!--n:x.y-->0<!--/n-->`\n"
+            "<!--begin:t-->\n```text\nold\n```\n<!--end:t-->\n")
+    out = refresh(text, {"x.y": 3.14159}, {"t": "new"})
+    assert "<!--n:x.y:.2f-->3.14<!--/n-->" in out
+    assert "`<!--n:x.y-->0<!--/n-->`" in out  # inside code: left alone
+    assert "```text\nnew\n```" in out and "old" not in out
+    assert refresh(out, {"x.y": 3.14159}, {"t": "new"}) == out
+
+
+def test_relative_links_resolve():
+    link = re.compile(r"\]\(([^)\s]+)\)")
+    for page in [*PAGES, ROOT / "README.md"]:
+        for target in link.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists(), f"{page.name}: broken link {target}"
+
+
+def test_readme_links_the_docs_and_shows_a_figure():
+    text = (ROOT / "README.md").read_text()
+    assert "docs/README.md" in text and "![" in text and "docs/figures/" in text
+
+
+def test_api_reference_covers_the_public_functions():
+    from docs.api import render
+
+    text = render()
+    for name in ("dash_ref.Problem", "dash_ref.build_schedule", "dash_ref.emulate.replay",
+                 "dash_ref.dag.depth_condition", "dash_ref.simulator.simulate",
+                 "dash_ref.numerics.ulp_distance", "verify.audit.audit", "verify.fuzz.fuzz",
+                 "verify.fuzz.check", "verify.strategies.cases", "verify.compare.compare",
+                 "verify.highprec.reference_grads"):
+        assert f"`{name}`" in text, name
+    try:
+        import dash_cuda  # noqa: F401
+    except Exception:  # noqa: BLE001 - the GPU package may not import everywhere
+        assert "`dash_cuda` could not be imported" in text
+    else:
+        assert "`dash_cuda.attention`" in text
+    assert (DOCS / "api.md").exists()
