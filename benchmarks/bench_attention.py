@@ -97,7 +97,13 @@ def run(args) -> dict:
     print(f"schedules built and validated in {time.perf_counter() - t0:.0f} s", flush=True)
     records = []
     gen = torch.Generator(device="cuda").manual_seed(0)
+    deadline = time.perf_counter() + args.time_budget
     for n_cell, (d, h, s, b, causal) in enumerate(cells, 1):
+        if time.perf_counter() > deadline:
+            print(f"time budget of {args.time_budget} s spent: {len(cells) - n_cell + 1} "
+                  "cells not measured", flush=True)
+            env["cells_skipped"] = len(cells) - n_cell + 1
+            break
         q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
                        for _ in range(4))
         flops_b = flops_backward(b, h, s, d, causal)
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--processes", type=int, default=os.cpu_count())
     parser.add_argument("--tag", default="bench_attention")
+    parser.add_argument("--time-budget", type=float, default=float("inf"),
+                        help="seconds after which no new cell is started")
     args = parser.parse_args(argv)
     if args.plot:
         report = json.loads(args.plot.read_text())

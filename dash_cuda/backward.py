@@ -35,6 +35,10 @@ emulate step that names it.
     the semaphore / ``ld.global.cg`` (LDG.E.128.STRONG.GPU, issued after the acquire and
     before step 11's MMA) + ``add.f32`` + ``st.global`` (FADD, RNE, subnormals kept) /
     ``dq_add`` via ``replay``.
+    With ``red_add`` (:class:`~dash_cuda.config.TileConfig`): the same order under the same
+    semaphore, but the add is ``red.global.add.f32`` (REDG.E.ADD.F32: RNE, subnormal
+    inputs and results flushed) performed at L2, which saves the load's round trip /
+    ``dq_add(..., flush_subnormals=True)`` via ``replay(..., flush_subnormals=True)``.
     ``atomic`` peer instead: ``atom.global.gpu.relaxed.add.v4.f32`` (REDG.E.ADD.F32,
     flushes subnormals) in arrival order / no emulate step (no fixed order).
 13. ``dQ = rnd(dQacc * scale)`` / ``mul.f32`` + ``cvt.rn`` / ``epilogue``.
@@ -100,6 +104,7 @@ class BackwardAudit:
     dq_acc: torch.Tensor
     dk_heads: torch.Tensor
     dv_heads: torch.Tensor
+    flush_subnormals: bool = False  # the dQ adds were red.add (replay with flushing)
 
 
 # -- residency ------------------------------------------------------------------------------
@@ -188,6 +193,7 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         DETERMINISTIC=deterministic, AUDIT=audit, PER_HEAD=per_head,
         PREFETCH=bool(cfg.prefetch), LATE_RELEASE=bool(cfg.late_release),
+        RED_ADD=bool(cfg.red_add),
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -250,5 +256,6 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         )
     record = None
     if audit:
-        record = BackwardAudit(sched.schedule(), partials, dq_acc, dk_out, dv_out)
+        record = BackwardAudit(sched.schedule(), partials, dq_acc, dk_out, dv_out,
+                               flush_subnormals=deterministic and cfg.red_add)
     return dq, dk, dv, record

@@ -152,6 +152,7 @@ def dash_bwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, LATE_RELEASE: tl.constexpr,
+    RED_ADD: tl.constexpr,
     OPAQUE: tl.constexpr = True,
 ):
     worker = tl.program_id(0)
@@ -210,16 +211,24 @@ def dash_bwd_kernel(
                         _pass_turn(pending_sem, pending_rank)
                 rank = tl.load(VISIT_RANK + vis)
                 sem = SEM + (b * H + h) * N_Q + i
-                _wait_turn(sem, rank)
-                # issued before the partial's MMA, so the load's latency hides behind it
-                acc = tl.load(dq_ptrs, mask=row_ok, other=0.0, cache_modifier=".cg")
+                if not RED_ADD:
+                    _wait_turn(sem, rank)
+                    # issued before the partial's MMA, so the load's latency hides behind it
+                    acc = tl.load(dq_ptrs, mask=row_ok, other=0.0, cache_modifier=".cg")
             partial = _dq_partial(ds_op, k, OPAQUE)     # P_ij = dS(bf16) K_j, fresh acc
             if AUDIT:
                 r = tl.arange(0, BM)
                 tl.store(PARTIALS + (tl.cast(vis, tl.int64) * BM + r[:, None]) * HEAD_DIM
                          + offs_d[None, :], partial)
             if DETERMINISTIC:
-                tl.store(dq_ptrs, acc + partial, mask=row_ok)  # dQacc_i += P_ij, fp32 RNE
+                if RED_ADD:
+                    # dQacc_i += P_ij as fire-and-forget reductions performed at L2: no load
+                    # round trip. Still one adder per tile at a time, in rank order; the
+                    # release's fence waits for the reductions (fp32 RNE, subnormals flushed).
+                    _wait_turn(sem, rank)
+                    tl.atomic_add(dq_ptrs, partial, mask=row_ok, sem="relaxed", scope="gpu")
+                else:
+                    tl.store(dq_ptrs, acc + partial, mask=row_ok)  # dQacc_i += P_ij, fp32 RNE
                 if LATE_RELEASE:
                     pending_sem, pending_rank = sem, rank
                 else:

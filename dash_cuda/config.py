@@ -27,6 +27,7 @@ class TileConfig:
     num_stages: int
     prefetch: bool = False  # backward: load the next visit's Q/dO tiles one visit ahead
     late_release: bool = False  # backward: release a dQ tile after the next visit's MMAs
+    red_add: bool = False  # backward: dQ add as a fire-and-forget red.add under the semaphore
 
 
 # Forward: one program per (Q tile, b, h), K/V tiles streamed through an online softmax.
@@ -52,7 +53,7 @@ _BACKWARD = {
 
 
 def _override(cfg: TileConfig, env: str, head_dim: int) -> TileConfig:
-    """Tuning only: ``DASH_CUDA_BWD_TILES="BM,BN,warps,stages[,prefetch[,late_release]]"``.
+    """Tuning: ``DASH_CUDA_BWD_TILES="BM,BN,warps,stages[,prefetch[,late_release[,red_add]]]"``.
 
     Several head dims at once: ``"64:64,128,8,1,1;128:64,128,8,1"``; an entry without a
     ``d:`` prefix applies to every head dim.

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .numerics import fp32_add_rne
 from .problem import Problem
 from .schedule import Schedule
 
@@ -83,8 +84,15 @@ def preprocess_d(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     return (do.to(F32) * o.to(F32)).sum(-1)
 
 
-def dq_add(acc: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
-    """``dq_add``: one fp32 round-to-nearest-even addition (subnormals kept)."""
+def dq_add(acc: torch.Tensor, partial: torch.Tensor, flush_subnormals: bool = False
+           ) -> torch.Tensor:
+    """``dq_add``: one fp32 round-to-nearest-even addition.
+
+    Subnormals are kept (a plain load-add-store), or with ``flush_subnormals`` flushed in
+    the inputs and the result, as a global ``red.add.f32`` does.
+    """
+    if flush_subnormals:
+        return fp32_add_rne(acc, partial, flush_subnormals=True)
     return acc + partial
 
 
@@ -207,13 +215,15 @@ def visit_index(schedule: Schedule) -> dict[tuple[int, int, int, int], int]:
 
 
 def replay(schedule: Schedule, partials: torch.Tensor,
-           arrival: dict[tuple[int, int, int], tuple[int, ...]] | None = None) -> torch.Tensor:
+           arrival: dict[tuple[int, int, int], tuple[int, ...]] | None = None,
+           flush_subnormals: bool = False) -> torch.Tensor:
     """Rebuild every ``dQacc`` from fp32 partials in the schedule's dQ order.
 
     ``partials`` is ``(V, BM, d)`` fp32 in :meth:`Schedule.to_tables` visit order (what the
     kernel writes in audit mode). Each tile starts from ``+0.0`` and adds its partials one
     fp32 RNE addition at a time. A non-deterministic schedule has no order to replay unless
-    ``arrival`` gives one for every tile. Returns ``(B, S_q, H, d)`` fp32.
+    ``arrival`` gives one for every tile. ``flush_subnormals`` mirrors a kernel whose adds
+    are ``red.add.f32`` (:func:`dq_add`). Returns ``(B, S_q, H, d)`` fp32.
     """
     p = schedule.problem
     if partials.dtype != F32 or partials.dim() != 3 or partials.shape[1] != p.block_m:
@@ -233,7 +243,7 @@ def replay(schedule: Schedule, partials: torch.Tensor,
         rows = p.rows(i)
         tile = torch.zeros(len(rows), partials.shape[2], dtype=F32)
         for j in order:
-            tile = dq_add(tile, partials[index[(b, h, i, j)], : len(rows)])
+            tile = dq_add(tile, partials[index[(b, h, i, j)], : len(rows)], flush_subnormals)
         acc[b, rows.start:rows.stop, h] = tile
     return acc
 

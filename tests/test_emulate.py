@@ -160,3 +160,16 @@ def test_fuzzed_shapes_match_float64_and_replay(mask, s_q, s_k, bm, bn, group, n
     ref = attention_f64(q, k, v, do, causal=mask == "causal")
     assert_within_bound(None, bwd, ref, torch.float16, name)
     assert torch.equal(replay(sched, bwd.partials), bwd.dq_acc)
+
+
+def test_replay_can_flush_subnormals_like_global_atomics():
+    p = Problem(1, 1, 1, 8, 16, 8, "full", 8, 8)
+    sched = build_schedule(p, "naive", 1)
+    gen = torch.Generator().manual_seed(9)
+    partials = torch.randn(len(visit_index(sched)), 8, 8, generator=gen)
+    partials[0, 0, 0], partials[1, 0, 0] = 2.0**-140, 2.0**-141  # fp32 subnormals
+    kept = replay(sched, partials)
+    flushed = replay(sched, partials, flush_subnormals=True)
+    assert kept[0, 0, 0, 0] == 1.5 * 2.0**-140  # exact, kept
+    assert flushed[0, 0, 0, 0] == 0.0  # both inputs flushed
+    assert torch.equal(kept[0, 1:], flushed[0, 1:])  # normal values add alike

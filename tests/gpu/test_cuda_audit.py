@@ -45,7 +45,7 @@ def test_dq_accumulator_equals_replay(schedule, causal, shape, d, dtype, num_wor
     assert sched.name == schedule
     assert record.partials.shape == (len(sched.to_tables().visit_q), sched.problem.block_m, d)
     scale = 1.0 / math.sqrt(d)
-    acc = replay(sched, record.partials.cpu())
+    acc = replay(sched, record.partials.cpu(), flush_subnormals=record.flush_subnormals)
     assert torch.equal(record.dq_acc.cpu(), acc)
     assert torch.equal(dq.cpu(), epilogue(acc, scale, dtype))
     # dK / dV: per-query-head accumulators summed in ascending head order
@@ -69,8 +69,11 @@ def test_replay_detects_a_different_order():
         problem=p, name="naive", num_workers=record.schedule.num_workers,
         workers=record.schedule.workers,
         dq_orders={key: order[::-1] for key, order in record.schedule.dq_orders.items()})
-    assert torch.equal(replay(record.schedule, record.partials.cpu()), record.dq_acc.cpu())
-    assert not torch.equal(replay(reverse, record.partials.cpu()), record.dq_acc.cpu())
+    flush = record.flush_subnormals
+    assert torch.equal(replay(record.schedule, record.partials.cpu(), flush_subnormals=flush),
+                       record.dq_acc.cpu())
+    assert not torch.equal(replay(reverse, record.partials.cpu(), flush_subnormals=flush),
+                           record.dq_acc.cpu())
 
 
 def test_atomic_audit_rounds_its_accumulator():
@@ -79,3 +82,19 @@ def test_atomic_audit_rounds_its_accumulator():
     dq, _, _, record = dash_cuda.attention_backward(q, k, v, o, lse, do, deterministic=False,
                                                     audit=True)
     assert torch.equal(dq.cpu(), epilogue(record.dq_acc.cpu(), 1.0 / math.sqrt(64), torch.bfloat16))
+
+
+RED_ADD_TILES = "64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1"
+
+
+@pytest.mark.parametrize("schedule", ["naive", "shift", "symmetric_shift"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_red_add_mode_equals_replay_with_flushing(schedule, causal, monkeypatch):
+    """The red.add hand-off keeps the order; its adds flush subnormals, and replay says so."""
+    monkeypatch.setenv("DASH_CUDA_BWD_TILES", RED_ADD_TILES)
+    shape, d, dtype = AUDIT_SHAPES[0]
+    (dq, _, _, record), _ = audited(shape, d, dtype, causal, schedule, None, seed=33)
+    assert record.flush_subnormals
+    acc = replay(record.schedule, record.partials.cpu(), flush_subnormals=True)
+    assert torch.equal(record.dq_acc.cpu(), acc)
+    assert torch.equal(dq.cpu(), epilogue(acc, 1.0 / math.sqrt(d), dtype))

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The release run on one H200, in three stages that share one warm machine (Triton's cache
+# and the FlashAttention-4 bundle live in /tmp between stages):
+#
+#   scripts/gpu_release.sh compile OUT   # pre-compile every kernel variant; MMA model check
+#   scripts/gpu_release.sh measure OUT   # dQ-add A/B, then the benchmark grid
+#   scripts/gpu_release.sh audit OUT     # GPU tests, then the determinism report
+#
+# Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
+# short tables come last on stdout.
+set -uo pipefail
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit OUT}
+OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
+cd "$(dirname "$0")/.."
+LOG="$OUT/$STAGE"
+mkdir -p "$LOG"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=/tmp/dash_triton_cache
+export DASH_GIT_REV=${DASH_GIT_REV:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+PY=python3
+NPROC=$(nproc)
+RED_TILES="64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1"
+
+step() {  # step NAME SECONDS CMD...: time-limited, logged; a failure is reported, not fatal
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name ($(date +%T)): $*"
+    timeout --kill-after=10 "$limit" "$@" > "$LOG/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc"
+    return $rc
+}
+
+fa4_unpack() {
+    [ -d /tmp/site ] && return 0
+    if [ -f /tmp/part_aa ] && [ -f .fa4b/part_ab ]; then
+        cat /tmp/part_aa .fa4b/part_ab | xz -d | tar x -C /tmp && echo "FA4 unpacked"
+    else
+        echo "FA4 bundle not here (part_aa: $([ -f /tmp/part_aa ] && echo yes || echo no))"
+    fi
+}
+
+case "$STAGE" in
+compile)
+    [ -f .fa4a/part_aa ] && cp .fa4a/part_aa /tmp/ && echo "part_aa staged"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv \
+        > "$LOG/environment.log" 2>&1
+    step warmup 240 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
+        --head-dims 16 32 64 128 --audit
+    DASH_CUDA_BWD_TILES=$RED_TILES step warmup_red 120 $PY -m dash_cuda.warmup \
+        --processes "$NPROC" --dtypes bf16 fp16 --head-dims 64 128 --audit
+    step mma 240 $PY scripts/validate_mma.py --out "$LOG/mma" --jobs "$NPROC"
+    tail -n 2 "$LOG/warmup.log" "$LOG/warmup_red.log"
+    tail -n 40 "$LOG/mma.log"
+    ;;
+measure)
+    fa4_unpack
+    # A/B of the dQ hand-off: load-add-store against a red.add under the same semaphore
+    step ab_store 100 $PY benchmarks/bench_backward.py --out "$LOG" --tag ab_store \
+        --seqlens 2048 16384 --schedules shift symmetric_shift atomic --no-cudnn \
+        --processes "$NPROC"
+    DASH_CUDA_BWD_TILES=$RED_TILES step ab_red 100 $PY benchmarks/bench_backward.py \
+        --out "$LOG" --tag ab_red --seqlens 2048 16384 \
+        --schedules shift symmetric_shift atomic --no-cudnn --processes "$NPROC"
+    $PY scripts/pick_dq_add.py "$LOG/ab_store.json" "$LOG/ab_red.json" > /tmp/dash_dq_add
+    echo "dQ hand-off chosen: $(cat /tmp/dash_dq_add)"
+    [ "$(cat /tmp/dash_dq_add)" = red ] && export DASH_CUDA_BWD_TILES=$RED_TILES
+    step bench 370 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
+        --time-budget 330
+    for f in ab_store ab_red; do [ -f "$LOG/$f.md" ] && sed -n '/^| d/,/^$/p' "$LOG/$f.md"; done
+    [ -f "$LOG/bench_attention.md" ] && sed -n '/## The gap/,/## Forward/p' \
+        "$LOG/bench_attention.md"
+    ;;
+audit)
+    fa4_unpack
+    [ "$(cat /tmp/dash_dq_add 2>/dev/null)" = red ] && export DASH_CUDA_BWD_TILES=$RED_TILES
+    echo "dQ hand-off: ${DASH_CUDA_BWD_TILES:-default tiles}"
+    step tests 170 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu tests/test_cuda_inputs.py
+    step determinism 380 $PY benchmarks/determinism_report.py --out "$LOG" \
+        --long-trials 1000 --trials 20
+    tail -n 3 "$LOG/tests.log"
+    grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
+    grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 70
+    ;;
+*)
+    echo "unknown stage $STAGE" >&2
+    exit 2
+    ;;
+esac
+tar czf "$OUT/$STAGE.tgz" -C "$OUT" "$STAGE"
