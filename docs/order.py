@@ -134,7 +134,13 @@ def order_statistics(n: int = 100_000, seed: int = 0) -> dict:
         if label == "fp32":
             r1, r2 = s1.to(torch.bfloat16), s2.to(torch.bfloat16)
             out["fp32_differ_after_bf16"] = int((bf16_bits(r1) != bf16_bits(r2)).sum())
-            out["one_ulp_apart"] = int((ulp_distance(s1, s2) == 1).sum())
+            dist = ulp_distance(s1, s2)
+            out["one_ulp_apart"] = int((dist == 1).sum())
+            out["two_ulp_apart"] = int((dist == 2).sum())
+            far = dist > 2
+            cancels = s1.abs() < 0.1 * vals.abs().max(0).values  # |sum| < max |term| / 10
+            out["far_apart"] = int(far.sum())
+            out["far_apart_cancel"] = int((far & cancels).sum())
     return out
 
 
@@ -244,6 +250,8 @@ def run(out: Path) -> tuple[dict, dict]:
         "order.fp32_differ_pct": 100 * stats["fp32_differ"] / stats["n"],
         "order.fp32_one_ulp_apart": stats["one_ulp_apart"],
         "order.fp32_one_ulp_pct": 100 * stats["one_ulp_apart"] / stats["fp32_differ"],
+        "order.fp32_two_ulp_pct": 100 * stats["two_ulp_apart"] / stats["fp32_differ"],
+        "order.fp32_far_cancel_pct": 100 * stats["far_apart_cancel"] / stats["far_apart"],
         "order.fp32_differ_after_bf16": stats["fp32_differ_after_bf16"],
         "order.bf16_differ": stats["bf16_differ"],
         "tie.b": tie["b_value"],

@@ -25,7 +25,7 @@ def problem(mask: str, heads: int = HEADS, n: int = N) -> Problem:
     return Problem(1, heads, heads, n * BLOCK, n * BLOCK, D, mask, BLOCK, BLOCK)
 
 
-CLOSED_FORMS = {  # DESIGN.md section 4, sync model, n workers, m heads back to back
+CLOSED_FORMS = {  # from the dash_ref.dag docstring: sync model, n workers, m heads
     ("full", "naive"): lambda n, m, c, r: m * n * (c + r) + (n - 1) * r,
     ("full", "shift"): lambda n, m, c, r: m * n * (c + r),
     ("causal", "descending"): lambda n, m, c, r: m * (n + 1) * (c + r) / 2 + (n - 1) * r,

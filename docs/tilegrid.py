@@ -72,7 +72,7 @@ def draw_schedule_grids(schedules: list[Schedule], path: Path, per_row: int = 2)
     rows = -(-len(schedules) // per_row)
     cols = per_row * len(heads)
     cell = 0.62
-    fig = figure(0.3 + cols * (p.n_kv * cell + 0.55), 0.7 + rows * (p.n_q * cell + 0.6))
+    fig = figure(0.3 + cols * (p.n_kv * cell + 0.55), 0.8 + rows * (p.n_q * cell + 0.85))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
