@@ -32,13 +32,13 @@ emulate step that names it.
 11. ``P_ij = dS_op K_j``, fresh accumulator / HGMMA, then an opaque ``mov.b32`` so that
     Triton cannot fold step 12 into the MMA's accumulator / ``dq_partial``.
 12. ``dQacc_i = dQacc_i + P_ij`` in the tile's dQ order, from ``+0.0`` (memset), under
-    the semaphore / ``ld.global.cg`` (LDG.E.128.STRONG.GPU, issued after the acquire and
-    before step 11's MMA) + ``add.f32`` + ``st.global`` (FADD, RNE, subnormals kept) /
-    ``dq_add`` via ``replay``.
-    With ``red_add`` (:class:`~dash_cuda.config.TileConfig`): the same order under the same
-    semaphore, but the add is ``red.global.add.f32`` (REDG.E.ADD.F32: RNE, subnormal
-    inputs and results flushed) performed at L2, which saves the load's round trip /
-    ``dq_add(..., flush_subnormals=True)`` via ``replay(..., flush_subnormals=True)``.
+    the semaphore. Default (``TileConfig.red_add``): ``red.global.add.f32``
+    (REDG.E.ADD.F32: RNE, subnormal inputs and results flushed) performed at L2, one
+    adder per tile at a time in rank order; no load round trip, and the release's fence
+    waits for the reductions / ``dq_add(..., flush_subnormals=True)`` via
+    ``replay(..., flush_subnormals=True)``. With ``red_add=False``: ``ld.global.cg``
+    (issued after the acquire, before step 11's MMA) + ``add.f32`` + ``st.global`` (FADD,
+    RNE, subnormals kept) / ``dq_add`` via ``replay``.
     ``atomic`` peer instead: ``atom.global.gpu.relaxed.add.v4.f32`` (REDG.E.ADD.F32,
     flushes subnormals) in arrival order / no emulate step (no fixed order).
 13. ``dQ = rnd(dQacc * scale)`` / ``mul.f32`` + ``cvt.rn`` / ``epilogue``.
@@ -56,9 +56,10 @@ approximate, flush-to-zero ``exp2`` where the emulator rounds the product, the
 difference and a correctly rounded ``exp2`` separately; step 1 sums in a different order.
 Steps 12 to 15 match the emulator bit for bit: they are what ``audit=True`` checks.
 
-Subnormals: the dQ sums (12) and the GQA sums (15) are plain fp32 adds, which keep
-subnormal inputs and results (no ``.ftz``); only the ``atomic`` peer's ``red.add.f32``
-flushes them. ``ex2.approx.ftz`` returns 0 where ``P`` would be below ``2**-126``.
+Subnormals: by default the dQ sums (12) flush subnormal inputs and results
+(``red.add.f32``; the record of ``audit=True`` says so in ``flush_subnormals``); with
+``red_add=False`` they are plain fp32 adds that keep them (no ``.ftz``), as the GQA sums
+(15) always are. ``ex2.approx.ftz`` returns 0 where ``P`` would be below ``2**-126``.
 
 Forward (:mod:`dash_cuda.fwd_kernel`): ``LSE2`` is stored in base 2,
 ``LSE2 = m + log2(l)`` with ``m`` the running max of ``S * scale_log2`` and ``l`` the sum

@@ -44,11 +44,13 @@ _FORWARD = {
 # (benchmarks/results/issue4_h200_notes.md): prefetch pays at d = 64 (shift, full, S = 2048:
 # 166 against 156 TFLOP/s); BM = 32 at d = 128 (140 against 181), late release (149
 # against 173 at d = 64) and 64 x 64 tiles with two programs per SM (161 against 173) do not.
+# The dQ hand-off is a red.add under the semaphore (benchmarks/results/dq_handoff_ab.md:
+# 1.26x the load-add-store hand-off, geometric mean over 8 cells).
 _BACKWARD = {
-    16: TileConfig(64, 128, 8, 1, prefetch=True),
-    32: TileConfig(64, 128, 8, 1, prefetch=True),
-    64: TileConfig(64, 128, 8, 1, prefetch=True),
-    128: TileConfig(64, 128, 8, 1),  # prefetching here spills (ptxas: 255 registers)
+    16: TileConfig(64, 128, 8, 1, prefetch=True, red_add=True),
+    32: TileConfig(64, 128, 8, 1, prefetch=True, red_add=True),
+    64: TileConfig(64, 128, 8, 1, prefetch=True, red_add=True),
+    128: TileConfig(64, 128, 8, 1, red_add=True),  # prefetching here spills (255 registers)
 }
 
 

@@ -84,17 +84,22 @@ def test_atomic_audit_rounds_its_accumulator():
     assert torch.equal(dq.cpu(), epilogue(record.dq_acc.cpu(), 1.0 / math.sqrt(64), torch.bfloat16))
 
 
-RED_ADD_TILES = "64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1"
+HANDOFFS = {  # DASH_CUDA_BWD_TILES for each dQ hand-off, and whether its adds flush
+    "red": ("64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1", True),
+    "store": ("64:64,128,8,1,1,0,0;128:64,128,8,1,0,0,0", False),
+}
 
 
+@pytest.mark.parametrize("handoff", sorted(HANDOFFS))
 @pytest.mark.parametrize("schedule", ["naive", "shift", "symmetric_shift"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_red_add_mode_equals_replay_with_flushing(schedule, causal, monkeypatch):
-    """The red.add hand-off keeps the order; its adds flush subnormals, and replay says so."""
-    monkeypatch.setenv("DASH_CUDA_BWD_TILES", RED_ADD_TILES)
+def test_both_dq_handoffs_equal_replay(handoff, schedule, causal, monkeypatch):
+    """red.add and load-add-store keep the order; red.add flushes subnormals, replay too."""
+    tiles, flush = HANDOFFS[handoff]
+    monkeypatch.setenv("DASH_CUDA_BWD_TILES", tiles)
     shape, d, dtype = AUDIT_SHAPES[0]
     (dq, _, _, record), _ = audited(shape, d, dtype, causal, schedule, None, seed=33)
-    assert record.flush_subnormals
-    acc = replay(record.schedule, record.partials.cpu(), flush_subnormals=True)
+    assert record.flush_subnormals == flush
+    acc = replay(record.schedule, record.partials.cpu(), flush_subnormals=flush)
     assert torch.equal(record.dq_acc.cpu(), acc)
     assert torch.equal(dq.cpu(), epilogue(acc, 1.0 / math.sqrt(d), dtype))
