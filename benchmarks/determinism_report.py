@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -106,8 +107,9 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
-        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or "unknown",
+        "git": os.environ.get("DASH_GIT_REV") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip() or "unknown",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     rows = []

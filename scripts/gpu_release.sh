@@ -16,7 +16,7 @@ LOG="$OUT/$STAGE"
 mkdir -p "$LOG"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/dash_triton_cache
-export DASH_GIT_REV=${DASH_GIT_REV:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export DASH_GIT_REV=${DASH_GIT_REV:-unknown}  # the device copy has no .git: pass it in
 PY=python3
 NPROC=$(nproc)
 RED_TILES="64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1"
