@@ -112,11 +112,12 @@ def _check_options(causal: bool, softmax_scale: float | None, schedule: str,
         raise ValueError(f"num_workers must be a positive int or None, got {num_workers!r}")
 
 
-def _resolve_schedule(schedule: str, deterministic: bool, causal: bool, head_dim: int) -> str:
+def _resolve_schedule(schedule: str, deterministic: bool, causal: bool, head_dim: int,
+                      seqlen: int) -> str:
     if not deterministic:
         return "atomic"
-    name = default_schedule("causal" if causal else "full", head_dim) if schedule == "auto" \
-        else schedule
+    name = (default_schedule("causal" if causal else "full", head_dim, seqlen)
+            if schedule == "auto" else schedule)
     assert name in DETERMINISTIC
     return name
 
@@ -202,7 +203,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
     _check_devices({"q": q, "k": k, "v": v})
     head_dim = q.shape[-1]
-    name = _resolve_schedule(schedule, deterministic, causal, head_dim)
+    seqlen = max(_as_bshd(q, layout).shape[1], _as_bshd(k, layout).shape[1])
+    name = _resolve_schedule(schedule, deterministic, causal, head_dim, seqlen)
     return _DashAttention.apply(q, k, v, causal, _scale(softmax_scale, head_dim), name,
                                 num_workers, layout)
 
@@ -243,7 +245,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
     _check_devices(named)
     head_dim = q.shape[-1]
-    name = _resolve_schedule(schedule, deterministic, causal, head_dim)
+    seqlen = max(_as_bshd(q, layout).shape[1], _as_bshd(k, layout).shape[1])
+    name = _resolve_schedule(schedule, deterministic, causal, head_dim, seqlen)
     views = [_as_bshd(x, layout) for x in (q, k, v, o)]
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
     dq, dk, dv, record = _backward(*views, lse_v, _as_bshd(do, layout), causal,

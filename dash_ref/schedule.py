@@ -58,6 +58,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .auto import auto_schedule
 from .problem import Problem
 
 DETERMINISTIC = ("naive", "spt", "descending", "shift", "symmetric_shift")
@@ -561,11 +562,9 @@ def _build(p: Problem, name: str, num_workers: int, params: tuple = ()) -> Sched
     return BUILDERS[name](p, num_workers)
 
 
-def default_schedule(mask: str, head_dim: int) -> str:
-    """The paper's advice, used by ``auto`` until a measured table exists."""
-    if mask == "full":
-        return "shift"
-    return "descending" if head_dim >= 128 else "symmetric_shift"
+def default_schedule(mask: str, head_dim: int, seqlen: int = 4096) -> str:
+    """What ``auto`` resolves to: the measured table of :mod:`dash_ref.auto`."""
+    return auto_schedule(mask, head_dim, seqlen)
 
 
 @lru_cache(maxsize=256)
@@ -574,10 +573,12 @@ def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Sched
 
     ``num_workers`` is explicit because wave-based orders depend on it: pin it to make two
     different GPUs produce the same bits. ``name="auto"`` resolves to
-    :func:`default_schedule`. Results are cached per (problem, name, workers).
+    :func:`default_schedule` (the measured table of :mod:`dash_ref.auto`). Results are
+    cached per (problem, name, workers).
     """
     if name == "auto":
-        name = default_schedule(problem.mask, problem.head_dim)
+        name = default_schedule(problem.mask, problem.head_dim,
+                                max(problem.seqlen_q, problem.seqlen_k))
     if name not in BUILDERS:
         raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(NAMES)} or 'auto'")
     if int(num_workers) < 1:

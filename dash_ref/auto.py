@@ -1,0 +1,49 @@
+"""``schedule="auto"``: the schedule measured fastest for a (mask, head dim, length).
+
+The table (``auto_table.json`` beside this file) is data, regenerated from a benchmark run
+by ``benchmarks/make_auto_table.py``; each entry names the deterministic schedule with the
+highest backward TFLOP/s in one grid cell. A lookup takes the entry of the same mask whose
+head dim, then length, is nearest (in log2). Without a table entry for the mask, the
+paper's advice applies (full: ``shift``; causal: ``descending`` for ``d >= 128``,
+``symmetric_shift`` below). The choice depends on the shape alone, so ``auto`` is as
+timing-free as any named schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("auto_table.json")
+
+
+def paper_advice(mask: str, head_dim: int) -> str:
+    """The DASH paper's advice, used where the table has nothing for ``mask``."""
+    if mask == "full":
+        return "shift"
+    return "descending" if head_dim >= 128 else "symmetric_shift"
+
+
+@lru_cache(maxsize=1)
+def load_table(path: str = str(TABLE)) -> tuple[dict, ...]:
+    """The table's entries: ``{"mask", "head_dim", "seqlen", "schedule", ...}``."""
+    p = Path(path)
+    if not p.exists():
+        return ()
+    return tuple(json.loads(p.read_text())["entries"])
+
+
+def auto_schedule(mask: str, head_dim: int, seqlen: int) -> str:
+    """The schedule ``auto`` resolves to for this shape (see the module docstring)."""
+    entries = [e for e in load_table() if e["mask"] == mask]
+    if not entries:
+        return paper_advice(mask, head_dim)
+
+    def distance(e: dict) -> tuple[float, float, int, int]:
+        return (abs(math.log2(e["head_dim"]) - math.log2(max(head_dim, 1))),
+                abs(math.log2(e["seqlen"]) - math.log2(max(seqlen, 1))),
+                e["head_dim"], e["seqlen"])
+
+    return min(entries, key=distance)["schedule"]

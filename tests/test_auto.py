@@ -1,0 +1,66 @@
+"""``schedule="auto"``: a measured table, regenerated from the committed benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from dash_ref import DETERMINISTIC, Problem, auto, build_schedule
+from dash_ref.auto import TABLE, auto_schedule, load_table, paper_advice
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from make_auto_table import make_table  # noqa: E402
+
+
+def test_table_is_what_the_committed_benchmark_says():
+    report = json.loads((ROOT / "benchmarks/results/bench_attention.json").read_text())
+    committed = json.loads(TABLE.read_text())
+    again = make_table(report, committed["tie"], committed["source"])
+    assert again == committed
+
+
+def test_every_entry_is_a_deterministic_schedule_within_the_tie_of_the_best():
+    table = json.loads(TABLE.read_text())
+    for e in table["entries"]:
+        assert e["schedule"] in DETERMINISTIC
+        assert e["bwd_tflops"] >= max(e["all_tflops"].values()) * (1 - table["tie"])
+
+
+def test_auto_resolves_through_the_table_for_every_grid_cell():
+    for e in load_table():
+        p = Problem(1, 1, 1, e["seqlen"], e["seqlen"], e["head_dim"], e["mask"])
+        assert auto_schedule(e["mask"], e["head_dim"], e["seqlen"]) == e["schedule"]
+        assert build_schedule(p, "auto", 8).name == e["schedule"]
+
+
+def test_lookup_takes_the_nearest_head_dim_then_length_in_log2():
+    entries = load_table()
+
+    def entry(mask: str, d: int, s: int) -> str:
+        return next(e["schedule"] for e in entries
+                    if (e["mask"], e["head_dim"], e["seqlen"]) == (mask, d, s))
+
+    assert auto_schedule("causal", 16, 700) == entry("causal", 64, 512)  # 700: log2 nearer 512
+    assert math.log2(3000) - 11 > 12 - math.log2(3000)
+    assert auto_schedule("full", 256, 3000) == entry("full", 128, 4096)
+    assert auto_schedule("full", 64, 1 << 20) == entry("full", 64, 16384)
+
+
+def test_without_a_table_the_papers_advice_applies(monkeypatch):
+    monkeypatch.setattr(auto, "load_table", lambda: ())
+    assert auto_schedule("full", 64, 1024) == "shift" == paper_advice("full", 64)
+    assert auto_schedule("causal", 128, 1024) == "descending"
+    assert auto_schedule("causal", 64, 1024) == "symmetric_shift"
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_auto_has_the_fingerprint_of_what_it_resolves_to(mask):
+    p = Problem(1, 2, 2, 256, 256, 64, mask, 64, 64)
+    resolved = auto_schedule(mask, 64, 256)
+    assert build_schedule(p, "auto", 4).fingerprint() == \
+        build_schedule(p, resolved, 4).fingerprint()
