@@ -16,9 +16,14 @@ accumulator (default ``input_precision``), and compares each output's 32 bits wi
 ``k64_noacc``   ``k64`` without ``C`` (the first ``wgmma`` then runs with ``C`` disabled)
 ==============  =============================================================================
 
-Besides the model it scores every alternative reading in ``CANDIDATES``, ``C`` added by a
-separate fp32 add (``c_separate_add``) and, for the K = 64 kernels, other chainings (one
-fused 32- or 64-term step, descending order), so a mismatch points at the rule that differs.
+The model (``HOPPER``) is the same for ``mma.sync`` and ``wgmma``: the H200 run of
+``benchmarks/results/mma_validation/`` showed both instructions follow one set of rules.
+Besides the model it scores every alternative reading in ``CANDIDATES`` (``mma_sim`` is
+MMA-Sim's, this model's reading before that run; ``floor_m132``/``floor_m134`` and
+``zero_exclude_floor_m133``, i.e. a rounded zero keeping its sign, bracket the rules the
+run settled), ``C`` added by a separate fp32 add (``c_separate_add``) and, for the K = 64
+kernels, other chainings (one fused 32- or 64-term step, descending order), so a mismatch
+points at the rule that differs.
 It saves the PTX of each kernel and counts its tensor-core instructions (``mma.sync`` or
 ``wgmma``), which shows how Triton splits ``K``.
 
@@ -41,6 +46,7 @@ interpreter), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -391,10 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
         "environment": environment(device),
         "seed": args.seed,
-        "model": {"fraction_bits": HOPPER.fraction_bits, "align_rounding": HOPPER.align_rounding,
-                  "final_rounding": HOPPER.final_rounding, "zero_exponent": HOPPER.zero_exponent,
-                  "min_align_exponent": HOPPER.min_align_exponent, "k_step": 16,
-                  "order": "ascending"},
+        "model": {**dataclasses.asdict(HOPPER), "k_step": 16, "order": "ascending"},
         "test_sets": {f"{dt}/{w}": {"shape": list(c.shape), "tiles": len(c),
                                      "families": c.counts(), "fingerprint": c.fingerprint()}
                       for (dt, w), c in sets.items()},

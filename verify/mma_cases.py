@@ -19,7 +19,8 @@ family             what it stresses
 ``ties``           terms at half an ulp of ``C`` and at the truncation boundary
 ``trunc_sign``     small terms of the sign opposite to ``C`` (truncation of negatives)
 ``carry``          sums that cross a power of two; products with significand >= 2 on top
-``zero_huge``      zero operands facing huge partners (where a zero's exponent matters)
+``zero_huge``      zero operands facing huge partners (where a zero's exponent matters);
+                   fp16: some rows of zero products only, over a small normal ``C``
 ``tiny``           every product below ``2^-126`` (bf16) or at the bottom of fp16
 ``special``        ``±inf``, NaN, ``0 * inf``
 ``overflow``       products and sums beyond the fp32 range
@@ -492,6 +493,15 @@ def _zero_huge(rng, t, shape, fmt):
     b = np.where(np.swapaxes(zero_col, 1, 2), b_huge, b)
     c = _rand(rng, _F32, (t, m, n), *c_rng)
     c = _mix(rng, [c, _zeros(rng, _F32, c.shape)], [0.85, 0.15])
+    if fmt.name == "fp16":
+        # a quarter of the tiles: row 0 of A all zero (every product of that row zero, some
+        # against huge partners) and a small normal C below it, whose last bits a zero
+        # counted at exponent -126 + 15 would cut; drawn last, so the rest is unchanged
+        pick = rng.random(t) < 0.25
+        row_zero = _zeros(rng, fmt, (t, k))
+        c_low = _rand(rng, _F32, (t, n), -126, -113)
+        a[:, 0, :] = np.where(pick[:, None], row_zero, a[:, 0, :])
+        c[:, 0, :] = np.where(pick[:, None], c_low, c[:, 0, :])
     return a, b, c
 
 
