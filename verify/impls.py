@@ -13,7 +13,8 @@ name                   what runs
                        ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
                        ``torch.use_deterministic_algorithms(True)``
 ``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
-                       non-deterministic peer)
+                       non-deterministic peer); deterministic ones also carry an L1 check
+                       (audit mode against ``dash_ref.emulate.replay``)
 ``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
                        ``deterministic=True``
 ``module:function``    any importable user callable with the signature above
@@ -42,6 +43,9 @@ class Impl:
     fn: AttentionFn
     device: str = "cpu"
     note: str = ""
+    # L1 check where the implementation has an audit mode: returns what disagrees (if any)
+    # between its fp32 dQ accumulator and dash_ref's replay of its partials
+    l1: Callable[..., list[str]] | None = None
 
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
         return self.fn(q, k, v, do, causal, softmax_scale)
@@ -103,6 +107,26 @@ def _dash(schedule: str) -> AttentionFn:
     return run
 
 
+def _dash_l1(schedule: str) -> Callable[..., list[str]]:
+    import dash_cuda
+    from dash_ref.emulate import epilogue, replay
+
+    def l1(q, k, v, do, causal, softmax_scale) -> list[str]:
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        dq, _, _, rec = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                                     softmax_scale=softmax_scale,
+                                                     schedule=schedule, audit=True)
+        acc = replay(rec.schedule, rec.partials.cpu(), flush_subnormals=rec.flush_subnormals)
+        found = []
+        if not torch.equal(rec.dq_acc.cpu(), acc):
+            found.append("L1: the kernel's dQ accumulator differs from the replay")
+        if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
+            found.append("L1: dQ differs from the replay's epilogue")
+        return found
+
+    return l1
+
+
 def load_fa4() -> Callable | None:
     """FlashAttention-4's ``flash_attn_func`` if importable (also from ``/tmp/site``)."""
     import os
@@ -142,7 +166,9 @@ def get_impl(name: str) -> Impl:
             raise ValueError(f"unknown schedule {arg!r} for the emulator; choose from {NAMES}")
         return Impl(name, _emulator(arg), "cpu", "tile-level emulation on the CPU")
     if kind == "dash":
-        return Impl(name, _dash(arg or "auto"), "cuda")
+        schedule = arg or "auto"
+        return Impl(name, _dash(schedule), "cuda",
+                    l1=None if schedule == "atomic" else _dash_l1(schedule))
     if name.startswith("sdpa-"):
         parts = name.split("-")
         backend, det = parts[1], parts[-1] == "det"

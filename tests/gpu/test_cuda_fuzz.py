@@ -1,0 +1,29 @@
+"""The shape fuzzer on the GPU kernels: float64 accuracy and L1 replay on drawn shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dash_ref import Problem
+from verify.fuzz import check, fuzz
+from verify.impls import get_impl
+from verify.strategies import Case
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("schedule", ["shift", "symmetric_shift"])
+def test_fuzz_finds_nothing_in_the_kernels(schedule):
+    result = fuzz(f"dash:{schedule}", budget=25, max_elements=60_000, progress=False,
+                  head_dims=(64, 128))
+    assert result.ok, result.failure and (result.failure.message, result.reproducer())
+    assert result.examples == 25
+
+
+def test_check_runs_the_l1_replay():
+    impl = get_impl("dash:descending")
+    assert impl.l1 is not None
+    case = Case(Problem(1, 4, 2, 200, 333, 64, "causal", 64, 128), "bf16", "descending", 7)
+    assert check(impl, case).ok
