@@ -25,7 +25,8 @@ from verify.demo import random_inputs
 ROOT = Path(__file__).resolve().parents[1]
 FP_PROBLEM = Problem(1, 2, 2, 64, 64, 16, "full", 16, 16)  # n_q = n_kv = 4
 FP_WORKERS = (2, 3, 4, 132)
-AUDIT_SHAPE = "--mask full --seqlen-q 128 --heads 2 --head-dim 64 --trials 10"
+AUDIT_SHAPE = \
+    "--mask full --seqlen-q 256 --heads 4 --head-dim 64 --dtype fp16 --trials 10"
 
 
 def fingerprint_table(emulate_bits: bool = False) -> tuple[dict, str]:

@@ -56,6 +56,7 @@ def test_fuzz_finds_and_shrinks_a_planted_shape_bug():
     p = result.failure.case.problem
     assert p.seqlen_k == 17 and p.batch == 1, result.failure.case  # smallest failing length
     assert "--seqlen-k 17" in result.reproducer()
+    assert "--schedule naive" in result.reproducer()  # a user callable has no schedule
     assert not check("planted:broken_tail", result.failure.case).ok
 
 

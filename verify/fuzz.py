@@ -81,6 +81,9 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
          progress: bool = True, **case_kwargs) -> FuzzResult:
     """Draw up to ``budget`` cases; on a failure, shrink it and return the smallest one."""
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    # the implementation fixes the schedule; record that one with every case
+    kind, _, named = impl.name.partition(":")
+    case_kwargs.setdefault("schedules", (named if kind in ("emulator", "dash") else "naive",))
     bar = _progress(budget, f"fuzz {impl.name}", progress)
     state = {"examples": 0, "last_failure": None}
 

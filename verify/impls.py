@@ -7,8 +7,9 @@ over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-ri
 =====================  =====================================================================
 name                   what runs
 =====================  =====================================================================
-``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME (CPU); with
-                       ``atomic``, each call draws a fresh arrival order, like real atomics
+``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME (CPU, 16 x 16 tiles,
+                       4 workers); with ``atomic``, each call draws a fresh arrival order,
+                       like real atomics
 ``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
                        ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
                        ``torch.use_deterministic_algorithms(True)``
