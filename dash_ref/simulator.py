@@ -12,6 +12,11 @@ its semaphore allows. ``atomic`` schedules never wait on a semaphore.
 
 Costs: every reduce costs ``cost_reduce``; every compute costs ``cost_compute``, or with
 ``partial=True`` ``cost_compute`` times the tile's unmasked fraction.
+
+``handoff_latency`` (default 0, the model of ``DESIGN.md``) delays the moment a reduce's
+semaphore increment becomes visible to the other workers: on a GPU a release reaches a
+spinning acquirer only after a trip through L2. The DAG model has no such term, so only
+the default is checked against :meth:`dash_ref.dag.DAG.critical_path`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .dag import COMPUTE, MODELS, REDUCE, compute_cost
 from .schedule import Schedule, ScheduleError
 
 WAIT = "wait"
+RELEASE = "release"
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ def simulate(
     cost_compute: float = 1.0,
     cost_reduce: float = 1.0,
     partial: bool = False,
+    handoff_latency: float = 0.0,
 ) -> SimResult:
     """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock."""
     if model not in MODELS:
@@ -103,13 +110,24 @@ def simulate(
     started = [0.0] * W  # start of the stage in flight (compute unit / writer share it in sync)
     writer_started = [0.0] * W
     intervals: list[Interval] = []
-    events: list[tuple[float, int, str, int]] = []
+    events: list[tuple[float, int, str, int, tuple | None]] = []
     seq = 0
 
-    def push(t: float, action: str, w: int) -> None:
+    def push(t: float, action: str, w: int, tile: tuple | None = None) -> None:
         nonlocal seq
-        heapq.heappush(events, (t, seq, action, w))
+        heapq.heappush(events, (t, seq, action, w, tile))
         seq += 1
+
+    def release(tile: tuple, t: float) -> None:
+        """The tile's semaphore moves to the next rank; wake the worker waiting for it."""
+        sem[tile] = sem.get(tile, 0) + 1
+        other = blocked.pop((tile, sem[tile]), None)
+        if other is not None:
+            ob, oh, oi, oj = progs[other][reduced[other]]
+            if t > wait_since[other]:
+                intervals.append(Interval(other, WAIT, ob, oh, oi, oj, wait_since[other], t))
+            writer_busy[other] = False
+            try_reduce(other, t)
 
     def start_compute(w: int, t: float) -> None:
         b, h, i, j = progs[w][computed[w]]
@@ -135,8 +153,10 @@ def simulate(
             start_compute(w, 0.0)
 
     while events:
-        t, _, action, w = heapq.heappop(events)
-        if action == COMPUTE:
+        t, _, action, w, tile = heapq.heappop(events)
+        if action == RELEASE:
+            release(tile, t)
+        elif action == COMPUTE:
             b, h, i, j = progs[w][computed[w]]
             intervals.append(Interval(w, COMPUTE, b, h, i, j, started[w], t))
             computed[w] += 1
@@ -149,16 +169,10 @@ def simulate(
             reduced[w] += 1
             writer_busy[w] = False
             if ranks[(b, h, i, j)] is not None:
-                tile = (b, h, i)
-                sem[tile] = sem.get(tile, 0) + 1
-                other = blocked.pop((tile, sem[tile]), None)
-                if other is not None:
-                    ob, oh, oi, oj = progs[other][reduced[other]]
-                    if t > wait_since[other]:
-                        intervals.append(Interval(other, WAIT, ob, oh, oi, oj,
-                                                  wait_since[other], t))
-                    writer_busy[other] = False
-                    try_reduce(other, t)
+                if handoff_latency > 0:
+                    push(t + handoff_latency, RELEASE, w, (b, h, i))
+                else:
+                    release((b, h, i), t)
             if model == "sync" and computed[w] < len(progs[w]):
                 start_compute(w, t)
             try_reduce(w, t)
