@@ -32,8 +32,42 @@ from dash_ref.simulator import simulate
 BM, BN = 64, 128  # the backward tiles the benchmark ran (dash_cuda.config)
 
 
-def makespan(p: Problem, name: str, workers: int, c: float, r: float) -> float:
-    return simulate(build_schedule(p, name, workers), "sync", c, r, partial=True).makespan
+def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float = 0.0
+             ) -> float:
+    return simulate(build_schedule(p, name, workers), "sync", c, r, partial=True,
+                    handoff_latency=lat).makespan
+
+
+def fit_latency(p: Problem, workers: int, rho: float, target: float, hi: float = 4.0,
+                steps: int = 10) -> float:
+    """The hand-off latency (in units of c) at which ``naive``'s makespan meets ``target``."""
+    lo = 0.0
+    if makespan(p, "naive", workers, 1.0, rho, hi) < target:
+        return float("inf")
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if makespan(p, "naive", workers, 1.0, rho, mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def latency_study(report: dict, rho: dict[int, float], max_seqlen: int) -> list[dict]:
+    """Full masks: the latency that would explain naive's measured time, cell by cell."""
+    workers = report["environment"]["num_workers"]
+    rows = []
+    for key, t in sorted(cells(report, max_seqlen).items()):
+        if key[1] != "full":
+            continue
+        p = Problem(key[3], key[4], key[4], key[2], key[2], key[0], "full", BM, BN)
+        c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0)
+        lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c)
+        rows.append({"d": key[0], "S": key[2], "c_us": round(c * 1e3, 3),
+                     "latency_over_c": round(lat, 3), "latency_us": round(lat * c * 1e3, 3),
+                     "measured_shift_over_naive": round(t["naive"] / t["shift"], 3)})
+        print(f"latency fit d={key[0]} S={key[2]}: l/c = {lat:.3f}", flush=True)
+    return rows
 
 
 def cells(report: dict, max_seqlen: int) -> dict[tuple, dict[str, float]]:
@@ -79,7 +113,8 @@ def run(report: dict, max_seqlen: int, calibrate_max: int) -> dict:
         })
         print(f"d={d} {mask} S={s}: done in {time.perf_counter() - t0:.1f} s", flush=True)
     return {"source": "benchmarks/results/bench_attention.json", "workers": workers,
-            "tiles": [BM, BN], "rho": rho, "rows": rows}
+            "tiles": [BM, BN], "rho": rho, "rows": rows,
+            "latency": latency_study(report, rho, calibrate_max)}
 
 
 def markdown(out: dict) -> str:
@@ -99,6 +134,16 @@ def markdown(out: dict) -> str:
                 for n in names]
         lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {r['c_us']:.2f} | "
                      + " | ".join(vals) + " |")
+    lines += ["", "## A hand-off latency for `naive`'s gap on full masks", "",
+              "The latency `l` between a release and the next rank's acquire (simulator "
+              "option `handoff_latency`) that would make the simulated `naive` as slow as "
+              "measured, with the calibrated `c` and `r` (`shift` is insensitive to it up "
+              "to `l = c`):", "",
+              "| d | S | c (us) | l / c | l (us) | measured shift / naive |",
+              "|---|---|---|---|---|---|"]
+    for r in out.get("latency", []):
+        lines.append(f"| {r['d']} | {r['S']} | {r['c_us']:.2f} | {r['latency_over_c']:.2f} | "
+                     f"{r['latency_us']:.2f} | {r['measured_shift_over_naive']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -109,8 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seqlen", type=int, default=16384)
     ap.add_argument("--calibrate-max", type=int, default=4096,
                     help="longest full-mask cell used to fit r / c")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="keep the committed predictions, redo only the latency study")
     args = ap.parse_args(argv)
-    out = run(json.loads(args.report.read_text()), args.max_seqlen, args.calibrate_max)
+    report = json.loads(args.report.read_text())
+    if args.latency_only:
+        out = json.loads((args.out / "model_vs_measured.json").read_text())
+        rho = {int(d): v for d, v in out["rho"].items()}
+        out["latency"] = latency_study(report, rho, args.calibrate_max)
+    else:
+        out = run(report, args.max_seqlen, args.calibrate_max)
     (args.out / "model_vs_measured.json").write_text(json.dumps(out, indent=1) + "\n")
     table = markdown(out)
     (args.out / "model_vs_measured.md").write_text(table)
