@@ -32,6 +32,38 @@ separate arithmetic model. Logsumexps are in base 2 (``LSE2 = log2 sum 2^(S*scal
 rows that see no key have ``LSE2 = -inf``, ``O = 0`` and zero gradients.
 
 Tensors use the ``(B, S, H, d)`` layout; ``k`` and ``v`` have ``H_kv`` heads.
+
+Hopper arithmetic
+-----------------
+``backward(..., arithmetic="hopper")`` (and :func:`emulate`) replaces the CPU arithmetic by
+the operations the sm_90 kernel issues (the contract in :mod:`dash_cuda.backward`), in the
+kernel's orientations and on its padded ``BM x BN`` tiles (rows past ``S_q``, keys past
+``S_k`` are zero; zeros are exact in the MMA model). Every matrix product is
+:func:`~dash_ref.tensorcore.mma` (k16 fused steps, ascending, the model measured on an
+H200), through :func:`tc_dot`:
+
+* ``qk``: ``S^T = mma(K_j, Q_i^T)``, ``k = d``, fresh accumulator;
+* ``softmax_p``: ``P^T = exp2_fma(fma(S^T, scale_log2, -LSE2))``, masked elements ``0``
+  (:func:`softmax_p_fma`, :func:`~dash_ref.numerics.fma_f32`,
+  :func:`~dash_ref.exp2.exp2_fma`);
+* ``dv_step``: ``dV_j = mma(P^T(bf16), dO_i, c=dV_j)``, ``k = BM``: the accumulation is
+  inside the tensor-core sum;
+* ``dp``: ``dP^T = mma(V_j, dO_i^T)``, ``k = d``, fresh;
+* ``ds``: ``dS = P * (dP - D_i)``, an fp32 subtraction and a multiplication, each rounded;
+* ``dk_step``: ``dK_j = mma(dS^T(bf16), Q_i, c=dK_j)``, ``k = BM``;
+* ``dq_partial``: ``P_ij = mma(dS(bf16), K_j)``, ``k = BN``, fresh;
+* ``dq_add``: flushing subnormals, as the kernel's default ``red.add.f32`` does
+  (``replay(..., flush_subnormals=True)``);
+* ``preprocess_d``: :func:`preprocess_d_ordered` (an ascending pairwise tree);
+* ``gqa_sum`` and ``epilogue`` as in IEEE mode.
+
+The forward is not emulated in this mode: ``O`` and ``LSE2`` are inputs (:func:`emulate`
+feeds the IEEE forward's). What remains for L2 (``DESIGN.md`` section 6) is on the kernel
+side: an ``exact`` mode that computes ``P`` with ``tl.fma`` and the integer steps of
+:func:`~dash_ref.exp2.exp2_fma` instead of ``ex2.approx.ftz``, and ``D`` in the order of
+:func:`preprocess_d_ordered` instead of ``tl.sum``'s; then a GPU test that gives the kernel
+and ``backward(..., arithmetic="hopper")`` the same ``Q, K, V, O, dO, LSE2`` and compares
+``dQ``, ``dK``, ``dV`` (and the audit's partials and accumulators) bit for bit.
 """
 
 from __future__ import annotations
@@ -41,12 +73,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .numerics import fp32_add_rne
+from .exp2 import exp2_fma
+from .numerics import fma_f32, fp32_add_rne
 from .problem import Problem
-from .schedule import Schedule
+from .schedule import Chain, Schedule
+from .tensorcore import K_STEP, mma
 
 LOG2E = 1.4426950408889634
 F32 = torch.float32
+#: The arithmetics :func:`backward` and :func:`emulate` know (module docstring).
+ARITHMETICS = ("ieee", "hopper")
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,6 +118,25 @@ def ds(p: torch.Tensor, dp: torch.Tensor, d_i: torch.Tensor) -> torch.Tensor:
 def preprocess_d(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """``preprocess_d``: ``D = rowsum(dO * O)`` in fp32, shape ``(B, S_q, H)``."""
     return (do.to(F32) * o.to(F32)).sum(-1)
+
+
+def preprocess_d_ordered(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """``preprocess_d`` in a fixed order: ``D = rowsum(dO * O)`` as an ascending pairwise tree.
+
+    Level 0 holds the ``d`` fp32 products ``dO_c * O_c`` (``mul.f32`` of exact upcasts,
+    RNE, subnormals kept) in ascending column ``c``. Each level replaces elements ``2m``
+    and ``2m + 1`` by their fp32 RNE sum and carries an odd last element unchanged, until
+    one value is left. For a power-of-two ``d`` a kernel gets the same bits by halving
+    ``tl.reshape(x, [BM, d // 2, 2])`` with ``tl.sum(..., 2)`` ``log2(d)`` times: a sum of
+    two elements is one commutative addition, so its order inside ``tl.sum`` is immaterial.
+    Shape ``(B, S_q, H)``.
+    """
+    x = do.to(F32) * o.to(F32)
+    while x.shape[-1] > 1:
+        even = x.shape[-1] // 2 * 2
+        summed = x[..., 0:even:2] + x[..., 1:even:2]
+        x = torch.cat([summed, x[..., even:]], dim=-1)
+    return x[..., 0]
 
 
 def dq_add(acc: torch.Tensor, partial: torch.Tensor, flush_subnormals: bool = False
@@ -251,24 +306,37 @@ def replay(schedule: Schedule, partials: torch.Tensor,
 def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor,
              softmax_scale: float | None = None, return_partials: bool = False,
-             arrival_seed: int | None = None) -> BackwardResult:
+             arrival_seed: int | None = None, arithmetic: str = "ieee") -> BackwardResult:
     """Emulate the backward exactly as ``schedule`` orders it.
 
-    For the ``atomic`` schedule (no fixed dQ order) the arrival order of every tile is drawn
-    from ``arrival_seed`` (a stand-in for the run-to-run variation of atomics).
+    ``arithmetic`` is ``"ieee"`` (CPU fp32 products, correctly rounded ``exp2``) or
+    ``"hopper"`` (the kernel's operations step for step: tensor-core MMAs, a fused
+    multiply-add, :func:`~dash_ref.exp2.exp2_fma`, the ordered ``D``, flushing dQ adds;
+    module docstring). For the ``atomic`` schedule (no fixed dQ order) the arrival order of
+    every tile is drawn from ``arrival_seed`` (a stand-in for the run-to-run variation of
+    atomics).
     """
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic={arithmetic!r}: expected one of {ARITHMETICS}")
+    hopper = arithmetic == "hopper"
     p = schedule.problem
     _check_inputs(p, q, k, v)
     dtype = q.dtype
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(p.head_dim)
     s2 = scale_log2(scale)
     qf, kf, vf, dof = q.to(F32), k.to(F32), v.to(F32), do.to(F32)
-    d_all = preprocess_d(o, do)
+    d_all = preprocess_d_ordered(o, do) if hopper else preprocess_d(o, do)
     index = visit_index(schedule)
     partials = torch.zeros(len(index), p.block_m, p.head_dim, dtype=F32)
     dk_head = torch.zeros(p.batch, p.seqlen_k, p.heads, p.head_dim, dtype=F32)
     dv_head = torch.zeros_like(dk_head)
     for _, c in schedule.chains():
+        if hopper:
+            cols = p.cols(c.j)
+            dk, dv = _chain_hopper(p, c, q, k, v, do, lse2, d_all, s2, partials, index)
+            dk_head[c.b, cols.start:cols.stop, c.h] = dk[: len(cols)]
+            dv_head[c.b, cols.start:cols.stop, c.h] = dv[: len(cols)]
+            continue
         cols = p.cols(c.j)
         hk = c.h // p.group
         k_j, v_j = kf[c.b, cols.start:cols.stop, hk], vf[c.b, cols.start:cols.stop, hk]
@@ -293,7 +361,7 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         arrival = {key: tuple(p.tile_cols[key[2]][t] for t in
                               torch.randperm(len(p.tile_cols[key[2]]), generator=gen).tolist())
                    for key in schedule.dq_orders}
-    dq_acc = replay(schedule, partials, arrival)
+    dq_acc = replay(schedule, partials, arrival, flush_subnormals=hopper)
     dk_acc, dv_acc = gqa_sum(p, dk_head), gqa_sum(p, dv_head)
     return BackwardResult(
         dq=epilogue(dq_acc, scale, dtype),
@@ -304,6 +372,83 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dv_acc=dv_acc,
         partials=partials if return_partials else None,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# hopper arithmetic: the kernel's operations, step for step
+# ---------------------------------------------------------------------------------------
+def tc_dot(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
+    """``tl.dot(a, b, c)`` on Hopper: :func:`~dash_ref.tensorcore.mma`, k16 steps ascending.
+
+    ``a (M, K)`` and ``b (K, N)`` are bf16/fp16 operands, ``c`` fp32 (``None``: fresh).
+    ``K`` is padded with zero columns of ``a`` and zero rows of ``b`` to a multiple of 16,
+    which leaves every bit unchanged (zero products take no part in the model).
+    """
+    pad = -a.shape[1] % K_STEP
+    if pad:
+        a = torch.cat([a, a.new_zeros(a.shape[0], pad)], 1)
+        b = torch.cat([b, b.new_zeros(pad, b.shape[1])], 0)
+    return mma(a, b, c)
+
+
+def softmax_p_fma(s_t: torch.Tensor, scale2: torch.Tensor, lse2_i: torch.Tensor,
+                  visible_t: torch.Tensor) -> torch.Tensor:
+    """``softmax_p`` as the kernel computes it, on ``S^T`` (keys are rows).
+
+    ``P^T = exp2_fma(fma(S^T, scale_log2, -LSE2))``: one fused multiply-add (``fma.rn.f32``),
+    then :func:`~dash_ref.exp2.exp2_fma` (the kernel's ``exact`` replacement for
+    ``ex2.approx.ftz``); masked elements exactly ``0``.
+    """
+    p_t = exp2_fma(fma_f32(s_t, scale2, -lse2_i[None, :]))
+    return torch.where(visible_t, p_t, torch.zeros((), dtype=F32))
+
+
+def _pad_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``n`` rows (the kernel's masked loads read 0)."""
+    if x.shape[0] == n:
+        return x
+    return torch.cat([x, x.new_zeros(n - x.shape[0], *x.shape[1:])])
+
+
+def _chain_hopper(p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  do: torch.Tensor, lse2: torch.Tensor, d_all: torch.Tensor,
+                  s2: torch.Tensor, partials: torch.Tensor,
+                  index: dict[tuple[int, int, int, int], int]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chain in the kernel's operand orientations and padded ``BM x BN`` tiles.
+
+    Writes each visit's ``(BM, d)`` partial into ``partials``; returns the fp32 ``dK_j``
+    (unscaled) and ``dV_j`` as ``(BN, d)`` (rows past ``S_k`` are zero).
+    """
+    bm, bn, dtype = p.block_m, p.block_n, q.dtype
+    cols = p.cols(c.j)
+    hk = c.h // p.group
+    k_j = _pad_rows(k[c.b, cols.start:cols.stop, hk], bn)
+    v_j = _pad_rows(v[c.b, cols.start:cols.stop, hk], bn)
+    dk = torch.zeros(bn, p.head_dim, dtype=F32)
+    dv = torch.zeros_like(dk)
+    all_cols = range(c.j * bn, (c.j + 1) * bn)
+    for i in c.visits:
+        rows = p.rows(i)
+        sl = slice(rows.start, rows.stop)
+        q_i = _pad_rows(q[c.b, sl, c.h], bm)
+        do_i = _pad_rows(do[c.b, sl, c.h], bm)
+        lse_i = _pad_rows(lse2[c.b, sl, c.h], bm)  # the kernel loads 0 past S_q
+        d_i = _pad_rows(d_all[c.b, sl, c.h], bm)
+        all_rows = range(i * bm, (i + 1) * bm)
+        vis_t = (visible(p, all_rows, all_cols)
+                 & (torch.tensor(all_rows)[:, None] < p.seqlen_q)
+                 & (torch.tensor(all_cols)[None, :] < p.seqlen_k)).T
+        s_t = tc_dot(k_j, q_i.T)  # qk: S^T = K_j Q_i^T, k = d, fresh
+        p_t = softmax_p_fma(s_t, s2, lse_i, vis_t)
+        p_op = p_t.to(dtype)  # round_operand
+        dv = tc_dot(p_op, do_i, dv)  # dv_step inside the MMA: k = BM
+        dp_t = tc_dot(v_j, do_i.T)  # dp: dP^T = V_j dO_i^T, k = d, fresh
+        ds_t = p_t * (dp_t - d_i[None, :])  # ds: two roundings (sub.f32, mul.f32)
+        ds_op = ds_t.to(dtype)
+        dk = tc_dot(ds_op, q_i, dk)  # dk_step inside the MMA: k = BM
+        partials[index[(c.b, c.h, i, c.j)]] = tc_dot(ds_op.T, k_j)  # dq_partial: k = BN
+    return dk, dv
 
 
 def gqa_sum(p: Problem, per_head: torch.Tensor) -> torch.Tensor:
@@ -323,11 +468,15 @@ def gqa_sum(p: Problem, per_head: torch.Tensor) -> torch.Tensor:
 
 def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             do: torch.Tensor, softmax_scale: float | None = None,
-            return_partials: bool = False, arrival_seed: int | None = None
-            ) -> tuple[ForwardResult, BackwardResult]:
-    """Forward, then the backward under ``schedule``, for one problem."""
+            return_partials: bool = False, arrival_seed: int | None = None,
+            arithmetic: str = "ieee") -> tuple[ForwardResult, BackwardResult]:
+    """Forward, then the backward under ``schedule``, for one problem.
+
+    The forward is always the tile-level IEEE forward; ``arithmetic`` selects the
+    backward's arithmetic (:func:`backward`).
+    """
     p = schedule.problem
     fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n)
     bwd = backward(schedule, q, k, v, fwd.o, fwd.lse2, do, softmax_scale, return_partials,
-                   arrival_seed)
+                   arrival_seed, arithmetic)
     return fwd, bwd

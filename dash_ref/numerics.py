@@ -62,6 +62,7 @@ fp32 accumulation (:func:`fp32_add_rne`, :func:`flush_subnormals_f32`)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,7 @@ __all__ = [
     "float_format",
     "flush_subnormals_f32",
     "fp16_bits",
+    "fma_f32",
     "fp32_add_rne",
     "round_f32_to",
     "ulp",
@@ -383,3 +385,42 @@ def ulp_error(x: torch.Tensor, exact_f64: torch.Tensor, dtype: torch.dtype) -> t
     exact = exact_f64.detach().to(torch.float64)
     diff = (x.detach().to(torch.float64) - exact).abs()
     return diff / ulp(exact, dtype)
+
+
+# -- fused multiply-add -----------------------------------------------------------------
+def fma_f32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | float
+            ) -> torch.Tensor:
+    """IEEE binary32 ``a * b + c`` with one round to nearest even (``fma.rn.f32``), elementwise.
+
+    Inputs broadcast; Python floats must be exact fp32 values. Subnormal inputs and results
+    are kept (no ``.ftz``); an exact zero result is ``+0`` unless ``a * b`` and ``c`` are
+    both ``-0`` (IEEE); infinities behave as IEEE says; a NaN result is some NaN (the GPU
+    writes ``0x7FFFFFFF``, the CPU need not).
+
+    Method: ``a * b`` is exact in float64 (48 significand bits, exponents in [-298, 256]);
+    ``s = fl64(a*b + c)`` and its error ``t`` come from an error-free TwoSum, so the exact
+    sum is ``s + t``. Rounding ``s`` to fp32 is correct except when ``s`` lies exactly
+    halfway between two fp32 neighbours (fp32 midpoints are float64 values, so ``s`` cannot
+    lie across one from the exact sum); there, a nonzero ``t`` decides the side.
+    """
+    a, b, c = (x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32)
+               for x in (a, b, c))
+    for x in (a, b, c):
+        _expect(x, torch.float32)
+    a, b, c = torch.broadcast_tensors(a, b, c)
+    p = a.double() * b.double()
+    c64 = c.double()
+    s = p + c64
+    bb = s - p  # TwoSum (Knuth): t = (p - (s - bb)) + (c - bb), exact without overflow
+    t = (p - (s - bb)) + (c64 - bb)
+    t = torch.where(torch.isfinite(s), t, torch.zeros_like(t))
+    r = s.to(torch.float32)
+    # an fp32 overflow is "rounding to 2^128"; treat it as that virtual neighbour
+    big = torch.tensor(2.0**128, dtype=torch.float64)
+    r64 = torch.where(torch.isinf(r) & torch.isfinite(s), torch.copysign(big, s), r.double())
+    d = s - r64  # exact: r is the fp32 value nearest to s
+    toward = torch.where(d > 0, torch.tensor(math.inf), torch.tensor(-math.inf)).float()
+    other = torch.nextafter(r, toward)  # the fp32 neighbour on the other side of s
+    tie = (d != 0) & ((r64 + other.double()) * 0.5 == s)
+    flip = tie & (t != 0) & ((t > 0) == (d > 0))
+    return torch.where(flip, other, r)
