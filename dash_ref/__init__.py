@@ -5,8 +5,9 @@
 - :mod:`~dash_ref.dag`, :mod:`~dash_ref.simulator`, :mod:`~dash_ref.gantt`: the DAG model,
   its event simulator and their pictures (``DESIGN.md`` section 4);
 - :mod:`~dash_ref.emulate`: the tile-level forward and the schedule-ordered backward;
-- :mod:`~dash_ref.numerics`, :mod:`~dash_ref.tensorcore`: exact rounding on raw bits, and
-  Hopper's tensor-core arithmetic (``DESIGN.md`` sections 5 and 6).
+- :mod:`~dash_ref.numerics`, :mod:`~dash_ref.tensorcore`, :mod:`~dash_ref.exp2`: exact
+  rounding on raw bits and fused multiply-adds, Hopper's tensor-core arithmetic, and an
+  exp2 a kernel can compute and the CPU replay (``DESIGN.md`` sections 5 and 6).
 """
 
 from .dag import DAG, CriticalPath, build_dag, critical_path
