@@ -324,37 +324,17 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dtype = q.dtype
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(p.head_dim)
     s2 = scale_log2(scale)
-    qf, kf, vf, dof = q.to(F32), k.to(F32), v.to(F32), do.to(F32)
     d_all = preprocess_d_ordered(o, do) if hopper else preprocess_d(o, do)
     index = visit_index(schedule)
     partials = torch.zeros(len(index), p.block_m, p.head_dim, dtype=F32)
     dk_head = torch.zeros(p.batch, p.seqlen_k, p.heads, p.head_dim, dtype=F32)
     dv_head = torch.zeros_like(dk_head)
+    chain_grads = _chain_hopper if hopper else _chain_ieee
     for _, c in schedule.chains():
-        if hopper:
-            cols = p.cols(c.j)
-            dk, dv = _chain_hopper(p, c, q, k, v, do, lse2, d_all, s2, partials, index)
-            dk_head[c.b, cols.start:cols.stop, c.h] = dk[: len(cols)]
-            dv_head[c.b, cols.start:cols.stop, c.h] = dv[: len(cols)]
-            continue
         cols = p.cols(c.j)
-        hk = c.h // p.group
-        k_j, v_j = kf[c.b, cols.start:cols.stop, hk], vf[c.b, cols.start:cols.stop, hk]
-        dk = torch.zeros(len(cols), p.head_dim, dtype=F32)
-        dv = torch.zeros_like(dk)
-        for i in c.visits:
-            rows = p.rows(i)
-            q_i, do_i = qf[c.b, rows.start:rows.stop, c.h], dof[c.b, rows.start:rows.stop, c.h]
-            pt = softmax_p(qk(q_i, k_j), s2, lse2[c.b, rows.start:rows.stop, c.h],
-                           visible(p, rows, cols))
-            dv = dv + round_operand(pt, dtype).T @ do_i  # dv_step
-            dp = do_i @ v_j.T  # dp
-            dst = ds(pt, dp, d_all[c.b, rows.start:rows.stop, c.h])
-            ds_op = round_operand(dst, dtype)
-            dk = dk + ds_op.T @ q_i  # dk_step
-            partials[index[(c.b, c.h, i, c.j)], : len(rows)] = ds_op @ k_j  # dq_partial
-        dk_head[c.b, cols.start:cols.stop, c.h] = dk
-        dv_head[c.b, cols.start:cols.stop, c.h] = dv
+        dk, dv = chain_grads(p, c, q, k, v, do, lse2, d_all, s2, partials, index)
+        dk_head[c.b, cols.start:cols.stop, c.h] = dk[: len(cols)]
+        dv_head[c.b, cols.start:cols.stop, c.h] = dv[: len(cols)]
     arrival = None
     if not schedule.deterministic:
         gen = torch.Generator().manual_seed(arrival_seed or 0)
@@ -403,6 +383,35 @@ def softmax_p_fma(s_t: torch.Tensor, scale2: torch.Tensor, lse2_i: torch.Tensor,
     return torch.where(visible_t, p_t, torch.zeros((), dtype=F32))
 
 
+def _chain_ieee(p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                do: torch.Tensor, lse2: torch.Tensor, d_all: torch.Tensor,
+                s2: torch.Tensor, partials: torch.Tensor,
+                index: dict[tuple[int, int, int, int], int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chain in CPU fp32 arithmetic on its exact (unpadded) rows and keys.
+
+    Writes each visit's partial into ``partials``; returns the fp32 ``dK_j`` (unscaled)
+    and ``dV_j`` as ``(len(cols), d)``.
+    """
+    cols = p.cols(c.j)
+    hk = c.h // p.group
+    k_j = k[c.b, cols.start:cols.stop, hk].to(F32)
+    v_j = v[c.b, cols.start:cols.stop, hk].to(F32)
+    dk = torch.zeros(len(cols), p.head_dim, dtype=F32)
+    dv = torch.zeros_like(dk)
+    for i in c.visits:
+        rows = p.rows(i)
+        sl = slice(rows.start, rows.stop)
+        q_i, do_i = q[c.b, sl, c.h].to(F32), do[c.b, sl, c.h].to(F32)
+        pt = softmax_p(qk(q_i, k_j), s2, lse2[c.b, sl, c.h], visible(p, rows, cols))
+        dv = dv + round_operand(pt, q.dtype).T @ do_i  # dv_step
+        dp = do_i @ v_j.T  # dp
+        ds_op = round_operand(ds(pt, dp, d_all[c.b, sl, c.h]), q.dtype)
+        dk = dk + ds_op.T @ q_i  # dk_step
+        partials[index[(c.b, c.h, i, c.j)], : len(rows)] = ds_op @ k_j  # dq_partial
+    return dk, dv
+
+
 def _pad_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x`` with zero rows appended up to ``n`` rows (the kernel's masked loads read 0)."""
     if x.shape[0] == n:
@@ -444,8 +453,7 @@ def _chain_hopper(p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor, v: tor
         p_op = p_t.to(dtype)  # round_operand
         dv = tc_dot(p_op, do_i, dv)  # dv_step inside the MMA: k = BM
         dp_t = tc_dot(v_j, do_i.T)  # dp: dP^T = V_j dO_i^T, k = d, fresh
-        ds_t = p_t * (dp_t - d_i[None, :])  # ds: two roundings (sub.f32, mul.f32)
-        ds_op = ds_t.to(dtype)
+        ds_op = ds(p_t.T, dp_t.T, d_i).T.to(dtype)  # ds: sub.f32 then mul.f32
         dk = tc_dot(ds_op, q_i, dk)  # dk_step inside the MMA: k = BM
         partials[index[(c.b, c.h, i, c.j)]] = tc_dot(ds_op.T, k_j)  # dq_partial: k = BN
     return dk, dv

@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -114,7 +114,6 @@ class Schedule:
     num_workers: int
     workers: tuple[tuple[Chain, ...], ...]
     dq_orders: dict[TileKey, tuple[int, ...] | None]
-    params: tuple[tuple[str, object], ...] = field(default=())
 
     # -- views ----------------------------------------------------------------------------
     @property
@@ -148,9 +147,6 @@ class Schedule:
         """``{j: rank}`` for tile ``(b, h, i)``: what a kernel waits for on its semaphore."""
         order = self.dq_orders[(b, h, i)]
         return {} if order is None else {j: r for r, j in enumerate(order)}
-
-    def param(self, key: str, default: object = None) -> object:
-        return dict(self.params).get(key, default)
 
     # -- identity -------------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -377,7 +373,7 @@ def _check_timing_free(s: Schedule) -> None:
                 f"{s.name!r} has no fixed order: it would be decided at run time"
             )
     if s.name in BUILDERS:
-        again = _build(s.problem, s.name, s.num_workers, s.params)
+        again = BUILDERS[s.name](s.problem, s.num_workers)
         if again.fingerprint() != s.fingerprint() or again.workers != s.workers:
             raise ScheduleError(
                 f"schedule {s.name!r} is not a pure function of its shape and parameters: "
@@ -544,7 +540,6 @@ def _assemble(p: Problem, name: str, num_workers: int, workers: list[list[Item]]
         num_workers=num_workers,
         workers=tuple(tuple(c for item in items for c in item) for items in workers),
         dq_orders=dq,
-        params=(("num_workers", num_workers),),
     )
 
 
@@ -556,10 +551,6 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
     "shift": _shift,
     "symmetric_shift": _symmetric_shift,
 }
-
-
-def _build(p: Problem, name: str, num_workers: int, params: tuple = ()) -> Schedule:
-    return BUILDERS[name](p, num_workers)
 
 
 def default_schedule(mask: str, head_dim: int, seqlen: int = 4096) -> str:
@@ -583,4 +574,4 @@ def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Sched
         raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(NAMES)} or 'auto'")
     if int(num_workers) < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    return _build(problem, name, int(num_workers))
+    return BUILDERS[name](problem, int(num_workers))

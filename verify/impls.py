@@ -25,7 +25,6 @@ name                   what runs
 from __future__ import annotations
 
 import importlib
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -185,7 +184,3 @@ def get_impl(name: str) -> Impl:
         return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable")
     raise ValueError(f"unknown implementation {name!r}: use emulator:NAME, sdpa-BACKEND[-det], "
                      "dash:NAME, fa4[-det] or module:function")
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
