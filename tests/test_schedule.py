@@ -204,7 +204,7 @@ def test_rejects_builder_whose_output_changes(monkeypatch: pytest.MonkeyPatch) -
         return s
 
     monkeypatch.setitem(sched.BUILDERS, "naive", flaky)
-    s = sched._build(P4, "naive", 4)
+    s = sched.BUILDERS["naive"](P4, 4)
     with pytest.raises(ScheduleError, match="not a pure function.*building it again"):
         s.validate()
     assert len(calls) == 2
@@ -223,12 +223,12 @@ def test_rejects_wrong_worker_count() -> None:
 @given(problem=problems(), workers=st.integers(1, 20))
 def test_fingerprint_stable_across_builds(problem: Problem, workers: int) -> None:
     for name in NAMES:
-        a = sched._build(problem, name, workers)  # uncached: two independent builds
-        b = sched._build(problem, name, workers)
+        a = sched.BUILDERS[name](problem, workers)  # uncached: two independent builds
+        b = sched.BUILDERS[name](problem, workers)
         assert a is not b
         assert a.fingerprint() == b.fingerprint()
         assert a.workers == b.workers and a.dq_orders == b.dq_orders
-    assert sched._build(problem, "atomic", workers).fingerprint() == "nondeterministic"
+    assert sched.BUILDERS["atomic"](problem, workers).fingerprint() == "nondeterministic"
 
 
 @settings(max_examples=30, deadline=None)
