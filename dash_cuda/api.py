@@ -94,9 +94,14 @@ def _check_devices(named: dict[str, torch.Tensor]) -> None:
 
 
 def _check_options(causal: bool, softmax_scale: float | None, schedule: str,
-                   deterministic: bool, num_workers: int | None) -> None:
+                   deterministic: bool, num_workers: int | None, exact: bool = False) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    if not isinstance(exact, bool):
+        raise TypeError(f"exact must be a bool, got {exact!r}")
+    if exact and not deterministic:
+        raise ValueError("exact=True reproduces a fixed dQ order; the atomic peer "
+                         "(deterministic=False) has none")
     if softmax_scale is not None and (not isinstance(softmax_scale, Real)
                                       or not math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
@@ -144,7 +149,8 @@ def _forward(q, k, v, causal, scale, poison=False):
         return run_forward(q, k, v, causal, scale, poison)
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, name, num_workers, audit, poison=False):
+def _backward(q, k, v, o, lse, do, causal, scale, name, num_workers, audit, poison=False,
+              exact=False):
     """On validated ``(B, S, H, d)`` views: ``(dQ, dK, dV, audit record or None)``."""
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -154,32 +160,32 @@ def _backward(q, k, v, o, lse, do, causal, scale, name, num_workers, audit, pois
 
     with torch.cuda.device(q.device):
         return run_backward(q, k, v, o, lse, do, causal, scale, name, num_workers, audit,
-                            poison)
+                            poison, exact)
 
 
 class _DashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, name, num_workers, layout):
+    def forward(ctx, q, k, v, causal, scale, name, num_workers, layout, exact):
         qv, kv, vv = (_as_bshd(x, layout) for x in (q, k, v))
         o, lse = _forward(qv, kv, vv, causal, scale)
         ctx.save_for_backward(qv, kv, vv, o, lse)
-        ctx.options = (causal, scale, name, num_workers, layout)
+        ctx.options = (causal, scale, name, num_workers, layout, exact)
         return _as_bshd(o, layout)
 
     @staticmethod
     def backward(ctx, do):
         qv, kv, vv, o, lse = ctx.saved_tensors
-        causal, scale, name, num_workers, layout = ctx.options
+        causal, scale, name, num_workers, layout, exact = ctx.options
         dq, dk, dv, _ = _backward(qv, kv, vv, o, lse, _as_bshd(do, layout), causal, scale,
-                                  name, num_workers, audit=False)
+                                  name, num_workers, audit=False, exact=exact)
         return (_as_bshd(dq, layout), _as_bshd(dk, layout), _as_bshd(dv, layout),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, schedule: str = "auto",
               deterministic: bool = True, num_workers: int | None = None,
-              layout: str = "bshd") -> torch.Tensor:
+              layout: str = "bshd", exact: bool = False) -> torch.Tensor:
     """Scaled dot-product attention whose backward is bitwise reproducible.
 
     Args:
@@ -195,18 +201,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             to get the same bits on GPUs with different SM counts. A value larger than what
             can be resident at once is refused.
         layout: ``"bshd"`` (default, FlashAttention) or ``"bhsd"`` (SDPA).
+        exact: compute the backward in the arithmetic that
+            ``dash_ref.emulate.backward(..., arithmetic="hopper")`` reproduces bit for bit on
+            the CPU (a software ``exp2`` and a pinned ``D`` sum; slower, see
+            ``docs/performance.md``). Deterministic schedules only.
 
     Returns:
         The attention output, shaped and laid out like ``q``.
     """
     _check_tensors({"q": q, "k": k, "v": v}, layout)
-    _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
+    _check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact)
     _check_devices({"q": q, "k": k, "v": v})
     head_dim = q.shape[-1]
     seqlen = max(_as_bshd(q, layout).shape[1], _as_bshd(k, layout).shape[1])
     name = _resolve_schedule(schedule, deterministic, causal, head_dim, seqlen)
     return _DashAttention.apply(q, k, v, causal, _scale(softmax_scale, head_dim), name,
-                                num_workers, layout)
+                                num_workers, layout, exact)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -231,18 +241,20 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        lse: torch.Tensor, do: torch.Tensor, causal: bool = False,
                        softmax_scale: float | None = None, schedule: str = "auto",
                        deterministic: bool = True, num_workers: int | None = None,
-                       layout: str = "bshd", audit: bool = False, _poison: bool = False):
+                       layout: str = "bshd", audit: bool = False, exact: bool = False,
+                       _poison: bool = False):
     """Backward only: ``(dQ, dK, dV)``, or ``(dQ, dK, dV, BackwardAudit)`` with ``audit``.
 
     ``o`` and ``lse`` come from :func:`attention_forward`. With ``audit=True`` (small
     problems: it stores every fp32 partial) the record holds each partial ``P_ij`` in table
     order, the fp32 dQ accumulator before scaling and the per-query-head dK/dV accumulators
     (see :class:`dash_cuda.backward.BackwardAudit`). ``_poison`` (tests) fills outputs and
-    scratch with NaN before the run. Other arguments as in :func:`attention`.
+    scratch with NaN before the run. Other arguments, ``exact`` included, as in
+    :func:`attention`.
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     _check_tensors(named, layout)
-    _check_options(causal, softmax_scale, schedule, deterministic, num_workers)
+    _check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact)
     _check_devices(named)
     head_dim = q.shape[-1]
     seqlen = max(_as_bshd(q, layout).shape[1], _as_bshd(k, layout).shape[1])
@@ -251,7 +263,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
     dq, dk, dv, record = _backward(*views, lse_v, _as_bshd(do, layout), causal,
                                    _scale(softmax_scale, head_dim), name, num_workers, audit,
-                                   _poison)
+                                   _poison, exact)
     grads = (_as_bshd(dq, layout), _as_bshd(dk, layout), _as_bshd(dv, layout))
     if audit:
         if record is None:

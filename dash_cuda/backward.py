@@ -49,12 +49,23 @@ emulate step that names it.
     likewise without the scale / ``add.f32`` ..., ``mul.f32`` + ``cvt.rn`` / ``gqa_sum``,
     ``epilogue``.
 
-Where the kernel and :mod:`dash_ref.emulate` differ today (for the L2 emulation to model):
-steps 2, 6, 7, 10, 11 are tensor-core MMAs (k16 blocks fused, see ``DESIGN.md`` section 6),
-steps 6 and 10 accumulate inside the MMA; step 3 is one fused multiply-add and an
-approximate, flush-to-zero ``exp2`` where the emulator rounds the product, the
-difference and a correctly rounded ``exp2`` separately; step 1 sums in a different order.
-Steps 12 to 15 match the emulator bit for bit: they are what ``audit=True`` checks.
+Two arithmetics. The default one above is fast. ``exact=True`` changes two steps, and
+with them every step is reproduced on the CPU by ``dash_ref.emulate.backward(...,
+arithmetic="hopper")`` (L2, ``DESIGN.md`` section 6), given the kernel's ``O`` and ``LSE2``:
+
+ 1. ``D`` as an ascending pairwise tree (:func:`~dash_cuda.prepost_kernels._rowsum_pairwise`)
+    / ``mul.f32``, then ``add.f32`` level by level / ``preprocess_d_ordered``.
+ 3. ``P = exp2_fma(fma(S, scale_log2, -LSE2_i))`` (:func:`dash_cuda.exp2.exp2_fma`) /
+    ``fma.rn.f32``, then ``max``/``min``, ``cvt.rni``, ``sub.f32``, seven ``fma.rn.f32`` and
+    integer operations on the bits, no ``.ftz`` / ``softmax_p_fma``.
+
+Both exact kernels are built with ``enable_fp_fusion=False``: no multiply and add is fused
+unless the source says ``tl.fma``. The emulator's other counterparts are the same in both
+modes: steps 2, 6, 7, 10 and 11 are ``dash_ref.tensorcore.mma`` (k16 blocks fused,
+ascending; 6 and 10 accumulate inside the MMA), step 8 is an fp32 subtraction then a
+multiplication, steps 12 to 15 are ``replay``, ``epilogue`` and ``gqa_sum`` (what
+``audit=True`` checks in either mode). ``exact`` costs backward throughput
+(``benchmarks/results/exact_cost.md``).
 
 Subnormals: by default the dQ sums (12) flush subnormal inputs and results
 (``red.add.f32``; the record of ``audit=True`` says so in ``flush_subnormals``); with
@@ -97,7 +108,8 @@ class BackwardAudit:
     hold anything). ``dq_acc`` is the fp32 ``(B, S_q, H, d)`` accumulator before scaling,
     so ``dash_ref.emulate.replay(schedule, partials)`` must equal it bit for bit.
     ``dk_heads`` / ``dv_heads`` are each query head's fp32 ``(B, S_k, H, d)`` dK / dV
-    accumulators before the GQA sum (dK unscaled).
+    accumulators before the GQA sum (dK unscaled); ``delta`` is the preprocess's fp32
+    ``D = rowsum(dO * O)``, ``(B, S_q, H)``.
     """
 
     schedule: Schedule
@@ -105,7 +117,9 @@ class BackwardAudit:
     dq_acc: torch.Tensor
     dk_heads: torch.Tensor
     dv_heads: torch.Tensor
+    delta: torch.Tensor
     flush_subnormals: bool = False  # the dQ adds were red.add (replay with flushing)
+    exact: bool = False  # the exact arithmetic (reproduced by emulate's "hopper" mode)
 
 
 # -- residency ------------------------------------------------------------------------------
@@ -152,13 +166,14 @@ def max_workers(key: tuple, device: torch.device, compile_kernel) -> int:
 def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse2: torch.Tensor, do: torch.Tensor, causal: bool, softmax_scale: float,
                  schedule: str, num_workers: int | None, audit: bool = False,
-                 poison: bool = False
+                 poison: bool = False, exact: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
     """dQ, dK, dV (and the audit record) under schedule ``schedule``.
 
     Inputs are validated ``(B, S, H, d)`` views (contiguous last dim, non-empty sequences);
     ``lse2`` is fp32 with dims ``(B, S_q, H)``. ``schedule`` is a resolved name (``atomic``
-    or a deterministic one). ``poison`` fills outputs and scratch with NaN first.
+    or a deterministic one). ``poison`` fills outputs and scratch with NaN first. ``exact``
+    selects the arithmetic :mod:`dash_ref.emulate` reproduces bit for bit (module docstring).
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -178,7 +193,8 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, BM=cfg.block_m, HEAD_DIM=head_dim,
+        heads, seqlen_q, BM=cfg.block_m, HEAD_DIM=head_dim, EXACT=exact,
+        enable_fp_fusion=not exact,
     )
 
     dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=device, dtype=F32)
@@ -194,9 +210,9 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         DETERMINISTIC=deterministic, AUDIT=audit, PER_HEAD=per_head,
         PREFETCH=bool(cfg.prefetch), LATE_RELEASE=bool(cfg.late_release),
-        RED_ADD=bool(cfg.red_add),
+        RED_ADD=bool(cfg.red_add), EXACT=exact,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=not exact,
     )
 
     def args(sched_tables, sem, partials):
@@ -217,7 +233,7 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         )
 
     workers = int(num_workers) if num_workers is not None else sm_count(device)
-    variant = (device, q.dtype, head_dim, cfg, causal, deterministic, audit, per_head)
+    variant = (device, q.dtype, head_dim, cfg, causal, deterministic, audit, per_head, exact)
     placeholder = {name: torch.zeros(4, device=device, dtype=torch.int32) for name in TABLE_NAMES}
     limit = max_workers(variant, device, lambda: dash_bwd_kernel.warmup(
         *args(placeholder, placeholder["visit_q"], dq_acc), grid=(workers,), **kernel_args_tail))
@@ -257,6 +273,6 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         )
     record = None
     if audit:
-        record = BackwardAudit(sched.schedule(), partials, dq_acc, dk_out, dv_out,
-                               flush_subnormals=deterministic and cfg.red_add)
+        record = BackwardAudit(sched.schedule(), partials, dq_acc, dk_out, dv_out, delta,
+                               flush_subnormals=deterministic and cfg.red_add, exact=exact)
     return dq, dk, dv, record

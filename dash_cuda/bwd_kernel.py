@@ -46,6 +46,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .exp2 import exp2_fma
+
 
 @triton.jit
 def _load_tile(base, rows, n_rows, stride_s, HEAD_DIM: tl.constexpr):
@@ -103,8 +105,22 @@ def _opaque(x):
 
 
 @triton.jit
+def _softmax_p(s_t, lse2, scale_log2, EXACT: tl.constexpr):
+    """``P^T = exp2(S^T * scale_log2 - LSE2)`` before masking.
+
+    Default: the compiler contracts the product and difference into one FFMA and
+    ``exp2`` is ``ex2.approx.ftz`` (fast, its bits known only to the hardware). ``EXACT``:
+    the same FFMA written out, then the software :func:`~dash_cuda.exp2.exp2_fma`, so
+    that :func:`dash_ref.emulate.softmax_p_fma` reproduces every bit.
+    """
+    if EXACT:  # Triton's unary minus is 0 - x; written out, as the emulator mirrors it
+        return exp2_fma(tl.fma(s_t, scale_log2, 0.0 - lse2[None, :]))
+    return tl.math.exp2(s_t * scale_log2 - lse2[None, :])
+
+
+@triton.jit
 def _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
-           CAUSAL: tl.constexpr):
+           CAUSAL: tl.constexpr, EXACT: tl.constexpr):
     """One tile pair up to ``dS``, in the transposed form (rows of score tiles are keys).
 
     Returns the operand-dtype ``P^T`` and ``dS^T``. Keeping keys as rows lets both
@@ -112,7 +128,7 @@ def _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET, scale_
     ``dS`` for the partial ``dS @ K_j`` needs a transpose.
     """
     s_t = tl.dot(k, tl.trans(q))                          # S^T = K_j Q_i^T, fp32 accumulate
-    p_t = tl.math.exp2(s_t * scale_log2 - lse2[None, :])  # fma + ex2.approx.ftz
+    p_t = _softmax_p(s_t, lse2, scale_log2, EXACT)
     visible = (cols[:, None] < S_K) & (rows[None, :] < S_Q)
     if CAUSAL:
         visible = visible & (cols[:, None] <= rows[None, :] + CAUSAL_OFFSET)
@@ -152,7 +168,7 @@ def dash_bwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, LATE_RELEASE: tl.constexpr,
-    RED_ADD: tl.constexpr,
+    RED_ADD: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
 ):
     worker = tl.program_id(0)
@@ -197,7 +213,7 @@ def dash_bwd_kernel(
             lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
             delta = tl.load(delta_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
             p_op, ds_op = _visit(q, do, lse2, delta, k, v, rows, cols, S_Q, S_K, CAUSAL_OFFSET,
-                                 scale_log2, CAUSAL)
+                                 scale_log2, CAUSAL, EXACT)
             dv += tl.dot(p_op, do)                       # dV_j += P^T(bf16) dO_i
             dk += tl.dot(ds_op, q)                       # dK_j += dS^T(bf16) Q_i
             dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * (H * HEAD_DIM) + offs_d[None, :]

@@ -1,12 +1,16 @@
 """Count the instructions the arithmetic contract names in the compiled backward kernels.
 
-Runs one small backward per variant, then reads the PTX and SASS of every compiled
-persistent-backward kernel from Triton's cache and counts the instructions that decide
-the bits (``ex2``, ``fma``, the dQ add, atomics, the acquire/release pair, MMAs); the
-module docstring of :mod:`dash_cuda.backward` quotes them. Also reports registers and
-spills. Writes the PTX and SASS under ``OUT`` when given::
+Compiles the persistent backward and the ``D`` preprocess for sm_90 with Triton's own
+compiler and ``ptxas`` (no GPU needed: the target is given, not queried), then counts in
+the PTX and SASS the instructions that decide the bits (``ex2``, ``fma``, the dQ add,
+atomics, the acquire/release pair, MMAs, ``.ftz`` variants); the module docstring of
+:mod:`dash_cuda.backward` quotes them. Writes the PTX and SASS under ``OUT`` when given::
 
     python -m dash_cuda.inspect_asm [OUT]
+
+The launch-time specializations (which integer arguments are multiples of 16) are not
+reproduced, so addressing code may differ slightly from what a run compiles; the
+floating-point operations do not depend on them.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 PTX_PATTERNS = {
     "ex2": r"\bex2\.[a-z0-9.]+",
     "fma": r"\bfma\.[a-z0-9.]+",
-    "add.f32": r"\badd\.f32\b",
-    "sub.f32": r"\bsub\.f32\b",
-    "mul.f32": r"\bmul\.f32\b",
+    "add": r"(?<![.\w])add\.(?:rn\.)?(?:ftz\.)?f32\b",
+    "sub": r"\bsub\.(?:rn\.)?(?:ftz\.)?f32\b",
+    "mul": r"\bmul\.(?:rn\.)?(?:ftz\.)?f32\b",
     "cvt.rn": r"\bcvt\.rn\.[a-z0-9.]+",
+    "cvt.rni": r"\bcvt\.rni\.[a-z0-9.]+",
     "atom": r"\batom\.[a-z0-9.]+",
     "red": r"\bred\.global\.[a-z0-9.]+",
     "ld.acquire": r"\bld\.global\.gpu\.acquire\.[a-z0-9]+",
@@ -31,9 +37,11 @@ PTX_PATTERNS = {
 }
 SASS_PATTERNS = {
     "MUFU.EX2": r"\bMUFU\.EX2\b",
-    "FFMA": r"\bFFMA\b",
-    "FADD": r"\bFADD\b",
-    "FMUL": r"\bFMUL\b",
+    "FFMA": r"\bFFMA(?:\.[A-Z0-9]+)*",
+    "FADD": r"\bFADD(?:\.[A-Z0-9]+)*",
+    "FMUL": r"\bFMUL(?:\.[A-Z0-9]+)*",
+    "FRND": r"\bFRND(?:\.[A-Z0-9]+)*",
+    "FMNMX": r"\bFMNMX(?:\.[A-Z0-9]+)*",
     "HGMMA": r"\bHGMMA\.[A-Z0-9x.]+",
     "REDG": r"\bREDG\.[A-Z0-9.]+",
     "ATOMG": r"\bATOMG\.[A-Z0-9.]+",
@@ -43,6 +51,9 @@ SASS_PATTERNS = {
     "F2FP": r"\bF2FP\.[A-Z0-9.]+",
     "STL (spill)": r"\bSTL\b",
 }
+#: floating-point arithmetic in SASS that would flush subnormals (none is expected in the
+#: exact kernels; the dQ ``REDG...FTZ`` of the default hand-off is not arithmetic here)
+SASS_FTZ_ARITH = r"\b(?:FADD|FMUL|FFMA|FRND|FMNMX|MUFU\.[A-Z0-9]+)(?:\.[A-Z0-9]+)*\.FTZ\b"
 
 
 def count(text: str, patterns: dict[str, str]) -> Counter:
@@ -53,40 +64,122 @@ def count(text: str, patterns: dict[str, str]) -> Counter:
     return found
 
 
-def compiled_backward_kernels():
-    """Every compiled persistent-backward kernel in this process (Triton 3.6 cache layout)."""
-    import torch
+@dataclass(frozen=True)
+class Variant:
+    """One backward kernel to compile: the flags its specialization depends on."""
 
+    head_dim: int = 64
+    dtype: str = "bf16"
+    causal: bool = True
+    deterministic: bool = True
+    exact: bool = False
+    audit: bool = False
+    per_head: bool = True
+
+    def __str__(self) -> str:
+        mode = "exact" if self.exact else "default"
+        det = "deterministic" if self.deterministic else "atomic"
+        return f"d={self.head_dim} {self.dtype} {'causal' if self.causal else 'full'} {det} {mode}"
+
+
+def _compile(fn, pointers: dict[str, str], floats: tuple[str, ...], constants: dict,
+             options: dict):
+    """``fn`` compiled for sm_90; every argument not named is an ``i32``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    signature = {n: ("constexpr" if n in constants else pointers.get(n) or
+                     ("fp32" if n in floats else "i32")) for n in names}
+    source = ASTSource(fn, signature,
+                       constexprs={(names.index(n),): v for n, v in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_backward(v: Variant):
+    """The persistent backward kernel of variant ``v``, as a run would launch it."""
     from .bwd_kernel import dash_bwd_kernel
+    from .config import backward_config
 
-    cache = dash_bwd_kernel.device_caches[torch.cuda.current_device()][0]
-    return list(cache.values())
+    cfg = backward_config(v.head_dim)
+    pointers = {n: f"*{v.dtype}" for n in ("Q", "K", "V", "DO")}
+    pointers |= {n: "*fp32" for n in ("LSE2", "DELTA", "DQ_ACC", "PARTIALS")}
+    out = "*fp32" if v.per_head else f"*{v.dtype}"
+    pointers |= {"DK": out, "DV": out}
+    pointers |= {n: "*i32" for n in ("SEM", "WORKER_OFFSETS", "CHAIN_BHJ", "CHAIN_OFFSETS",
+                                     "VISIT_Q", "VISIT_RANK")}
+    constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim, CAUSAL=v.causal,
+                     DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
+                     PREFETCH=bool(cfg.prefetch), LATE_RELEASE=bool(cfg.late_release),
+                     RED_ADD=bool(cfg.red_add), EXACT=v.exact, OPAQUE=True)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                   enable_fp_fusion=not v.exact)
+    return _compile(dash_bwd_kernel, pointers, ("scale_log2", "softmax_scale"), constants,
+                    options)
+
+
+def compile_delta(head_dim: int, exact: bool, dtype: str = "bf16"):
+    """The ``D = rowsum(dO * O)`` preprocess kernel."""
+    from .config import backward_config
+    from .prepost_kernels import dash_delta_kernel
+
+    pointers = {"O": f"*{dtype}", "DO": f"*{dtype}", "DELTA": "*fp32"}
+    constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, EXACT=exact)
+    return _compile(dash_delta_kernel, pointers, (), constants,
+                    dict(num_warps=4, enable_fp_fusion=not exact))
+
+
+def sass_of(kernel) -> str:
+    """The whole SASS listing of a compiled kernel (``cuobjdump -sass`` of its cubin).
+
+    Triton's own ``asm["sass"]`` stops early on the larger backward kernels, so the listing
+    is taken from the tool directly.
+    """
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", cubin.name],
+                              check=True, capture_output=True, text=True).stdout
+
+
+def describe(kernel) -> dict[str, Counter]:
+    """Instruction counts of one compiled kernel: PTX, SASS and flushing SASS arithmetic."""
+    ptx, sass = kernel.asm["ptx"], sass_of(kernel)
+    return {"PTX": count(ptx, PTX_PATTERNS), "SASS": count(sass, SASS_PATTERNS),
+            "SASS .FTZ arithmetic": Counter(re.findall(SASS_FTZ_ARITH, sass))}
+
+
+VARIANTS = (
+    Variant(64), Variant(64, exact=True), Variant(128), Variant(128, exact=True),
+    Variant(64, causal=False, deterministic=False),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out = Path(argv[0]) if argv else None
-    from .warmup import compile_variant
-
-    for variant in (("bf16", 64, True, True, False, 1), ("bf16", 128, False, True, False, 1),
-                    ("bf16", 64, False, False, False, 1)):
-        compile_variant(variant)
-    for n, kernel in enumerate(compiled_backward_kernels()):
-        kernel._init_handles()
-        names = kernel.src.fn.arg_names
-        flags = {names[k[0]]: v for k, v in kernel.src.constants.items()
-                 if names[k[0]] in ("BM", "BN", "HEAD_DIM", "CAUSAL", "DETERMINISTIC")}
-        print(f"== backward kernel {n}: {kernel.metadata.num_warps} warps, {kernel.n_regs} "
-              f"registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared; "
-              f"constants {flags}")
-        ptx, sass = kernel.asm["ptx"], kernel.asm["sass"]
-        for title, found in (("PTX", count(ptx, PTX_PATTERNS)),
-                             ("SASS", count(sass, SASS_PATTERNS))):
-            print(f"  {title}: " + ", ".join(f"{k} x{v}" for k, v in sorted(found.items())))
+    kernels = [(f"backward {v}", f"bwd_d{v.head_dim}_{'exact' if v.exact else 'default'}"
+                f"{'' if v.deterministic else '_atomic'}", compile_backward(v))
+               for v in VARIANTS]
+    kernels += [(f"preprocess D d={d} {'exact' if e else 'default'}",
+                 f"delta_d{d}_{'exact' if e else 'default'}", compile_delta(d, e))
+                for d in (64, 128) for e in (False, True)]
+    for title, stem, kernel in kernels:
+        print(f"== {title}: {kernel.metadata.num_warps} warps, {kernel.metadata.shared} B "
+              f"shared")
+        for part, found in describe(kernel).items():
+            listing = ", ".join(f"{k} x{n}" for k, n in sorted(found.items())) or "none"
+            print(f"  {part}: {listing}")
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            (out / f"bwd_{n}.ptx").write_text(ptx)
-            (out / f"bwd_{n}.sass").write_text(sass)
+            (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
+            (out / f"{stem}.sass").write_text(sass_of(kernel))
     return 0
 
 

@@ -1,6 +1,8 @@
 """The small kernels around the persistent backward: D before it, rounding after it.
 
-* :func:`dash_delta_kernel` -- ``D = rowsum(dO * O)`` in fp32, one value per query row.
+* :func:`dash_delta_kernel` -- ``D = rowsum(dO * O)`` in fp32, one value per query row;
+  with ``EXACT`` in the pinned pairwise order of
+  :func:`dash_ref.emulate.preprocess_d_ordered` (:func:`_rowsum_pairwise`).
 * :func:`dash_dq_kernel` -- ``dQ = rnd(dQacc * scale)``: one fp32 multiply, one RNE cast.
 * :func:`dash_gqa_kernel` -- dK/dV of a KV head from the per-query-head fp32 accumulators,
   summed in ascending query head from ``+0.0`` (when a KV head has several query heads),
@@ -17,6 +19,28 @@ import triton.language as tl
 from .bwd_kernel import _load_tile, _store_tile
 
 
+@triton.jit
+def _halve(x):
+    """One level of the pairwise tree: column ``m`` of the result is ``x[:, 2m] + x[:, 2m+1]``."""
+    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def _rowsum_pairwise(x):
+    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 7``), as ``preprocess_d_ordered``.
+
+    ``tl.sum``'s order (per-thread adds, then a shuffle tree) is Triton's to choose; this
+    one is written down. Each level adds neighbouring columns, one fp32 RNE add each (the
+    kernel is built with ``enable_fp_fusion=False``, so the products are not fused into
+    the first level's adds).
+    """
+    for _ in tl.static_range(7):  # enough levels for the widest head dim, 128
+        if x.shape[1] > 1:
+            x = _halve(x)
+    return tl.reshape(x, [x.shape[0]])
+
+
 @triton.jit(do_not_specialize=["H", "S_Q", "stride_lb", "stride_lh"])
 def dash_delta_kernel(
     O, DO, DELTA,
@@ -24,7 +48,7 @@ def dash_delta_kernel(
     stride_dob, stride_dos, stride_doh,
     stride_lb, stride_ls, stride_lh,
     H, S_Q,
-    BM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BM: tl.constexpr, HEAD_DIM: tl.constexpr, EXACT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -33,7 +57,8 @@ def dash_delta_kernel(
     rows = pid_m * BM + tl.arange(0, BM)
     o = _load_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os, HEAD_DIM)
     do = _load_tile(DO + b * stride_dob + h * stride_doh, rows, S_Q, stride_dos, HEAD_DIM)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    prod = o.to(tl.float32) * do.to(tl.float32)
+    delta = _rowsum_pairwise(prod) if EXACT else tl.sum(prod, axis=1)
     tl.store(DELTA + b * stride_lb + h * stride_lh + rows * stride_ls, delta, mask=rows < S_Q)
 
 

@@ -43,7 +43,7 @@ kernel's orientations and on its padded ``BM x BN`` tiles (rows past ``S_q``, ke
 H200), through :func:`tc_dot`:
 
 * ``qk``: ``S^T = mma(K_j, Q_i^T)``, ``k = d``, fresh accumulator;
-* ``softmax_p``: ``P^T = exp2_fma(fma(S^T, scale_log2, -LSE2))``, masked elements ``0``
+* ``softmax_p``: ``P^T = exp2_fma(fma(S^T, scale_log2, 0 - LSE2))``, masked elements ``0``
   (:func:`softmax_p_fma`, :func:`~dash_ref.numerics.fma_f32`,
   :func:`~dash_ref.exp2.exp2_fma`);
 * ``dv_step``: ``dV_j = mma(P^T(bf16), dO_i, c=dV_j)``, ``k = BM``: the accumulation is
@@ -58,12 +58,10 @@ H200), through :func:`tc_dot`:
 * ``gqa_sum`` and ``epilogue`` as in IEEE mode.
 
 The forward is not emulated in this mode: ``O`` and ``LSE2`` are inputs (:func:`emulate`
-feeds the IEEE forward's). What remains for L2 (``DESIGN.md`` section 6) is on the kernel
-side: an ``exact`` mode that computes ``P`` with ``tl.fma`` and the integer steps of
-:func:`~dash_ref.exp2.exp2_fma` instead of ``ex2.approx.ftz``, and ``D`` in the order of
-:func:`preprocess_d_ordered` instead of ``tl.sum``'s; then a GPU test that gives the kernel
-and ``backward(..., arithmetic="hopper")`` the same ``Q, K, V, O, dO, LSE2`` and compares
-``dQ``, ``dK``, ``dV`` (and the audit's partials and accumulators) bit for bit.
+feeds the IEEE forward's). The kernel computes this arithmetic with ``exact=True``
+(:mod:`dash_cuda.backward`); ``tests/gpu/test_cuda_exact.py`` gives the kernel and
+``backward(..., arithmetic="hopper")`` the same ``Q, K, V, O, dO, LSE2`` and compares ``D``,
+every partial, the accumulators and ``dQ``, ``dK``, ``dV`` bit for bit.
 """
 
 from __future__ import annotations
@@ -375,11 +373,13 @@ def softmax_p_fma(s_t: torch.Tensor, scale2: torch.Tensor, lse2_i: torch.Tensor,
                   visible_t: torch.Tensor) -> torch.Tensor:
     """``softmax_p`` as the kernel computes it, on ``S^T`` (keys are rows).
 
-    ``P^T = exp2_fma(fma(S^T, scale_log2, -LSE2))``: one fused multiply-add (``fma.rn.f32``),
-    then :func:`~dash_ref.exp2.exp2_fma` (the kernel's ``exact`` replacement for
-    ``ex2.approx.ftz``); masked elements exactly ``0``.
+    ``P^T = exp2_fma(fma(S^T, scale_log2, 0 - LSE2))``: one fused multiply-add
+    (``fma.rn.f32``), then :func:`~dash_ref.exp2.exp2_fma` (the kernel's ``exact``
+    replacement for ``ex2.approx.ftz``); masked elements exactly ``0``. The negation is
+    ``0 - LSE2`` (``sub.rn.f32``) because that is how Triton lowers a unary minus: it
+    turns ``+0`` into ``+0``, not ``-0``.
     """
-    p_t = exp2_fma(fma_f32(s_t, scale2, -lse2_i[None, :]))
+    p_t = exp2_fma(fma_f32(s_t, scale2, torch.zeros((), dtype=F32) - lse2_i[None, :]))
     return torch.where(visible_t, p_t, torch.zeros((), dtype=F32))
 
 

@@ -181,6 +181,7 @@ def test_backward_tensors_are_checked():
     (dict(num_workers=True), "num_workers"),
     (dict(softmax_scale=float("nan")), "softmax_scale"),
     (dict(softmax_scale="0.1"), "softmax_scale"),
+    (dict(exact=True, deterministic=False), "exact=True"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
@@ -190,3 +191,12 @@ def test_bad_options(options, match):
 def test_bad_causal_flag():
     with pytest.raises(TypeError, match="causal"):
         dash_cuda.attention(*qkv(), causal=1)
+
+
+def test_bad_exact_flag():
+    with pytest.raises(TypeError, match="exact"):
+        dash_cuda.attention(*qkv(), exact=1)
+    with pytest.raises(ValueError, match="exact=True"):
+        dash_cuda.attention_backward(**backward_args(), exact=True, deterministic=False)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        dash_cuda.attention_backward(**backward_args(), exact=True, schedule="shift")

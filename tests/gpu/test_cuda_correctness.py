@@ -51,6 +51,15 @@ def test_small_head_dims(shape, d, causal):
     check_against_float64(shape, d, torch.bfloat16, causal, "auto", seed=d + 3 * causal)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_arithmetic_matches_float64(dtype, d, causal):
+    """``exact=True`` (software exp2, pinned D order) is held to the same bound."""
+    shape = SHAPES[(d + causal) % len(SHAPES)]
+    check_against_float64(shape, d, dtype, causal, "auto", seed=d + 5 * causal, exact=True)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_pinned_workers(causal):
     check_against_float64((2, 4, 2, 515, 515), 64, torch.bfloat16, causal, "shift", seed=5,

@@ -1,0 +1,128 @@
+"""L2: in ``exact`` mode the CPU emulation reproduces the kernel's dQ, dK and dV bit for bit.
+
+Given the kernel's own ``O`` and ``LSE2``, ``dash_ref.emulate.backward(...,
+arithmetic="hopper")`` recomputes every step of the backward on the CPU: ``D``, every fp32
+dQ partial, every dK/dV accumulator, the dQ accumulators and the rounded gradients. Each is
+compared with what the GPU wrote, with ``torch.equal``, for every deterministic schedule
+and both masks, on problems with several Q and KV tiles, so that visit and dQ orders
+matter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from gpu_cases import inputs
+
+import dash_cuda
+from dash_cuda.exp2 import exp2_fma as exp2_fma_kernel
+from dash_ref import DETERMINISTIC, f32_bits
+from dash_ref.emulate import backward, preprocess_d_ordered
+from dash_ref.exp2 import exp2_fma
+
+# (B, H, H_kv, S_q, S_k), d, dtype, num_workers. Backward tiles are 64 x 128: 3 to 4 Q tiles
+# and 2 to 3 KV tiles, ragged ends, GQA, and pinned or default worker counts.
+EXACT_CASES = [
+    ((1, 2, 1, 250, 300), 64, torch.bfloat16, None),
+    ((1, 1, 1, 256, 256), 128, torch.float16, 3),
+    ((2, 1, 1, 150, 333), 32, torch.bfloat16, 2),
+]
+
+
+def _kernel_run(shape, d, dtype, causal, schedule, num_workers, exact, seed=71):
+    q, k, v, do = inputs(shape, d, dtype, seed)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    dq, dk, dv, record = dash_cuda.attention_backward(
+        q, k, v, o, lse, do, causal=causal, schedule=schedule, num_workers=num_workers,
+        audit=True, exact=exact, _poison=True)
+    cpu = [x.cpu() for x in (q, k, v, o, lse, do)]
+    return cpu, (dq.cpu(), dk.cpu(), dv.cpu()), record
+
+
+@pytest.mark.parametrize("schedule", DETERMINISTIC)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape, d, dtype, num_workers", EXACT_CASES)
+def test_emulation_reproduces_the_exact_kernel(schedule, causal, shape, d, dtype,
+                                               num_workers):
+    (q, k, v, o, lse, do), (dq, dk, dv), record = _kernel_run(
+        shape, d, dtype, causal, schedule, num_workers, exact=True)
+    assert record.exact
+    sched = record.schedule
+    p = sched.problem
+    assert p.n_q >= 3 and p.n_kv >= 2
+    assert torch.equal(record.delta.cpu(), preprocess_d_ordered(o, do))
+    emu = backward(sched, q, k, v, o, lse, do, return_partials=True, arithmetic="hopper")
+    # every fp32 partial, on the rows that exist (the kernel's padding rows are not read)
+    visit_rows = [min(p.block_m, p.seqlen_q - i * p.block_m)
+                  for i in sched.to_tables().visit_q.tolist()]
+    kernel_partials = record.partials.cpu()
+    for vis, rows in enumerate(visit_rows):
+        assert torch.equal(kernel_partials[vis, :rows], emu.partials[vis, :rows]), vis
+    assert torch.equal(record.dq_acc.cpu(), emu.dq_acc)
+    group = p.heads // p.heads_kv
+    dk_heads, dv_heads = record.dk_heads.cpu(), record.dv_heads.cpu()
+    if group == 1:
+        assert torch.equal(dk_heads, emu.dk_acc)
+        assert torch.equal(dv_heads, emu.dv_acc)
+    assert torch.equal(dq, emu.dq)
+    assert torch.equal(dk, emu.dk)
+    assert torch.equal(dv, emu.dv)
+
+
+def test_exact_mode_runs_bit_identically_without_audit():
+    shape, d, dtype, workers = EXACT_CASES[0]
+    q, k, v, do = inputs(shape, d, dtype, seed=72)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True)
+    runs = [dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True, exact=True,
+                                         audit=audit, num_workers=workers)[:3]
+            for audit in (True, False, False)]
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            assert torch.equal(a, b)
+
+
+def test_default_arithmetic_is_not_what_the_emulation_reproduces():
+    # guard against a vacuous pass: ex2.approx and tl.sum's D order change the bits
+    shape, d, dtype, workers = EXACT_CASES[0]
+    (q, k, v, o, lse, do), grads, record = _kernel_run(shape, d, dtype, False, "shift",
+                                                       workers, exact=False)
+    assert not record.exact
+    emu = backward(record.schedule, q, k, v, o, lse, do, arithmetic="hopper")
+    assert not all(torch.equal(a, b) for a, b in zip(grads, (emu.dq, emu.dk, emu.dv)))
+    # ... while the two arithmetics agree to within a few units of the last place
+    for a, b in zip(grads, (emu.dq, emu.dk, emu.dv)):
+        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+# -- the software exp2 alone ---------------------------------------------------------------
+@triton.jit
+def _exp2_probe(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < N)
+    tl.store(Y + offs, exp2_fma_kernel(x), mask=offs < N)
+
+
+def _exp2_inputs() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(74)
+    parts = [
+        torch.rand(1 << 20, generator=gen) * -130.0,  # softmax range and its underflow end
+        (torch.rand(1 << 18, generator=gen) - 0.5) * 300.0,  # beyond the clamp both ways
+        torch.randint(-130, 130, (1 << 12,), generator=gen).float()
+        + torch.tensor([-0.5, 0.5, 0.0, 2**-24, -(2**-24)]).repeat(1 << 12)[: 1 << 12],
+        torch.tensor([0.0, -0.0, 1e-40, -1e-40, 2**-149, -126.0, -126.5, -127.0, -127.5,
+                      -149.0, 127.0, 127.99, 128.0, 300.0, -300.0, math.inf, -math.inf,
+                      math.nan]),
+    ]
+    return torch.cat(parts).float()
+
+
+def test_kernel_exp2_equals_reference_bit_for_bit():
+    x = _exp2_inputs()
+    y = torch.full_like(x, 12345.0).cuda()  # poison: an unwritten element shows
+    n = x.numel()
+    _exp2_probe[(triton.cdiv(n, 1024),)](x.cuda(), y, n, BLOCK=1024, enable_fp_fusion=False)
+    assert torch.equal(f32_bits(y.cpu()), f32_bits(exp2_fma(x)))
