@@ -1,0 +1,124 @@
+"""What ``exact=True`` costs: backward TFLOP/s of the default and the exact arithmetic.
+
+Same grid and timing as ``bench_backward.py`` (16384 tokens, hidden 2048, bf16, full and
+causal masks, CUDA-graph replays, median of ``--reps``), on the schedule ``auto`` picks for
+each cell. The two arithmetics are timed alternately in one process (default, exact,
+default, exact) and each gets the better of its two medians, so drift between them does
+not pass for a cost. Each cell also checks that two exact runs give the same bits.
+
+Writes ``exact_cost.json`` and ``exact_cost.md`` under ``--out``::
+
+    PYTHONPATH=. python benchmarks/bench_exact.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from bench_backward import cells, environment, flops_backward, timed
+
+import dash_cuda
+from dash_cuda import tables
+from dash_cuda.config import backward_problem
+from dash_ref import default_schedule
+
+
+def run(args) -> dict:
+    env = environment(args)
+    workers = env["num_workers"]
+    grid = [(d, h, s, b, causal, default_schedule("causal" if causal else "full", d, s))
+            for d, h, s, b, causal in cells(args)]
+    t0 = time.perf_counter()
+    tables.prepare([(backward_problem(b, h, h, s, s, d, causal), name, workers)
+                    for d, h, s, b, causal, name in grid], processes=args.processes)
+    print(f"built and validated {len(grid)} schedules in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    records = []
+    for d, h, s, b, causal, name in grid:
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                       for _ in range(4))
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+        run_mode = {exact: functools.partial(
+            dash_cuda.attention_backward, q, k, v, o, lse, do, causal=causal, schedule=name,
+            num_workers=args.workers, exact=exact) for exact in (False, True)}
+        first, again = run_mode[True](), run_mode[True]()
+        repeats = all(torch.equal(x, y) for x, y in zip(first, again))
+        ms = {False: [], True: []}
+        for _ in range(2):
+            for exact in (False, True):
+                ms[exact].append(timed(run_mode[exact], args.warmup, args.reps)[0])
+        flops = flops_backward(b, h, s, d, causal)
+        best = {exact: min(ms[exact]) for exact in ms}
+        rec = dict(d=d, H=h, S=s, B=b, mask="causal" if causal else "full", schedule=name,
+                   ms_default=round(best[False], 4), ms_exact=round(best[True], 4),
+                   tflops_default=round(flops / best[False] / 1e9, 1),
+                   tflops_exact=round(flops / best[True] / 1e9, 1),
+                   exact_over_default=round(best[False] / best[True], 3),
+                   exact_repeats_bitwise=repeats)
+        records.append(rec)
+        print(f"d={d:<3} {rec['mask']:<6} S={s:<5} {name:<16} default "
+              f"{rec['tflops_default']:6.1f}  exact {rec['tflops_exact']:6.1f} TFLOP/s  "
+              f"ratio {rec['exact_over_default']:.3f}  repeats={repeats}", flush=True)
+        del run_mode, first, again
+        torch.cuda.empty_cache()
+    return {"environment": env, "results": records}
+
+
+def markdown(report: dict) -> str:
+    env, rows = report["environment"], report["results"]
+    ratios = [r["exact_over_default"] for r in rows]
+    lines = [
+        "# The cost of `exact=True` (backward TFLOP/s)",
+        "",
+        f"`{env['command']}`",
+        "",
+        f"{env['gpu']} ({env['sm_count']} SMs), torch {env['torch']}, triton {env['triton']}; "
+        f"git {env['git_revision']}; {env['date_utc']}; num_workers {env['num_workers']}; "
+        f"bf16, 16384 tokens, hidden 2048; the schedule `auto` picks; the better of two "
+        f"medians of {env['reps']} CUDA-graph replays per arithmetic, timed alternately.",
+        "",
+        "| d | mask | S | B | schedule | default | exact | exact / default | exact repeats |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {r['B']} | {r['schedule']} | "
+                     f"{r['tflops_default']:.1f} | {r['tflops_exact']:.1f} | "
+                     f"{r['exact_over_default']:.3f} | "
+                     f"{'yes' if r['exact_repeats_bitwise'] else 'NO'} |")
+    if ratios:
+        lines += ["", f"exact / default: {min(ratios):.3f} to {max(ratios):.3f}, geometric "
+                  f"mean {statistics.geometric_mean(ratios):.3f}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--masks", nargs="+", default=["full", "causal"],
+                        choices=["full", "causal"])
+    parser.add_argument("--workers", type=int, default=None, help="default: SM count")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--processes", type=int, default=os.cpu_count())
+    args = parser.parse_args(argv)
+    report = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "exact_cost.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = markdown(report)
+    (args.out / "exact_cost.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
