@@ -4,7 +4,10 @@ Same grid and timing as ``bench_backward.py`` (16384 tokens, hidden 2048, bf16, 
 causal masks, CUDA-graph replays, median of ``--reps``), on the schedule ``auto`` picks for
 each cell. The two arithmetics are timed alternately in one process (default, exact,
 default, exact) and each gets the better of its two medians, so drift between them does
-not pass for a cost. Each cell also checks that two exact runs give the same bits.
+not pass for a cost. The ``D`` preprocess is also timed alone in both orders (the rest of
+the difference is the software ``exp2``: the exact backward kernel's SASS differs from the
+default's only there, ``tests/test_exact_asm.py``). Each cell also checks that two exact
+runs give the same bits.
 
 Writes ``exact_cost.json`` and ``exact_cost.md`` under ``--out``::
 
@@ -26,7 +29,8 @@ from bench_backward import cells, environment, flops_backward, timed
 
 import dash_cuda
 from dash_cuda import tables
-from dash_cuda.config import backward_problem
+from dash_cuda.backward import preprocess_delta
+from dash_cuda.config import backward_config, backward_problem
 from dash_ref import default_schedule
 
 
@@ -51,10 +55,15 @@ def run(args) -> dict:
             num_workers=args.workers, exact=exact) for exact in (False, True)}
         first, again = run_mode[True](), run_mode[True]()
         repeats = all(torch.equal(x, y) for x, y in zip(first, again))
+        block_m = backward_config(d).block_m
+        run_d = {exact: functools.partial(preprocess_delta, o, do, block_m, exact)
+                 for exact in (False, True)}
         ms = {False: [], True: []}
+        ms_d = {False: [], True: []}
         for _ in range(2):
             for exact in (False, True):
                 ms[exact].append(timed(run_mode[exact], args.warmup, args.reps)[0])
+                ms_d[exact].append(timed(run_d[exact], args.warmup, args.reps)[0])
         flops = flops_backward(b, h, s, d, causal)
         best = {exact: min(ms[exact]) for exact in ms}
         rec = dict(d=d, H=h, S=s, B=b, mask="causal" if causal else "full", schedule=name,
@@ -62,12 +71,14 @@ def run(args) -> dict:
                    tflops_default=round(flops / best[False] / 1e9, 1),
                    tflops_exact=round(flops / best[True] / 1e9, 1),
                    exact_over_default=round(best[False] / best[True], 3),
+                   ms_d_default=round(min(ms_d[False]), 4), ms_d_exact=round(min(ms_d[True]), 4),
                    exact_repeats_bitwise=repeats)
         records.append(rec)
         print(f"d={d:<3} {rec['mask']:<6} S={s:<5} {name:<16} default "
               f"{rec['tflops_default']:6.1f}  exact {rec['tflops_exact']:6.1f} TFLOP/s  "
-              f"ratio {rec['exact_over_default']:.3f}  repeats={repeats}", flush=True)
-        del run_mode, first, again
+              f"ratio {rec['exact_over_default']:.3f}  D {rec['ms_d_default']:.4f} / "
+              f"{rec['ms_d_exact']:.4f} ms  repeats={repeats}", flush=True)
+        del run_mode, run_d, first, again
         torch.cuda.empty_cache()
     return {"environment": env, "results": records}
 
@@ -85,14 +96,15 @@ def markdown(report: dict) -> str:
         f"bf16, 16384 tokens, hidden 2048; the schedule `auto` picks; the better of two "
         f"medians of {env['reps']} CUDA-graph replays per arithmetic, timed alternately.",
         "",
-        "| d | mask | S | B | schedule | default | exact | exact / default | exact repeats |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| d | mask | S | B | schedule | default | exact | exact / default | D default ms "
+        "| D exact ms | exact repeats |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {r['B']} | {r['schedule']} | "
                      f"{r['tflops_default']:.1f} | {r['tflops_exact']:.1f} | "
-                     f"{r['exact_over_default']:.3f} | "
-                     f"{'yes' if r['exact_repeats_bitwise'] else 'NO'} |")
+                     f"{r['exact_over_default']:.3f} | {r['ms_d_default']:.4f} | "
+                     f"{r['ms_d_exact']:.4f} | {'yes' if r['exact_repeats_bitwise'] else 'NO'} |")
     if ratios:
         lines += ["", f"exact / default: {min(ratios):.3f} to {max(ratios):.3f}, geometric "
                   f"mean {statistics.geometric_mean(ratios):.3f}."]

@@ -163,6 +163,26 @@ def max_workers(key: tuple, device: torch.device, compile_kernel) -> int:
 
 
 # -- launch ---------------------------------------------------------------------------------
+def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, exact: bool = False
+                     ) -> torch.Tensor:
+    """``D = rowsum(dO * O)`` in fp32 (step 1), a ``(B, S_q, H)`` view of ``(B, H, S_q)``.
+
+    Laid out like the ``LSE2`` the backward reads with the same strides; with ``exact`` in
+    the pairwise order of ``dash_ref.emulate.preprocess_d_ordered``.
+    """
+    batch, seqlen_q, heads, head_dim = o.shape
+    delta = torch.empty((batch, heads, seqlen_q), device=o.device, dtype=F32).transpose(1, 2)
+    dash_delta_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
+        o, do, delta,
+        o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        delta.stride(0), delta.stride(1), delta.stride(2),
+        heads, seqlen_q, BM=block_m, HEAD_DIM=head_dim, EXACT=exact,
+        enable_fp_fusion=not exact,
+    )
+    return delta
+
+
 def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse2: torch.Tensor, do: torch.Tensor, causal: bool, softmax_scale: float,
                  schedule: str, num_workers: int | None, audit: bool = False,
@@ -183,19 +203,10 @@ def run_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     deterministic = schedule != "atomic"
     per_head = audit or heads != heads_kv
 
-    # D = rowsum(dO * O), fp32, laid out like LSE2: a (B, S_q, H) view of (B, H, S_q)
-    delta = torch.empty((batch, heads, seqlen_q), device=device, dtype=F32).transpose(1, 2)
+    delta = preprocess_delta(o, do, cfg.block_m, exact)
     if lse2.stride() != delta.stride():  # the kernel reads LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)
     grid_rows = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
-    dash_delta_kernel[grid_rows](
-        o, do, delta,
-        o.stride(0), o.stride(1), o.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, BM=cfg.block_m, HEAD_DIM=head_dim, EXACT=exact,
-        enable_fp_fusion=not exact,
-    )
 
     dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=device, dtype=F32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

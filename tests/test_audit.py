@@ -102,3 +102,13 @@ def test_audit_refuses_cuda_without_a_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="CUDA"):
         audit("sdpa-cudnn", SMALL, trials=2, progress=False)
+
+
+def test_dash_implementations_carry_their_bitwise_checks():
+    from verify.impls import get_impl
+
+    assert get_impl("dash:shift").bitwise is not None  # L1
+    assert get_impl("dash-exact:shift").bitwise is not None  # L1 and L2
+    assert get_impl("dash:atomic").bitwise is None  # no order to replay
+    with pytest.raises(ValueError, match="deterministic schedule"):
+        get_impl("dash-exact:atomic")

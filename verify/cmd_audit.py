@@ -11,7 +11,8 @@ from verify.cli_args import add_shape_args, problem_from_args
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="audit run-to-run determinism of an attention backward")
     p.add_argument("--impl", required=True,
-                   help="emulator:NAME, sdpa-BACKEND[-det], dash:NAME, fa4[-det], module:fn")
+                   help="emulator:NAME, sdpa-BACKEND[-det], dash:NAME, dash-exact:NAME, "
+                        "fa4[-det], module:fn")
     add_shape_args(p)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--trials", type=int, default=100)

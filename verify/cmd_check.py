@@ -14,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--schedule", default="naive",
                    help="recorded with the case only: the implementation name picks the "
-                        "schedule (emulator:NAME, dash:NAME)")
+                        "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 

@@ -4,7 +4,8 @@
 holds every output to the float64 reference within ``verify.highprec.error_bound``
 (:func:`verify.reference.grad_checks`), requiring finite values, the right shapes and
 dtypes, and, for implementations with an audit mode, L1: the fp32 dQ accumulator equals
-``dash_ref.emulate.replay`` of the kernel's own partials bit for bit. :func:`fuzz` lets
+``dash_ref.emulate.replay`` of the kernel's own partials bit for bit (and for
+``dash-exact:NAME``, L2: the CPU emulation equals dQ, dK and dV bit for bit). :func:`fuzz` lets
 ``hypothesis`` draw cases, and when one fails, shrinks it to the smallest failing shape
 and returns it with a ``dash-verify check`` command line that reproduces it.
 """
@@ -48,8 +49,8 @@ def check(impl: Impl | str, case: Case) -> CheckResult:
                             f"{tuple(want.shape)} {case.torch_dtype}")
         else:
             outputs[name.lower()] = x.detach().cpu()
-    if impl.l1 is not None:
-        problems += impl.l1(q, k, v, do, case.causal, scale)
+    if impl.bitwise is not None:
+        problems += impl.bitwise(q, k, v, do, case.causal, scale)
     for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
         errors[name] = c.normwise
         if not c.finite:

@@ -16,6 +16,8 @@ name                   what runs
 ``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
                        non-deterministic peer); deterministic ones also carry an L1 check
                        (audit mode against ``dash_ref.emulate.replay``)
+``dash-exact:NAME``    the same with ``exact=True``, checked at L1 and at L2 (the CPU
+                       emulation ``arithmetic="hopper"`` against every output bit)
 ``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
                        ``deterministic=True``
 ``module:function``    any importable user callable with the signature above
@@ -43,9 +45,9 @@ class Impl:
     fn: AttentionFn
     device: str = "cpu"
     note: str = ""
-    # L1 check where the implementation has an audit mode: returns what disagrees (if any)
-    # between its fp32 dQ accumulator and dash_ref's replay of its partials
-    l1: Callable[..., list[str]] | None = None
+    # bit-for-bit checks against dash_ref where the implementation has an audit mode (L1,
+    # and L2 in exact mode): returns what disagrees, if anything
+    bitwise: Callable[..., list[str]] | None = None
 
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
         return self.fn(q, k, v, do, causal, softmax_scale)
@@ -93,38 +95,46 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
     return run
 
 
-def _dash(schedule: str) -> AttentionFn:
+def _dash(schedule: str, exact: bool = False) -> AttentionFn:
     import dash_cuda
 
     def run(q, k, v, do, causal, softmax_scale):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         o = dash_cuda.attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale,
                                 schedule="naive" if schedule == "atomic" else schedule,
-                                deterministic=schedule != "atomic")
+                                deterministic=schedule != "atomic", exact=exact)
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
 
     return run
 
 
-def _dash_l1(schedule: str) -> Callable[..., list[str]]:
+def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]]:
+    """L1 (and with ``exact``, L2) checks of one audited backward against ``dash_ref``."""
     import dash_cuda
-    from dash_ref.emulate import epilogue, replay
+    from dash_ref.emulate import backward, epilogue, replay
 
-    def l1(q, k, v, do, causal, softmax_scale) -> list[str]:
+    def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        dq, _, _, rec = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
-                                                     softmax_scale=softmax_scale,
-                                                     schedule=schedule, audit=True)
+        dq, dk, dv, rec = dash_cuda.attention_backward(
+            q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
+            schedule=schedule, audit=True, exact=exact)
         acc = replay(rec.schedule, rec.partials.cpu(), flush_subnormals=rec.flush_subnormals)
         found = []
         if not torch.equal(rec.dq_acc.cpu(), acc):
             found.append("L1: the kernel's dQ accumulator differs from the replay")
         if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
             found.append("L1: dQ differs from the replay's epilogue")
+        if exact:
+            cpu = [x.cpu() for x in (q, k, v, o, lse, do)]
+            emu = backward(rec.schedule, *cpu, softmax_scale=softmax_scale, arithmetic="hopper")
+            found += [f"L2: {name} differs from the CPU emulation"
+                      for name, got, want in (("dQ", dq, emu.dq), ("dK", dk, emu.dk),
+                                              ("dV", dv, emu.dv))
+                      if not torch.equal(got.cpu(), want)]
         return found
 
-    return l1
+    return checks
 
 
 def load_fa4() -> Callable | None:
@@ -165,10 +175,12 @@ def get_impl(name: str) -> Impl:
         if arg not in NAMES:
             raise ValueError(f"unknown schedule {arg!r} for the emulator; choose from {NAMES}")
         return Impl(name, _emulator(arg), "cpu", "tile-level emulation on the CPU")
-    if kind == "dash":
-        schedule = arg or "auto"
-        return Impl(name, _dash(schedule), "cuda",
-                    l1=None if schedule == "atomic" else _dash_l1(schedule))
+    if kind in ("dash", "dash-exact"):
+        schedule, exact = arg or "auto", kind == "dash-exact"
+        if exact and schedule == "atomic":
+            raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
+        return Impl(name, _dash(schedule, exact), "cuda",
+                    bitwise=None if schedule == "atomic" else _dash_bitwise(schedule, exact))
     if name.startswith("sdpa-"):
         parts = name.split("-")
         backend, det = parts[1], parts[-1] == "det"
@@ -183,4 +195,4 @@ def get_impl(name: str) -> Impl:
         fn = getattr(importlib.import_module(kind), arg)
         return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable")
     raise ValueError(f"unknown implementation {name!r}: use emulator:NAME, sdpa-BACKEND[-det], "
-                     "dash:NAME, fa4[-det] or module:function")
+                     "dash:NAME, dash-exact:NAME, fa4[-det] or module:function")

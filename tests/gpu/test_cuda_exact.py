@@ -11,6 +11,7 @@ matter.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,12 @@ def test_kernel_exp2_equals_reference_bit_for_bit():
     n = x.numel()
     _exp2_probe[(triton.cdiv(n, 1024),)](x.cuda(), y, n, BLOCK=1024, enable_fp_fusion=False)
     assert torch.equal(f32_bits(y.cpu()), f32_bits(exp2_fma(x)))
+
+
+def test_quickstart_example_runs():
+    """The L2 example of docs/quickstart.md, executed as written."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "quickstart.md").read_text()
+    section = page.split("## Recompute the GPU's bits on a CPU", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "exact=True" in code and "torch.equal" in code
+    exec(compile(code, "docs/quickstart.md", "exec"), {})

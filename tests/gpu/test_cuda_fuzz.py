@@ -1,4 +1,4 @@
-"""The shape fuzzer on the GPU kernels: float64 accuracy and L1 replay on drawn shapes."""
+"""The shape fuzzer on the GPU kernels: float64 accuracy, L1 replay and L2 on drawn shapes."""
 
 from __future__ import annotations
 
@@ -22,8 +22,16 @@ def test_fuzz_finds_nothing_in_the_kernels(schedule):
     assert result.examples == 25
 
 
+def test_fuzz_finds_nothing_in_the_exact_kernels():
+    # every drawn case is also emulated on the CPU in the hopper arithmetic (L2)
+    result = fuzz("dash-exact:auto", budget=8, max_elements=12_000, progress=False,
+                  head_dims=(32, 64))
+    assert result.ok, result.failure and (result.failure.message, result.reproducer())
+    assert result.examples == 8
+
+
 def test_check_runs_the_l1_replay():
     impl = get_impl("dash:descending")
-    assert impl.l1 is not None
+    assert impl.bitwise is not None
     case = Case(Problem(1, 4, 2, 200, 333, 64, "causal", 64, 128), "bf16", "descending", 7)
     assert check(impl, case).ok
