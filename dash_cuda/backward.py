@@ -14,8 +14,8 @@ emulate step that names it.
  0. ``scale_log2 = fp32(softmax_scale * log2(e))`` / host: float64 product rounded to fp32
     / ``scale_log2``.
  1. ``D_r = sum_d dO_rd * O_rd`` (:func:`~dash_cuda.prepost_kernels.dash_delta_kernel`) /
-    ``mul.f32`` of exact upcasts, summed by ``tl.sum`` (per-thread adds, then a shuffle
-    tree: an order of its own) / ``preprocess_d``.
+    products of exact upcasts summed by ``tl.sum`` (per-thread adds, then a shuffle tree:
+    an order of its own; the compiler fuses some products into FFMAs) / ``preprocess_d``.
  2. ``S^T = K_j Q_i^T``, fresh fp32 accumulator / ``wgmma.mma_async ... f32.bf16.bf16``
     (HGMMA) / ``qk``.
  3. ``P = exp2(S * scale_log2 - LSE2_i)`` / ``fma.rn.f32`` (FFMA: product and difference
@@ -60,7 +60,9 @@ arithmetic="hopper")`` (L2, ``DESIGN.md`` section 6), given the kernel's ``O`` a
     integer operations on the bits, no ``.ftz`` / ``softmax_p_fma``.
 
 Both exact kernels are built with ``enable_fp_fusion=False``: no multiply and add is fused
-unless the source says ``tl.fma``. The emulator's other counterparts are the same in both
+unless the source says ``tl.fma`` (every fp32 ``add``/``sub``/``mul`` in their PTX carries
+``.rn``, which ``ptxas`` may not contract; ``tests/test_exact_asm.py`` reads the SASS: no
+``MUFU.EX2``, eight FFMAs and one FRND per score element, nothing with ``.FTZ``). The emulator's other counterparts are the same in both
 modes: steps 2, 6, 7, 10 and 11 are ``dash_ref.tensorcore.mma`` (k16 blocks fused,
 ascending; 6 and 10 accumulate inside the MMA), step 8 is an fp32 subtraction then a
 multiplication, steps 12 to 15 are ``replay``, ``epilogue`` and ``gqa_sum`` (what
