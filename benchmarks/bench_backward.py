@@ -203,6 +203,14 @@ def markdown(report: dict, schedules) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_report(out: Path, stem: str, report: dict, table: str) -> None:
+    """``OUT/STEM.json`` (every measurement) and ``OUT/STEM.md`` (the table); prints the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -224,11 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 10:
         parser.error("--reps must be at least 10")
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report, args.schedules)
-    (args.out / f"{args.tag}.md").write_text(table)
-    print(table)
+    save_report(args.out, args.tag, report, markdown(report, args.schedules))
     return 0
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from bench_backward import cells, environment, flops_backward, timed
+from bench_backward import cells, environment, flops_backward, save_report, timed
 
 import dash_cuda
 from dash_cuda import tables
@@ -124,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "exact_cost.json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report)
-    (args.out / "exact_cost.md").write_text(table)
-    print(table)
+    save_report(args.out, "exact_cost", report, markdown(report))
     return 0
 
 

@@ -62,12 +62,12 @@ arithmetic="hopper")`` (L2, ``DESIGN.md`` section 6), given the kernel's ``O`` a
 Both exact kernels are built with ``enable_fp_fusion=False``: no multiply and add is fused
 unless the source says ``tl.fma`` (every fp32 ``add``/``sub``/``mul`` in their PTX carries
 ``.rn``, which ``ptxas`` may not contract; ``tests/test_exact_asm.py`` reads the SASS: no
-``MUFU.EX2``, eight FFMAs and one FRND per score element, nothing with ``.FTZ``). The emulator's other counterparts are the same in both
-modes: steps 2, 6, 7, 10 and 11 are ``dash_ref.tensorcore.mma`` (k16 blocks fused,
-ascending; 6 and 10 accumulate inside the MMA), step 8 is an fp32 subtraction then a
-multiplication, steps 12 to 15 are ``replay``, ``epilogue`` and ``gqa_sum`` (what
-``audit=True`` checks in either mode). ``exact`` costs backward throughput
-(``benchmarks/results/exact_cost.md``).
+``MUFU.EX2``, eight FFMAs and one FRND per score element, nothing with ``.FTZ``). The
+emulator's other counterparts are the same in both modes: steps 2, 6, 7, 10 and 11 are
+``dash_ref.tensorcore.mma`` (k16 blocks fused, ascending; 6 and 10 accumulate inside the
+MMA), step 8 is an fp32 subtraction then a multiplication, steps 12 to 15 are ``replay``,
+``epilogue`` and ``gqa_sum`` (what ``audit=True`` checks in either mode). ``exact`` runs
+at 0.70 - 0.80 of the default's throughput (``benchmarks/results/exact_cost.md``).
 
 Subnormals: by default the dQ sums (12) flush subnormal inputs and results
 (``red.add.f32``; the record of ``audit=True`` says so in ``flush_subnormals``); with

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The release run on one H200, in three stages that share one warm machine (Triton's cache
-# and the FlashAttention-4 bundle live in /tmp between stages):
+# The release run on one H200, in stages that share one warm machine (Triton's cache and
+# the FlashAttention-4 bundle live in /tmp between stages):
 #
 #   scripts/gpu_release.sh compile OUT   # pre-compile every kernel variant; MMA model check
 #   scripts/gpu_release.sh measure OUT   # dQ-add A/B, then the benchmark grid
 #   scripts/gpu_release.sh audit OUT     # GPU tests, then the determinism report
+#   scripts/gpu_release.sh exact OUT     # L2 tests, captures for capture_exact.py, the
+#                                        # cost of exact=True
+#   scripts/gpu_release.sh suite OUT     # the whole GPU suite alone
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
@@ -46,7 +49,7 @@ compile)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv \
         > "$LOG/environment.log" 2>&1
     step warmup 240 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
-        --head-dims 16 32 64 128 --audit
+        --head-dims 16 32 64 128 --audit --exact
     DASH_CUDA_BWD_TILES=$RED_TILES step warmup_red 120 $PY -m dash_cuda.warmup \
         --processes "$NPROC" --dtypes bf16 fp16 --head-dims 64 128 --audit
     step mma 240 $PY scripts/validate_mma.py --out "$LOG/mma" --jobs "$NPROC"
@@ -75,13 +78,30 @@ audit)
     fa4_unpack
     [ "$(cat /tmp/dash_dq_add 2>/dev/null)" = red ] && export DASH_CUDA_BWD_TILES=$RED_TILES
     echo "dQ hand-off: ${DASH_CUDA_BWD_TILES:-default tiles}"
-    step tests 170 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
-        tests/gpu tests/test_cuda_inputs.py
+    step tests 200 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py
     step determinism 380 $PY benchmarks/determinism_report.py --out "$LOG" \
         --long-trials 1000 --trials 20
     tail -n 3 "$LOG/tests.log"
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 70
+    ;;
+exact)
+    step warmup 280 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
+        --head-dims 16 32 64 128 --audit --exact
+    step l2 150 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu/test_cuda_exact.py tests/test_exact_asm.py
+    step capture 30 $PY scripts/capture_exact.py capture "$LOG/capture"
+    step bench 120 $PY benchmarks/bench_exact.py --out "$LOG" --processes "$NPROC"
+    tail -n 1 "$LOG/warmup.log"
+    tail -n 5 "$LOG/l2.log"
+    [ -f "$LOG/exact_cost.md" ] && sed -n '/^| d/,$p' "$LOG/exact_cost.md"
+    ;;
+suite)
+    step tests 560 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py
+    grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
+    tail -n 2 "$LOG/tests.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2
