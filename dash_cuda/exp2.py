@@ -60,3 +60,32 @@ def exp2_fma(x):
     out = tl.where(e >= 255, float("inf"), out)
     # 7: NaN in, NaN out (max.f32 above replaced it by -127)
     return tl.where(x != x, x, out)
+
+
+@triton.jit
+def _exp2_fma_kernel(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < N)
+    tl.store(Y + offs, exp2_fma(x), mask=offs < N)
+
+
+def exp2_fma_cuda(x, out=None):
+    """:func:`exp2_fma` applied on the GPU to a float32 CUDA tensor.
+
+    The kernel's own ``exp2``, callable from the host, e.g. to compare it with
+    :func:`dash_ref.exp2.exp2_fma` on any set of inputs. Writes into ``out`` (contiguous,
+    the shape of ``x``) when given, else into a new tensor.
+    """
+    import torch
+
+    if x.dtype != torch.float32 or x.device.type != "cuda":
+        raise TypeError(f"exp2_fma_cuda takes a float32 CUDA tensor, got {x.dtype} on "
+                        f"{x.device}")
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty_like(x)
+    if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError("out must be a contiguous float32 tensor shaped like x")
+    n = x.numel()
+    _exp2_fma_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024, enable_fp_fusion=False)
+    return out
