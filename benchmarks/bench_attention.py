@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from report import save_report
+
 TOKENS, HIDDEN = 16384, 2048
 REPEATS = 20
 
@@ -255,15 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1) + "\n")
-    table = markdown(report)
-    (args.out / f"{args.tag}.md").write_text(table)
+    save_report(args.out, args.tag, report, markdown(report))
     try:
         plot(report, args.out / f"{args.tag}.png")
     except ImportError:
         print("matplotlib missing: rerun with --plot here", flush=True)
-    print(table)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import save_report
 
 import dash_cuda
 from dash_cuda import tables
@@ -201,14 +201,6 @@ def markdown(report: dict, schedules) -> str:
                 lines.append(f"- d={d} {mask} S={s}: {other} / naive = "
                              f"{t[other] / t['naive']:.3f}")
     return "\n".join(lines) + "\n"
-
-
-def save_report(out: Path, stem: str, report: dict, table: str) -> None:
-    """``OUT/STEM.json`` (every measurement) and ``OUT/STEM.md`` (the table); prints the table."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(table)
-    print(table)
 
 
 def main(argv: list[str] | None = None) -> int:

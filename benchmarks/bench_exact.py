@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_backward import cells, environment, flops_backward, save_report, timed
+from bench_backward import cells, environment, flops_backward, timed
+from report import save_report
 
 import dash_cuda
 from dash_cuda import tables

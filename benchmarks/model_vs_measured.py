@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from report import save_report
+
 from dash_ref import DETERMINISTIC, Problem, build_schedule
 from dash_ref.simulator import simulate
 
@@ -164,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         out["latency"] = latency_study(report, rho, args.calibrate_max)
     else:
         out = run(report, args.max_seqlen, args.calibrate_max)
-    (args.out / "model_vs_measured.json").write_text(json.dumps(out, indent=1) + "\n")
-    table = markdown(out)
-    (args.out / "model_vs_measured.md").write_text(table)
-    print(table)
+    save_report(args.out, "model_vs_measured", out, markdown(out))
     return 0
 
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from report import save_report
+
 CANDIDATES = {  # head dim -> (BM, BN, warps, stages, prefetch, late_release, red_add)
     64: [(64, 128, 8, 1, 1, 0, 1), (64, 128, 8, 2, 1, 0, 1), (64, 128, 4, 1, 1, 0, 1),
          (128, 128, 8, 1, 0, 0, 1), (128, 64, 8, 1, 1, 0, 1), (64, 64, 4, 1, 1, 0, 1),
@@ -96,11 +98,8 @@ def main() -> int:
             rows = run_candidate(d, cfg, args.out, args.seqlens)
             results[d][",".join(map(str, cfg))] = rows
             print(f"d={d} {cfg}: score {score(rows):.1f}", flush=True)
-    (args.out / "sweep_tiles.json").write_text(json.dumps(
-        {str(d): c for d, c in results.items()}, indent=1) + "\n")
-    table = markdown(results)
-    (args.out / "sweep_tiles.md").write_text(table)
-    print(table)
+    save_report(args.out, "sweep_tiles", {str(d): c for d, c in results.items()},
+                markdown(results))
     return 0
 
 

@@ -40,6 +40,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Hypothesis strategies", "verify.strategies",
      ["cases", "problems", "seqlens", "head_layouts", "Case", "elements"]),
     ("Implementations under audit", "verify.impls", ["get_impl", "Impl"]),
+    ("L2: the exact backward step by step", "verify.l2",
+     ["l2_steps", "kernel_values", "KERNEL_VALUES"]),
     ("Bitwise comparison", "verify.compare",
      ["compare", "TensorDiff", "first_dq_mismatch", "trace_dq", "dq_divergence", "Divergence"]),
     ("Exact gradients and the error bound", "verify.highprec",

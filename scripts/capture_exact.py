@@ -62,7 +62,7 @@ def _differ(name: str, got: torch.Tensor, want: torch.Tensor) -> bool:
 def compare(out: Path) -> int:
     from dash_cuda.config import backward_problem
     from dash_ref import build_schedule
-    from dash_ref.emulate import backward, preprocess_d_ordered
+    from verify.l2 import KERNEL_VALUES, l2_steps
 
     failures = 0
     for path in sorted(out.glob("exact_case*.pt")):
@@ -72,16 +72,7 @@ def compare(out: Path) -> int:
         problem = backward_problem(b, h, k.shape[2], sq, k.shape[1], d, c["causal"])
         sched = build_schedule(problem, c["schedule"], c["num_workers"])
         print(f"{path.name}: {tuple(q.shape)} {q.dtype} causal={c['causal']} {c['schedule']}")
-        emu = backward(sched, q, k, v, o, lse, do, return_partials=True, arithmetic="hopper")
-        rows = [min(problem.block_m, sq - i * problem.block_m)
-                for i in sched.to_tables().visit_q.tolist()]
-        partial_rows = torch.stack([torch.arange(problem.block_m) < r for r in rows])
-        steps = [("D", c["delta"], preprocess_d_ordered(o, do)),
-                 ("partials", c["partials"][partial_rows], emu.partials[partial_rows]),
-                 ("dq_acc", c["dq_acc"], emu.dq_acc)]
-        if h == k.shape[2]:
-            steps += [("dk_acc", c["dk_heads"], emu.dk_acc), ("dv_acc", c["dv_heads"], emu.dv_acc)]
-        steps += [("dq", c["dq"], emu.dq), ("dk", c["dk"], emu.dk), ("dv", c["dv"], emu.dv)]
+        steps = l2_steps(sched, (q, k, v, o, lse, do), {n: c[n] for n in KERNEL_VALUES})
         failures += sum(_differ(name, got, want) for name, got, want in steps)
     print("all equal" if not failures else f"{failures} steps differ")
     return 1 if failures else 0

@@ -112,7 +112,8 @@ def _dash(schedule: str, exact: bool = False) -> AttentionFn:
 def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]]:
     """L1 (and with ``exact``, L2) checks of one audited backward against ``dash_ref``."""
     import dash_cuda
-    from dash_ref.emulate import backward, epilogue, replay
+    from dash_ref.emulate import epilogue, replay
+    from verify.l2 import kernel_values, l2_steps
 
     def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
@@ -126,12 +127,12 @@ def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]
         if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
             found.append("L1: dQ differs from the replay's epilogue")
         if exact:
-            cpu = [x.cpu() for x in (q, k, v, o, lse, do)]
-            emu = backward(rec.schedule, *cpu, softmax_scale=softmax_scale, arithmetic="hopper")
+            cpu = tuple(x.cpu() for x in (q, k, v, o, lse, do))
             found += [f"L2: {name} differs from the CPU emulation"
-                      for name, got, want in (("dQ", dq, emu.dq), ("dK", dk, emu.dk),
-                                              ("dV", dv, emu.dv))
-                      if not torch.equal(got.cpu(), want)]
+                      for name, got, want in l2_steps(rec.schedule, cpu,
+                                                      kernel_values(rec, (dq, dk, dv)),
+                                                      softmax_scale)
+                      if not torch.equal(got, want)]
         return found
 
     return checks

@@ -1,0 +1,59 @@
+"""verify.l2 pairs every step of an exact-mode backward with the CPU emulation's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dash_ref import Problem, build_schedule
+from dash_ref.emulate import backward, forward, preprocess_d_ordered
+from verify.demo import random_inputs
+from verify.l2 import l2_steps
+
+# ragged: 40 query rows in 16-row tiles leave 8 padding rows in the last Q tile
+PROBLEM = Problem(1, 2, 2, 40, 48, 16, "causal", 16, 16)
+
+
+def emulated_kernel(seed: int = 3):
+    """Inputs and a stand-in for the kernel's values: the emulation itself, padding poisoned."""
+    q, k, v, do = random_inputs(PROBLEM, torch.bfloat16, seed=seed)
+    fwd = forward(q, k, v, True, None, PROBLEM.block_m, PROBLEM.block_n)
+    sched = build_schedule(PROBLEM, "symmetric_shift", 3)
+    emu = backward(sched, q, k, v, fwd.o, fwd.lse2, do, return_partials=True,
+                   arithmetic="hopper")
+    partials = emu.partials.clone()
+    last = PROBLEM.seqlen_q - (PROBLEM.n_q - 1) * PROBLEM.block_m
+    for vis, i in enumerate(sched.to_tables().visit_q.tolist()):
+        if i == PROBLEM.n_q - 1:
+            partials[vis, last:] = float("nan")  # rows past S_q hold anything in the kernel
+    kernel = dict(delta=preprocess_d_ordered(fwd.o, do), partials=partials,
+                  dq_acc=emu.dq_acc, dk_heads=emu.dk_acc, dv_heads=emu.dv_acc,
+                  dq=emu.dq, dk=emu.dk, dv=emu.dv)
+    return sched, (q, k, v, fwd.o, fwd.lse2, do), kernel
+
+
+def test_equal_values_pass_every_step_and_padding_rows_are_not_read():
+    sched, inputs, kernel = emulated_kernel()
+    steps = l2_steps(sched, inputs, kernel)
+    assert [s[0] for s in steps] == ["D", "partials", "dq_acc", "dk_acc", "dv_acc", "dq",
+                                     "dk", "dv"]
+    assert all(torch.equal(got, want) for _, got, want in steps)
+
+
+@pytest.mark.parametrize("name", ["delta", "partials", "dq_acc", "dk_heads", "dq", "dv"])
+def test_one_flipped_bit_is_named(name):
+    sched, inputs, kernel = emulated_kernel()
+    flipped = kernel[name].clone()
+    bits = flipped.view(torch.int32 if flipped.dtype == torch.float32 else torch.int16)
+    bits.view(-1)[0] ^= 1
+    kernel[name] = flipped
+    differ = [step for step, got, want in l2_steps(sched, inputs, kernel)
+              if not torch.equal(got, want)]
+    assert differ == [{"delta": "D", "dk_heads": "dk_acc"}.get(name, name)]
+
+
+def test_missing_values_are_refused():
+    sched, inputs, kernel = emulated_kernel()
+    del kernel["partials"]
+    with pytest.raises(ValueError, match="partials"):
+        l2_steps(sched, inputs, kernel)
