@@ -1,4 +1,4 @@
-"""Regenerate ``dash_ref/auto_table.json`` (what ``schedule="auto"`` picks) from a benchmark.
+"""Regenerate ``dash_ref/schedules/auto_table.json`` (``schedule="auto"``) from a benchmark.
 
 For every grid cell of a ``bench_attention.py`` JSON, the entry names the deterministic
 schedule with the highest backward TFLOP/s. Differences under ``--tie`` (default 1%) are
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dash_ref import DETERMINISTIC
-from dash_ref.auto import TABLE, paper_advice
+from dash_ref.schedules.auto import TABLE, paper_advice
 
 
 def make_table(report: dict, tie: float = 0.01, source: str = "") -> dict:

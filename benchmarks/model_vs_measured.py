@@ -29,7 +29,7 @@ from pathlib import Path
 from report import save_report
 
 from dash_ref import DETERMINISTIC, Problem, build_schedule
-from dash_ref.simulator import simulate
+from dash_ref.model.simulator import simulate
 
 BM, BN = 64, 128  # the backward tiles the benchmark ran (dash_cuda.config)
 

@@ -202,7 +202,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             can be resident at once is refused.
         layout: ``"bshd"`` (default, FlashAttention) or ``"bhsd"`` (SDPA).
         exact: compute the backward in the arithmetic that
-            ``dash_ref.emulate.backward(..., arithmetic="hopper")`` reproduces bit for bit on
+            ``dash_ref.emulate.backward(..., arithmetic="exact")`` reproduces bit for bit on
             the CPU (a software ``exp2`` and a pinned ``D`` sum; slower, see
             ``docs/performance.md``). Deterministic schedules only.
 

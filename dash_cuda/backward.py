@@ -51,7 +51,7 @@ emulate step that names it.
 
 Two arithmetics. The default one above is fast. ``exact=True`` changes two steps, and
 with them every step is reproduced on the CPU by ``dash_ref.emulate.backward(...,
-arithmetic="hopper")`` (L2, ``DESIGN.md`` section 6), given the kernel's ``O`` and ``LSE2``:
+arithmetic="exact")`` (L2, ``DESIGN.md`` section 6), given the kernel's ``O`` and ``LSE2``:
 
  1. ``D`` as an ascending pairwise tree (:func:`~dash_cuda.prepost_kernels._rowsum_pairwise`)
     / ``mul.f32``, then ``add.f32`` level by level / ``preprocess_d_ordered``.
@@ -64,7 +64,7 @@ unless the source says ``tl.fma`` (every fp32 ``add``/``sub``/``mul`` in their P
 ``.rn``, which ``ptxas`` may not contract; ``tests/test_exact_asm.py`` reads the SASS: no
 ``MUFU.EX2``, eight FFMAs and one FRND per score element, nothing with ``.FTZ``). The
 emulator's other counterparts are the same in both modes: steps 2, 6, 7, 10 and 11 are
-``dash_ref.tensorcore.mma`` (k16 blocks fused, ascending; 6 and 10 accumulate inside the
+``dash_ref.arithmetic.tensorcore.mma`` (k16 blocks fused, ascending; 6 and 10 accumulate inside the
 MMA), step 8 is an fp32 subtraction then a multiplication, steps 12 to 15 are ``replay``,
 ``epilogue`` and ``gqa_sum`` (what ``audit=True`` checks in either mode). ``exact`` runs
 at 0.70 - 0.80 of the default's throughput (``benchmarks/results/exact_cost.md``).

@@ -1,9 +1,9 @@
-"""The kernel side of :func:`dash_ref.exp2.exp2_fma`: ``2^x`` from fp32 operations only.
+"""The kernel side of :func:`dash_ref.arithmetic.exp2.exp2_fma`: ``2^x`` from fp32 operations only.
 
 The backward's ``exact`` mode calls :func:`exp2_fma` instead of ``tl.math.exp2``
 (``ex2.approx.ftz.f32``, whose bits no CPU can reproduce). Each line below is one step of
-the sequence written down in :mod:`dash_ref.exp2`, in the same order; the coefficients
-are read from :data:`dash_ref.exp2.COEFFS`, so there is one copy of them. The steps are
+the sequence written down in :mod:`dash_ref.arithmetic.exp2`, in the same order; the coefficients
+are read from :data:`dash_ref.arithmetic.exp2.COEFFS`, so there is one copy of them. The steps are
 ``max.f32``/``min.f32`` (exact), ``cvt.rni`` (exact), ``sub.f32`` (exact here), seven
 ``fma.rn.f32`` (one rounding each) and integer operations on the bits: nothing a compiler
 may contract or reorder, and nothing with ``.ftz`` (kernels in ``exact`` mode are built
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from dash_ref.exp2 import COEFFS
+from dash_ref.arithmetic.exp2 import COEFFS
 
 
 def _f32(bits: int) -> float:
@@ -38,7 +38,7 @@ C7 = tl.constexpr(_f32(COEFFS[6]))
 
 @triton.jit
 def exp2_fma(x):
-    """``2^x`` for an fp32 tensor, bit for bit :func:`dash_ref.exp2.exp2_fma`."""
+    """``2^x`` for an fp32 tensor, bit for bit :func:`dash_ref.arithmetic.exp2.exp2_fma`."""
     # 1-3: clamp so that n fits an int32 and +-inf become ordinary; split x = n + f
     xc = tl.minimum(tl.maximum(x, -127.0), 128.0)
     n = libdevice.rint(xc)  # nearest integer, ties to even
@@ -73,7 +73,7 @@ def exp2_fma_cuda(x, out=None):
     """:func:`exp2_fma` applied on the GPU to a float32 CUDA tensor.
 
     The kernel's own ``exp2``, callable from the host, e.g. to compare it with
-    :func:`dash_ref.exp2.exp2_fma` on any set of inputs. Writes into ``out`` (contiguous,
+    :func:`dash_ref.arithmetic.exp2.exp2_fma` on any set of inputs. Writes into ``out`` (contiguous,
     the shape of ``x``) when given, else into a new tensor.
     """
     import torch

@@ -1,18 +1,22 @@
-"""dash_ref: schedules as data, the DAG model, and a tile-level reference of the backward.
+"""dash_ref: schedules as data, their performance model, bit-level arithmetic, and emulation.
 
-- :mod:`~dash_ref.problem`, :mod:`~dash_ref.schedule`, :mod:`~dash_ref.auto`: a problem's
-  tiling, every schedule built once as data, and what ``auto`` picks;
-- :mod:`~dash_ref.dag`, :mod:`~dash_ref.simulator`, :mod:`~dash_ref.gantt`: the DAG model,
-  its event simulator and their pictures (``DESIGN.md`` section 4);
-- :mod:`~dash_ref.emulate`: the tile-level forward and the schedule-ordered backward;
-- :mod:`~dash_ref.numerics`, :mod:`~dash_ref.tensorcore`, :mod:`~dash_ref.exp2`: exact
-  rounding on raw bits and fused multiply-adds, Hopper's tensor-core arithmetic, and an
-  exp2 a kernel can compute and the CPU replay (``DESIGN.md`` sections 5 and 6).
+Three concerns, one subpackage each, and the emulator that joins them:
+
+- :mod:`dash_ref.schedules`: a problem's tiling (:class:`Problem`), every schedule built
+  once as data (:func:`build_schedule`, :class:`Schedule`), what ``auto`` picks;
+- :mod:`dash_ref.model`: a schedule as a DAG, its critical path, an event simulator and
+  Gantt charts;
+- :mod:`dash_ref.arithmetic`: exact rounding on raw bits, the tensor-core model, a
+  replayable exp2, and the arithmetic contract (:mod:`dash_ref.arithmetic.steps`: every
+  floating-point step, named);
+- :mod:`dash_ref.emulate`: the tile-level forward and a schedule's backward, built from
+  those steps, and :func:`~dash_ref.emulate.replay` of a kernel's dQ partials.
+
+Nothing here needs a GPU, and nothing here imports ``dash_cuda`` or ``verify``.
 """
 
-from .dag import DAG, CriticalPath, build_dag, critical_path
-from .gantt import save_gantt, text_timeline
-from .numerics import (
+from ._deprecated import alias_modules
+from .arithmetic.numerics import (
     NAN_DISTANCE,
     bf16_bits,
     bits_bf16,
@@ -28,24 +32,57 @@ from .numerics import (
     ulp_error,
     unit_roundoff,
 )
-from .problem import Problem
-from .schedule import (
+from .arithmetic.steps import ARITHMETICS, EXACT, IEEE, STEPS, Arithmetic
+from .model import (
+    DAG,
+    CriticalPath,
+    SimResult,
+    build_dag,
+    critical_path,
+    save_gantt,
+    simulate,
+    text_timeline,
+)
+from .schedules import (
     DETERMINISTIC,
+    MASKS,
     NAMES,
     Chain,
+    Problem,
     Schedule,
     ScheduleError,
     ScheduleTables,
     build_schedule,
     default_schedule,
+    resolve_name,
 )
-from .simulator import SimResult, simulate
+
+# module paths before the split into schedules/, model/ and arithmetic/
+alias_modules({
+    f"dash_ref.{old}": f"dash_ref.{new}" for old, new in (
+        ("problem", "schedules.problem"),
+        ("schedule", "schedules.schedule"),
+        ("auto", "schedules.auto"),
+        ("dag", "model.dag"),
+        ("simulator", "model.simulator"),
+        ("gantt", "model.gantt"),
+        ("numerics", "arithmetic.numerics"),
+        ("tensorcore", "arithmetic.tensorcore"),
+        ("exp2", "arithmetic.exp2"),
+    )
+})
 
 __all__ = [
+    "ARITHMETICS",
     "DAG",
     "DETERMINISTIC",
+    "EXACT",
+    "IEEE",
+    "MASKS",
     "NAMES",
     "NAN_DISTANCE",
+    "STEPS",
+    "Arithmetic",
     "Chain",
     "CriticalPath",
     "Problem",
@@ -65,6 +102,7 @@ __all__ = [
     "flush_subnormals_f32",
     "fp16_bits",
     "fp32_add_rne",
+    "resolve_name",
     "round_f32_to",
     "save_gantt",
     "simulate",

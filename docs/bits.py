@@ -14,8 +14,8 @@ import torch
 from matplotlib.colors import BoundaryNorm, ListedColormap
 
 from dash_ref import NAMES, Problem, build_schedule
+from dash_ref.arithmetic.numerics import ulp, ulp_distance, unit_roundoff
 from dash_ref.emulate import emulate
-from dash_ref.numerics import ulp, ulp_distance, unit_roundoff
 from verify.compare import compare, dq_divergence, first_dq_mismatch
 from verify.demo import floored_ulp_error, random_inputs
 from verify.highprec import grad_error_reports, reference_grads

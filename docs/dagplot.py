@@ -1,7 +1,7 @@
 """DAG pictures: tasks at their earliest start times, dQ-order edges, the critical path.
 
-Nodes come from :func:`dash_ref.dag.build_dag` (sync model: a worker computes, then
-reduces, visit after visit); times from :meth:`~dash_ref.dag.DAG.start_times`. In the sync
+Nodes come from :func:`dash_ref.model.dag.build_dag` (sync model: a worker computes, then
+reduces, visit after visit); times from :meth:`~dash_ref.model.dag.DAG.start_times`. In the sync
 model an edge from one reduce to another is always a dQ-order edge.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
-from dash_ref.dag import COMPUTE, DAG, REDUCE
-from dash_ref.gantt import COLORS
+from dash_ref.model.dag import COMPUTE, DAG, REDUCE
+from dash_ref.model.gantt import COLORS
 
 CP_COLOR = "red"
 

@@ -1,7 +1,7 @@
 """Section 1: three additions, two orders, different bits; what round-to-nearest-even does.
 
 Everything is computed with PyTorch's float32 addition (IEEE binary32, round to nearest,
-ties to even) and shown through the bit views of :mod:`dash_ref.numerics`.
+ties to even) and shown through the bit views of :mod:`dash_ref.arithmetic.numerics`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dash_ref.numerics import bf16_bits, f32_bits, ulp, ulp_distance
+from dash_ref.arithmetic.numerics import bf16_bits, f32_bits, ulp, ulp_distance
 
 from .plot import figure, save
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dash_ref import NAMES, Problem, build_schedule, save_gantt, simulate
-from dash_ref.dag import REDUCE, build_dag, depth_condition, edge_keeps_critical_path
+from dash_ref.model.dag import REDUCE, build_dag, depth_condition, edge_keeps_critical_path
 
 from .dagplot import draw_dag
 from .plot import figure, save
@@ -25,7 +25,7 @@ def problem(mask: str, heads: int = HEADS, n: int = N) -> Problem:
     return Problem(1, heads, heads, n * BLOCK, n * BLOCK, D, mask, BLOCK, BLOCK)
 
 
-CLOSED_FORMS = {  # from the dash_ref.dag docstring: sync model, n workers, m heads
+CLOSED_FORMS = {  # from the dash_ref.model.dag docstring: sync model, n workers, m heads
     ("full", "naive"): lambda n, m, c, r: m * n * (c + r) + (n - 1) * r,
     ("full", "shift"): lambda n, m, c, r: m * n * (c + r),
     ("causal", "descending"): lambda n, m, c, r: m * (n + 1) * (c + r) / 2 + (n - 1) * r,

@@ -1,7 +1,7 @@
 """Tile-pair grids: the picture of section 2 and the schedule grids of section 3.
 
 A grid has one cell per tile pair ``(i, j)``: rows are Q tiles ``i``, columns KV tiles
-``j``. Everything shown is read from a :class:`~dash_ref.schedule.Schedule`: which worker
+``j``. Everything shown is read from a :class:`~dash_ref.schedules.schedule.Schedule`: which worker
 visits a pair, at which step of that worker's program, and the rank of ``j`` in the dQ
 order of tile ``i``.
 """

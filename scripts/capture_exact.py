@@ -43,7 +43,8 @@ def capture(out: Path) -> None:
                        partials=rec.partials, dq_acc=rec.dq_acc, dk_heads=rec.dk_heads,
                        dv_heads=rec.dv_heads, delta=rec.delta)
         torch.save(dict({k_: t.cpu() for k_, t in tensors.items()}, causal=causal,
-                        schedule=schedule, num_workers=rec.schedule.num_workers),
+                        schedule=schedule, num_workers=rec.schedule.num_workers,
+                        flush_subnormals=rec.flush_subnormals),
                    out / f"exact_case{n}.pt")
         print(f"case {n}: captured {shape} d={d} {dtype} causal={causal} {schedule}")
 
@@ -72,7 +73,8 @@ def compare(out: Path) -> int:
         problem = backward_problem(b, h, k.shape[2], sq, k.shape[1], d, c["causal"])
         sched = build_schedule(problem, c["schedule"], c["num_workers"])
         print(f"{path.name}: {tuple(q.shape)} {q.dtype} causal={c['causal']} {c['schedule']}")
-        steps = l2_steps(sched, (q, k, v, o, lse, do), {n: c[n] for n in KERNEL_VALUES})
+        steps = l2_steps(sched, (q, k, v, o, lse, do), {n: c[n] for n in KERNEL_VALUES},
+                         flush_subnormals=c.get("flush_subnormals", True))
         failures += sum(_differ(name, got, want) for name, got, want in steps)
     print("all equal" if not failures else f"{failures} steps differ")
     return 1 if failures else 0

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dash_ref import DETERMINISTIC, Problem, auto, build_schedule
-from dash_ref.auto import TABLE, auto_schedule, load_table, paper_advice
+from dash_ref import DETERMINISTIC, Problem, build_schedule
+from dash_ref.schedules import auto
+from dash_ref.schedules.auto import TABLE, auto_schedule, load_table, paper_advice
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

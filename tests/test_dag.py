@@ -1,7 +1,7 @@
 """The DAG model, its critical path, the event simulator and the Gantt renderings.
 
 The closed forms are DESIGN.md section 4's (published); the placement assumptions under
-which they hold are written in :mod:`dash_ref.dag`'s docstring and repeated here.
+which they hold are written in :mod:`dash_ref.model.dag`'s docstring and repeated here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dash_ref import NAMES, Chain, Problem, ScheduleError, build_schedule
-from dash_ref.dag import (
+from dash_ref.model.dag import (
     COMPUTE,
     REDUCE,
     build_dag,
@@ -25,8 +25,8 @@ from dash_ref.dag import (
     edge_keeps_critical_path,
     parallel_chains,
 )
-from dash_ref.gantt import save_gantt, text_timeline
-from dash_ref.simulator import simulate
+from dash_ref.model.gantt import save_gantt, text_timeline
+from dash_ref.model.simulator import simulate
 
 
 def square(n: int, m: int, mask: str, bm: int = 16, batch: int = 1) -> Problem:

@@ -154,8 +154,9 @@ def test_api_reference_covers_the_public_functions():
 
     text = render()
     for name in ("dash_ref.Problem", "dash_ref.build_schedule", "dash_ref.emulate.replay",
-                 "dash_ref.dag.depth_condition", "dash_ref.simulator.simulate",
-                 "dash_ref.numerics.ulp_distance", "verify.audit.audit", "verify.fuzz.fuzz",
+                 "dash_ref.model.dag.depth_condition", "dash_ref.model.simulator.simulate",
+                 "dash_ref.arithmetic.numerics.ulp_distance", "verify.audit.audit",
+                 "verify.fuzz.fuzz",
                  "verify.fuzz.check", "verify.strategies.cases", "verify.compare.compare",
                  "verify.highprec.reference_grads"):
         assert f"`{name}`" in text, name

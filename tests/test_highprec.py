@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dash_ref.numerics import round_f32_to, ulp, unit_roundoff
+from dash_ref.arithmetic.numerics import round_f32_to, ulp, unit_roundoff
 from verify.highprec import (
     KAPPA_DEFAULT,
     SAFETY,

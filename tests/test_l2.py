@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dash_ref import Problem, build_schedule
-from dash_ref.emulate import backward, forward, preprocess_d_ordered
+from dash_ref.arithmetic.steps import EXACT, delta
+from dash_ref.emulate import backward, forward
 from verify.demo import random_inputs
 from verify.l2 import l2_steps
 
@@ -20,13 +21,13 @@ def emulated_kernel(seed: int = 3):
     fwd = forward(q, k, v, True, None, PROBLEM.block_m, PROBLEM.block_n)
     sched = build_schedule(PROBLEM, "symmetric_shift", 3)
     emu = backward(sched, q, k, v, fwd.o, fwd.lse2, do, return_partials=True,
-                   arithmetic="hopper")
+                   arithmetic="exact")
     partials = emu.partials.clone()
     last = PROBLEM.seqlen_q - (PROBLEM.n_q - 1) * PROBLEM.block_m
     for vis, i in enumerate(sched.to_tables().visit_q.tolist()):
         if i == PROBLEM.n_q - 1:
             partials[vis, last:] = float("nan")  # rows past S_q hold anything in the kernel
-    kernel = dict(delta=preprocess_d_ordered(fwd.o, do), partials=partials,
+    kernel = dict(delta=delta(EXACT, fwd.o, do), partials=partials,
                   dq_acc=emu.dq_acc, dk_heads=emu.dk_acc, dv_heads=emu.dv_acc,
                   dq=emu.dq, dk=emu.dk, dv=emu.dv)
     return sched, (q, k, v, fwd.o, fwd.lse2, do), kernel

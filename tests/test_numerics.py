@@ -1,4 +1,4 @@
-"""Bit-exact tests of dash_ref.numerics: views, rounding, ULPs and the fp32 add contract."""
+"""Bit-exact tests of dash_ref.arithmetic.numerics: views, rounding, ULPs, the fp32 add contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dash_ref.numerics import (
+from dash_ref.arithmetic.numerics import (
     NAN_DISTANCE,
     bf16_bits,
     bits_bf16,

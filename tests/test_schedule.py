@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dash_ref.schedule as sched
+import dash_ref.schedules.schedule as sched
 from dash_ref import NAMES, Chain, Problem, ScheduleError, build_schedule
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Specification of the Hopper tensor-core model (dash_ref.tensorcore) and its test set.
+"""Specification of the Hopper tensor-core model (dash_ref.arithmetic.tensorcore) and its test set.
 
 Expected values are worked out by hand from the rules in the module docstring (or from exact
 integer/rational arithmetic), never by calling the model, or are outputs measured on an H200
@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from dash_ref.tensorcore import CANDIDATES, HOPPER, MMA_SIM, MMAConfig, mma, mma_bits, mma_k16
+from dash_ref.arithmetic.tensorcore import (
+    CANDIDATES,
+    HOPPER,
+    MMA_SIM,
+    MMAConfig,
+    mma,
+    mma_bits,
+    mma_k16,
+)
 from verify.mma_cases import DEFAULT_COUNT, FAMILIES, allocate, generate
 
 BF16, FP16, F32 = torch.bfloat16, torch.float16, torch.float32

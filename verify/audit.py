@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dash_ref import Problem
-from dash_ref.numerics import ulp_distance
+from dash_ref.arithmetic.numerics import ulp_distance
 from verify.impls import Impl, get_impl
 from verify.strategies import Case
 

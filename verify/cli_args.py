@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dash_ref.problem import MASKS, Problem
+from dash_ref.schedules.problem import MASKS, Problem
 
 DEFAULT_WORKERS = 132  # SMs of an H100/H200
 

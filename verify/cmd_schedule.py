@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dash_ref.schedule import NAMES, Schedule, build_schedule
+from dash_ref.schedules.schedule import NAMES, Schedule, build_schedule
 
 from .cli_args import add_shape_args, problem_from_args
 

@@ -1,7 +1,7 @@
 """``dash-verify simulate``: makespan and idle time of schedules in the DAG model.
 
-Each schedule runs in the discrete-event simulator (:mod:`dash_ref.simulator`); the text
-report also shows the DAG's critical path (:mod:`dash_ref.dag`), which must equal it.
+Each schedule runs in the discrete-event simulator (:mod:`dash_ref.model.simulator`); the text
+report also shows the DAG's critical path (:mod:`dash_ref.model.dag`), which must equal it.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 
-from dash_ref.dag import MODELS, build_dag
-from dash_ref.gantt import save_gantt, text_timeline
-from dash_ref.schedule import NAMES, build_schedule
-from dash_ref.simulator import simulate
+from dash_ref.model.dag import MODELS, build_dag
+from dash_ref.model.gantt import save_gantt, text_timeline
+from dash_ref.model.simulator import simulate
+from dash_ref.schedules.schedule import NAMES, build_schedule
 
 from .cli_args import add_shape_args, problem_from_args
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dash_ref.arithmetic.numerics import ulp_distance
 from dash_ref.emulate import dq_add, visit_index
-from dash_ref.numerics import ulp_distance
-from dash_ref.schedule import Schedule
+from dash_ref.schedules.schedule import Schedule
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dash_ref import NAMES, Problem, build_schedule
+from dash_ref.arithmetic.numerics import ulp
 from dash_ref.emulate import emulate
-from dash_ref.numerics import ulp
 from verify.compare import compare, dq_divergence, first_dq_mismatch
 from verify.highprec import grad_error_reports, reference_grads
 

@@ -32,7 +32,7 @@ Reference values (:func:`reference_grads`)
 
 Metrics (:func:`error_report`)
     ``max_ulp`` (largest elementwise error in ULPs of the output format, from
-    :func:`dash_ref.numerics.ulp_error`; information only: where a gradient cancels to
+    :func:`dash_ref.arithmetic.numerics.ulp_error`; information only: where a gradient cancels to
     almost nothing a correct result can be many ULPs off), ``normwise``
     ``= ||x - exact||_F / ||exact||_F`` (the quantity the bound is about), and ``n_above``,
     the number of elements with ``|x_i - exact_i| > bound * (|exact_i| + rms(exact))``: a
@@ -107,7 +107,7 @@ import mpmath
 import numpy as np
 import torch
 
-from dash_ref.numerics import ulp_error, unit_roundoff
+from dash_ref.arithmetic.numerics import ulp_error, unit_roundoff
 
 __all__ = [
     "GRADS",

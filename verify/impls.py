@@ -17,7 +17,7 @@ name                   what runs
                        non-deterministic peer); deterministic ones also carry an L1 check
                        (audit mode against ``dash_ref.emulate.replay``)
 ``dash-exact:NAME``    the same with ``exact=True``, checked at L1 and at L2 (the CPU
-                       emulation ``arithmetic="hopper"`` against every output bit)
+                       emulation ``arithmetic="exact"`` against every output bit)
 ``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
                        ``deterministic=True``
 ``module:function``    any importable user callable with the signature above
@@ -113,7 +113,7 @@ def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]
     """L1 (and with ``exact``, L2) checks of one audited backward against ``dash_ref``."""
     import dash_cuda
     from dash_ref.emulate import epilogue, replay
-    from verify.l2 import kernel_values, l2_steps
+    from verify.l2 import record_steps
 
     def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
@@ -127,11 +127,9 @@ def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]
         if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
             found.append("L1: dQ differs from the replay's epilogue")
         if exact:
-            cpu = tuple(x.cpu() for x in (q, k, v, o, lse, do))
             found += [f"L2: {name} differs from the CPU emulation"
-                      for name, got, want in l2_steps(rec.schedule, cpu,
-                                                      kernel_values(rec, (dq, dk, dv)),
-                                                      softmax_scale)
+                      for name, got, want in record_steps(rec, (q, k, v, o, lse, do),
+                                                          (dq, dk, dv), softmax_scale)
                       if not torch.equal(got, want)]
         return found
 

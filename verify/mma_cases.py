@@ -1,4 +1,4 @@
-"""A seeded test set of tensor-core tiles for checking :mod:`dash_ref.tensorcore` on a GPU.
+"""A seeded test set of tensor-core tiles to check :mod:`dash_ref.arithmetic.tensorcore` on a GPU.
 
 ``generate(dtype, count, seed, shape)`` builds ``count`` tiles ``D = A @ B + C`` with
 ``A [M, K]``, ``B [K, N]`` in bf16 or fp16 and ``C [M, N]`` in fp32, as raw bit patterns,

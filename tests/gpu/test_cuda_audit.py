@@ -16,7 +16,8 @@ from gpu_cases import inputs
 
 import dash_cuda
 from dash_ref import DETERMINISTIC
-from dash_ref.emulate import epilogue, gqa_sum, replay
+from dash_ref.arithmetic.steps import gqa_sum
+from dash_ref.emulate import epilogue, replay
 
 AUDIT_SHAPES = [  # (B, H, H_kv, S_q, S_k), d, dtype
     ((1, 2, 1, 300, 200), 64, torch.bfloat16),
@@ -50,8 +51,8 @@ def test_dq_accumulator_equals_replay(schedule, causal, shape, d, dtype, num_wor
     assert torch.equal(dq.cpu(), epilogue(acc, scale, dtype))
     # dK / dV: per-query-head accumulators summed in ascending head order
     p = sched.problem
-    assert torch.equal(dk.cpu(), epilogue(gqa_sum(p, record.dk_heads.cpu()), scale, dtype))
-    assert torch.equal(dv.cpu(), epilogue(gqa_sum(p, record.dv_heads.cpu()), None, dtype))
+    assert torch.equal(dk.cpu(), epilogue(gqa_sum(record.dk_heads.cpu(), p.group), scale, dtype))
+    assert torch.equal(dv.cpu(), epilogue(gqa_sum(record.dv_heads.cpu(), p.group), None, dtype))
     # audit mode computes the same bits as the normal path
     q, k, v, o, lse, do = args
     plain = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,

@@ -1,7 +1,7 @@
 """L2: in ``exact`` mode the CPU emulation reproduces the kernel's dQ, dK and dV bit for bit.
 
 Given the kernel's own ``O`` and ``LSE2``, ``dash_ref.emulate.backward(...,
-arithmetic="hopper")`` recomputes every step of the backward on the CPU: ``D``, every fp32
+arithmetic="exact")`` recomputes every step of the backward on the CPU: ``D``, every fp32
 dQ partial, every dK/dV accumulator, the dQ accumulators and the rounded gradients. Each is
 compared with what the GPU wrote, with ``torch.equal``, for every deterministic schedule
 and both masks, on problems with several Q and KV tiles, so that visit and dQ orders
@@ -19,9 +19,9 @@ from gpu_cases import inputs
 
 import dash_cuda
 from dash_ref import DETERMINISTIC, f32_bits
+from dash_ref.arithmetic.exp2 import exp2_fma
 from dash_ref.emulate import backward
-from dash_ref.exp2 import exp2_fma
-from verify.l2 import kernel_values, l2_steps
+from verify.l2 import record_steps
 
 # (B, H, H_kv, S_q, S_k), d, dtype, num_workers. Backward tiles are 64 x 128: 3 to 4 Q tiles
 # and 2 to 3 KV tiles, ragged ends, GQA, and pinned or default worker counts.
@@ -52,7 +52,7 @@ def test_emulation_reproduces_the_exact_kernel(schedule, causal, shape, d, dtype
     assert record.exact
     p = record.schedule.problem
     assert p.n_q >= 3 and p.n_kv >= 2
-    steps = l2_steps(record.schedule, cpu, kernel_values(record, grads))
+    steps = record_steps(record, cpu, grads)
     # D, the partials, dQacc, (dK/dV accumulators with one query head per KV head), dQ/dK/dV
     assert len(steps) == (8 if p.heads == p.heads_kv else 6)
     for name, got, want in steps:
@@ -77,7 +77,7 @@ def test_default_arithmetic_is_not_what_the_emulation_reproduces():
     (q, k, v, o, lse, do), grads, record = _kernel_run(shape, d, dtype, False, "shift",
                                                        workers, exact=False)
     assert not record.exact
-    emu = backward(record.schedule, q, k, v, o, lse, do, arithmetic="hopper")
+    emu = backward(record.schedule, q, k, v, o, lse, do, arithmetic="exact")
     assert not all(torch.equal(a, b) for a, b in zip(grads, (emu.dq, emu.dk, emu.dv)))
     # ... while the two arithmetics agree to within a few units of the last place
     for a, b in zip(grads, (emu.dq, emu.dk, emu.dv)):

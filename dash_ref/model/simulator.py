@@ -1,6 +1,6 @@
 """A discrete-event simulator of a schedule: makespan, per-worker timelines and idle time.
 
-It runs the same model as :mod:`dash_ref.dag` but by a different method, so the two check
+It runs the same model as :mod:`dash_ref.model.dag` but by a different method, so the two check
 each other: every worker is an agent that walks its program (the schedule's chains in run
 order) and blocks on the semaphore of a dQ tile until the tile's counter equals the rank
 of its ``j`` in the tile's dQ order, exactly as a kernel does. An event loop advances time.
@@ -16,7 +16,7 @@ Costs: every reduce costs ``cost_reduce``; every compute costs ``cost_compute``,
 ``handoff_latency`` (default 0, the model of ``DESIGN.md``) delays the moment a reduce's
 semaphore increment becomes visible to the other workers: on a GPU a release reaches a
 spinning acquirer only after a trip through L2. The DAG model has no such term, so only
-the default is checked against :meth:`dash_ref.dag.DAG.critical_path`.
+the default is checked against :meth:`dash_ref.model.dag.DAG.critical_path`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from ..schedules.schedule import Schedule, ScheduleError
 from .dag import COMPUTE, MODELS, REDUCE, compute_cost
-from .schedule import Schedule, ScheduleError
 
 WAIT = "wait"
 RELEASE = "release"

@@ -1,4 +1,4 @@
-"""Specification of the emulator's Hopper arithmetic: fma_f32, exp2_fma, arithmetic="hopper"."""
+"""Specification of the emulator's exact arithmetic: fma_f32, exp2_fma, arithmetic="exact"."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from dash_ref import DETERMINISTIC, Problem, build_schedule
-from dash_ref.emulate import emulate, preprocess_d_ordered, replay
-from dash_ref.exp2 import COEFFS, exp2_fma
-from dash_ref.numerics import fma_f32, ulp
+from dash_ref.arithmetic.exp2 import COEFFS, exp2_fma
+from dash_ref.arithmetic.numerics import fma_f32, ulp
+from dash_ref.arithmetic.steps import EXACT, delta
+from dash_ref.emulate import emulate, replay
 from verify.demo import random_inputs
 from verify.reference import attention_f64, grad_checks
 
@@ -219,7 +220,7 @@ def test_exp2_fma_is_the_documented_sequence():
 # ---------------------------------------------------------------------------------------
 # ordered D
 # ---------------------------------------------------------------------------------------
-def test_preprocess_d_ordered_is_an_ascending_pairwise_tree():
+def test_exact_delta_is_an_ascending_pairwise_tree():
     vals = [1.0, 2.0**-24, 2.0**-24, 2.0**-24, -1.0, 2.0**-24, 2.0**-24, 2.0**-24, 3.0]
     for d in (8, 9):  # a power of two, and an odd one that carries its last element
         do = torch.tensor(vals[:d], dtype=torch.bfloat16).view(1, 1, 1, d)
@@ -227,16 +228,16 @@ def test_preprocess_d_ordered_is_an_ascending_pairwise_tree():
         x = [torch.tensor(v, dtype=F32) for v in vals[:d]]
         while len(x) > 1:
             x = [x[m] + x[m + 1] for m in range(0, len(x) - 1, 2)] + x[len(x) // 2 * 2:]
-        got = preprocess_d_ordered(o, do)
+        got = delta(EXACT, o, do)
         assert got.shape == (1, 1, 1) and got.view(torch.int32).item() == x[0].view(
             torch.int32).item()
     # order matters here: left to right loses all three small terms before -1.0 to 1.0
     # (3 * 2^-24), the tree loses one of them (1 + 2^-24 ties to 1)
-    assert preprocess_d_ordered(o[..., :8], do[..., :8]).item() == 5 * 2.0**-24
+    assert delta(EXACT, o[..., :8], do[..., :8]).item() == 5 * 2.0**-24
 
 
 # ---------------------------------------------------------------------------------------
-# the backward in hopper arithmetic
+# the backward in exact arithmetic
 # ---------------------------------------------------------------------------------------
 SHAPES = [  # (B, H, H_kv, S_q, S_k, d, BM, BN)
     (1, 2, 2, 48, 48, 16, 16, 16),
@@ -248,42 +249,42 @@ SHAPES = [  # (B, H, H_kv, S_q, S_k, d, BM, BN)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("mask", ["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_hopper_backward_meets_the_bound_against_float64(shape, mask, dtype):
+def test_exact_backward_meets_the_bound_against_float64(shape, mask, dtype):
     b, h, hk, sq, sk, d, bm, bn = shape
     p = Problem(b, h, hk, sq, sk, d, mask, bm, bn)
     q, k, v, do = random_inputs(p, dtype, seed=sq * 7 + sk)
     ref = attention_f64(q, k, v, do, causal=mask == "causal")
     for name in ("naive", "symmetric_shift"):
-        _, bwd = emulate(build_schedule(p, name, 3), q, k, v, do, arithmetic="hopper")
+        _, bwd = emulate(build_schedule(p, name, 3), q, k, v, do, arithmetic="exact")
         got = {"dq": bwd.dq, "dk": bwd.dk, "dv": bwd.dv}
         for grad, c in grad_checks(got, ref, dtype).items():
             assert c.ok, f"{name} {grad}: error {c.error:.3e} > allowed {c.allowed:.3e}"
 
 
 @pytest.mark.parametrize("name", DETERMINISTIC)
-def test_hopper_replay_of_own_partials_is_bit_exact(name):
+def test_exact_replay_of_own_partials_is_bit_exact(name):
     p = Problem(2, 2, 1, 45, 33, 16, "causal", 16, 16)
     q, k, v, do = random_inputs(p, torch.bfloat16, seed=5)
     sched = build_schedule(p, name, 3)
-    _, bwd = emulate(sched, q, k, v, do, return_partials=True, arithmetic="hopper")
+    _, bwd = emulate(sched, q, k, v, do, return_partials=True, arithmetic="exact")
     again = replay(sched, bwd.partials, flush_subnormals=True)
     assert torch.equal(again.view(torch.int32), bwd.dq_acc.view(torch.int32))
 
 
-def test_hopper_and_ieee_arithmetic_give_different_bits_and_hopper_is_deterministic():
+def test_exact_and_ieee_arithmetic_give_different_bits_and_exact_is_deterministic():
     p = Problem(1, 2, 2, 64, 64, 32, "causal", 16, 16)
     q, k, v, do = random_inputs(p, torch.bfloat16, seed=8)
     sched = build_schedule(p, "shift", 4)
     _, ieee = emulate(sched, q, k, v, do)
-    _, hop = emulate(sched, q, k, v, do, arithmetic="hopper")
-    _, hop2 = emulate(sched, q, k, v, do, arithmetic="hopper")
+    _, exa = emulate(sched, q, k, v, do, arithmetic="exact")
+    _, exa2 = emulate(sched, q, k, v, do, arithmetic="exact")
     for acc in ("dq_acc", "dk_acc", "dv_acc", "dq", "dk", "dv"):
-        assert torch.equal(getattr(hop, acc), getattr(hop2, acc)), acc
+        assert torch.equal(getattr(exa, acc), getattr(exa2, acc)), acc
     for acc in ("dq_acc", "dk_acc", "dv_acc"):
-        assert not torch.equal(getattr(hop, acc), getattr(ieee, acc)), acc
+        assert not torch.equal(getattr(exa, acc), getattr(ieee, acc)), acc
 
 
-def test_hopper_padding_of_head_dim_and_tiles_is_exact():
+def test_exact_padding_of_head_dim_and_tiles_is_exact():
     """Zero columns in d leave every bit alone: what lets d = 8 stand for the kernel's 16."""
     p8 = Problem(1, 1, 1, 20, 24, 8, "full", 16, 16)
     q, k, v, do = random_inputs(p8, torch.float16, seed=4)
@@ -293,9 +294,9 @@ def test_hopper_padding_of_head_dim_and_tiles_is_exact():
         return torch.cat([t, torch.zeros_like(t)], -1)
 
     s8, s16 = build_schedule(p8, "naive", 1), build_schedule(p16, "naive", 1)
-    _, b8 = emulate(s8, q, k, v, do, softmax_scale=0.25, arithmetic="hopper")
+    _, b8 = emulate(s8, q, k, v, do, softmax_scale=0.25, arithmetic="exact")
     _, b16 = emulate(s16, pad(q), pad(k), pad(v), pad(do), softmax_scale=0.25,
-                     arithmetic="hopper")
+                     arithmetic="exact")
     for acc in ("dq_acc", "dk_acc", "dv_acc"):
         assert torch.equal(getattr(b8, acc), getattr(b16, acc)[..., :8]), acc
 

@@ -1,6 +1,7 @@
 """The DAG model of a schedule (``DESIGN.md`` section 4) and its critical path.
 
-Nodes are task stages of every visit ``(b, h, i, j)`` of a :class:`~dash_ref.schedule.Schedule`:
+Nodes are task stages of every visit ``(b, h, i, j)`` of a
+:class:`~dash_ref.schedules.schedule.Schedule`:
 
 ``compute(b, h, i, j)``  weight ``c`` (or ``c`` times the unmasked fraction of the tile with
                          ``partial=True``: diagonal tiles of a causal mask, and ragged edge
@@ -24,7 +25,7 @@ read from the schedule (workers, visit orders, dQ orders); nothing is re-derived
 Closed forms (sync model, ``B = 1``, ``H = m`` heads run back to back, ``BM = BN``,
 ``S_q = S_k = n * BM``, so ``n`` KV tiles = ``n`` Q tiles = ``n`` workers, every active tile
 costing ``c`` (``partial=False``) and every reduce ``r``), with the placements of
-:mod:`dash_ref.schedule` (greedy list scheduling at one unit per visit for
+:mod:`dash_ref.schedules.schedule` (greedy list scheduling at one unit per visit for
 naive/spt/descending, ties to the lowest worker; round-robin items for
 shift/symmetric_shift):
 
@@ -66,8 +67,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from .problem import Problem
-from .schedule import Schedule, ScheduleError
+from ..schedules.problem import Problem
+from ..schedules.schedule import Schedule, ScheduleError
 
 MODELS = ("sync", "async")
 COMPUTE = "compute"

@@ -3,7 +3,7 @@
 Rows are workers (``sync``) or, for the ``async`` model, two rows per worker: its compute
 unit and its dQ writer. Compute is blue / ``#``, reduce orange / ``=``, a reduce blocked on
 its dQ semaphore grey / ``~``, idle white / ``.``. Tasks on the critical path (from
-:meth:`dash_ref.dag.DAG.critical_path`) can be outlined in red.
+:meth:`dash_ref.model.dag.DAG.critical_path`) can be outlined in red.
 """
 
 from __future__ import annotations

@@ -127,6 +127,11 @@ class Schedule:
             for chain in chains:
                 yield w, chain
 
+    @property
+    def num_visits(self) -> int:
+        """Visits (active tile pairs) over all heads: the rows of an audit's partials."""
+        return sum(len(c.visits) for _, c in self.chains())
+
     def chain(self, b: int, h: int, j: int) -> Chain:
         """The chain of ``(b, h, j)``."""
         return self._chain_index[(b, h, j)]
@@ -554,8 +559,22 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
 
 
 def default_schedule(mask: str, head_dim: int, seqlen: int = 4096) -> str:
-    """What ``auto`` resolves to: the measured table of :mod:`dash_ref.auto`."""
+    """What ``auto`` resolves to: the measured table of :mod:`dash_ref.schedules.auto`."""
     return auto_schedule(mask, head_dim, seqlen)
+
+
+def resolve_name(name: str, problem: Problem) -> str:
+    """The schedule ``name`` stands for on ``problem``: itself, or what ``auto`` picks.
+
+    The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
+    the two sequence lengths). Unknown names raise a ``ValueError`` that lists the known ones.
+    """
+    if name == "auto":
+        return default_schedule(problem.mask, problem.head_dim,
+                                max(problem.seqlen_q, problem.seqlen_k))
+    if name not in BUILDERS:
+        raise ValueError(f"unknown schedule {name!r}; choose from 'auto', {', '.join(NAMES)}")
+    return name
 
 
 @lru_cache(maxsize=256)
@@ -563,15 +582,10 @@ def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Sched
     """Build the schedule ``name`` for ``problem`` on ``num_workers`` persistent workers.
 
     ``num_workers`` is explicit because wave-based orders depend on it: pin it to make two
-    different GPUs produce the same bits. ``name="auto"`` resolves to
-    :func:`default_schedule` (the measured table of :mod:`dash_ref.auto`). Results are
-    cached per (problem, name, workers).
+    different GPUs produce the same bits. ``name="auto"`` resolves through
+    :func:`resolve_name`. Results are cached per (problem, name, workers).
     """
-    if name == "auto":
-        name = default_schedule(problem.mask, problem.head_dim,
-                                max(problem.seqlen_q, problem.seqlen_k))
-    if name not in BUILDERS:
-        raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(NAMES)} or 'auto'")
+    name = resolve_name(name, problem)
     if int(num_workers) < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     return BUILDERS[name](problem, int(num_workers))

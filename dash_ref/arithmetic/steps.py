@@ -1,0 +1,320 @@
+"""The arithmetic contract as code: every floating-point step of attention, one function each.
+
+Kernels and the CPU reference share one sequence of floating-point operations. Each step is
+one function here, registered under the name that the kernels' comments and contract
+tables use (:data:`STEPS`); the emulator (:mod:`dash_ref.emulate`) is these steps in the
+order a schedule gives, nothing else. A step that can round in more than one way takes an
+:class:`Arithmetic`:
+
+- :data:`IEEE`: matrix products as PyTorch computes them on the CPU (fp32 sums of exactly
+  upcast operands), a correctly rounded ``exp2``, ``D`` summed by ``torch.sum``, plain fp32
+  dQ additions. It fixes *which* sums happen in *what order* at the tile level, which is
+  what a schedule decides; the docs use it to show order effects.
+- :data:`EXACT`: the operations of the kernels' ``exact=True`` mode, bit for bit: products
+  by the tensor-core model (:func:`~dash_ref.arithmetic.tensorcore.mma`, k16 blocks fused,
+  ascending; ``dV`` and ``dK`` accumulate inside the MMA), ``P`` from one fused
+  multiply-add and :func:`~dash_ref.arithmetic.exp2.exp2_fma`, ``D`` as a pairwise tree,
+  dQ additions that flush subnormals (``red.add.f32``).
+
+Tensors are fp32 unless a step says otherwise; ``rnd`` is round-to-nearest-even to the
+input dtype (bf16 or fp16). Tiles are given on the rows and keys that exist: zero padding
+changes no bit in either arithmetic (zeros take no part in the tensor-core model and pad
+``k`` at its end, as a kernel's masked loads do).
+
+Which instruction each step becomes in each kernel is written in the backend's contract
+table (``dash_cuda/backends/<name>/contract.py``); ``docs/design.md`` shows both side by side,
+generated from the two.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from .exp2 import exp2_fma
+from .numerics import fma_f32, fp32_add_rne
+from .tensorcore import K_STEP, mma
+
+F32 = torch.float32
+LOG2E = 1.4426950408889634
+
+
+# -- arithmetics ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arithmetic:
+    """How the steps round: one complete description of a backward's arithmetic."""
+
+    name: str
+    tensor_cores: bool  # matrix products by the tensor-core model (else PyTorch's CPU fp32)
+    exp2: str  # "ieee": torch.exp2 of a rounded product and difference; "fma": exp2_fma(fma)
+    delta_order: str  # "torch": torch.sum; "pairwise": an ascending pairwise tree
+    flush_dq_adds: bool  # dQ additions flush subnormal inputs and results (red.add.f32)
+
+    def with_dq_adds(self, flush_subnormals: bool) -> Arithmetic:
+        """This arithmetic with dQ additions that do (or do not) flush subnormals."""
+        return replace(self, flush_dq_adds=bool(flush_subnormals))
+
+
+IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
+                  flush_dq_adds=False)
+EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
+                   flush_dq_adds=True)
+#: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
+ARITHMETICS = {a.name: a for a in (IEEE, EXACT)}
+
+
+def arithmetic(spec: str | Arithmetic) -> Arithmetic:
+    """The :class:`Arithmetic` named by ``spec`` (``"ieee"``, ``"exact"``) or ``spec`` itself."""
+    if isinstance(spec, Arithmetic):
+        return spec
+    if spec == "hopper":
+        warnings.warn('arithmetic="hopper" is now called "exact" (the arithmetic of the '
+                      "kernels' exact=True mode); the old name goes away in the next release",
+                      DeprecationWarning, stacklevel=3)
+        return EXACT
+    if spec not in ARITHMETICS:
+        raise ValueError(f"arithmetic={spec!r}: expected one of {tuple(ARITHMETICS)}")
+    return ARITHMETICS[spec]
+
+
+# -- the step registry ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """One named floating-point step: where it runs, what it computes, its function."""
+
+    name: str
+    stage: str  # "forward", "backward" or "both"
+    formula: str
+    fn: Callable
+
+
+#: every step by name, in the order a visit computes them (``docs/design.md`` lists them)
+STEPS: dict[str, Step] = {}
+
+
+def step(name: str, stage: str, formula: str) -> Callable[[Callable], Callable]:
+    """Register a step function under its contract name."""
+
+    def register(fn: Callable) -> Callable:
+        if name in STEPS:
+            raise ValueError(f"step {name!r} is registered twice")
+        STEPS[name] = Step(name, stage, formula, fn)
+        fn.step = name
+        return fn
+
+    return register
+
+
+def steps_of(stage: str) -> list[Step]:
+    """The steps a ``"forward"`` or ``"backward"`` pass computes, in order."""
+    return [s for s in STEPS.values() if s.stage in (stage, "both")]
+
+
+def _matmul(a: Arithmetic, x: torch.Tensor, y: torch.Tensor, acc: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """``acc + x @ y`` (fresh when ``acc`` is None) in the arithmetic's matrix products.
+
+    ``x``, ``y`` hold operand-dtype values (as fp32 or in that dtype). IEEE: PyTorch's fp32
+    product, then one fp32 addition. Tensor cores: the MMA model with ``acc`` inside the
+    fused sum; ``k`` is padded with zeros to a multiple of 16, which changes no bit.
+    """
+    if not a.tensor_cores:
+        product = x.to(F32) @ y.to(F32)
+        return product if acc is None else acc + product
+    pad = -x.shape[1] % K_STEP
+    if pad:
+        x = torch.cat([x, x.new_zeros(x.shape[0], pad)], 1)
+        y = torch.cat([y, y.new_zeros(pad, y.shape[1])], 0)
+    return mma(x, y, acc)
+
+
+# -- shared constants -----------------------------------------------------------------------
+def default_scale(head_dim: int) -> float:
+    """The softmax scale when none is given: ``1 / sqrt(d)`` (float64)."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
+    """``softmax_scale``, or :func:`default_scale` when it is None."""
+    return default_scale(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+@step("scale_log2", "both", "c = fp32(softmax_scale * log2(e))")
+def scale_log2(softmax_scale: float) -> torch.Tensor:
+    """The fp32 constant scores are multiplied by: the float64 product rounded once."""
+    return torch.tensor(softmax_scale * LOG2E, dtype=F32)
+
+
+@step("round_operand", "both", "rnd(x): fp32 rounded to the input dtype (RNE)")
+def round_operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An fp32 value rounded (RNE) to the matmul operand dtype, returned as fp32."""
+    return x.to(dtype).to(F32)
+
+
+# -- forward ---------------------------------------------------------------------------------
+# The forward is emulated in IEEE arithmetic only; the kernels' forward contracts and
+# reorders some of these operations (their contract tables say which), so its bits are
+# the kernels' own. Scores are in base-2 units throughout.
+@step("fwd_scores", "forward", "s = (Q_i K_j^T) * c; masked elements -inf")
+def fwd_scores(q_i: torch.Tensor, k_j: torch.Tensor, c: torch.Tensor, visible: torch.Tensor
+               ) -> torch.Tensor:
+    """Scores of one tile pair in base-2 units: an fp32 product, then one multiply."""
+    s = (q_i @ k_j.T) * c
+    return torch.where(visible, s, torch.tensor(-math.inf))
+
+
+@step("fwd_max", "forward", "m' = max(m, rowmax(s)); m_safe = m' or 0 where m' = -inf")
+def fwd_max(m: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running row maximum and the value subtracted before exp2 (0 for unseen rows)."""
+    m_new = torch.maximum(m, s.max(dim=1).values)
+    return m_new, torch.where(torch.isinf(m_new), torch.zeros(()), m_new)
+
+
+@step("fwd_probs", "forward", "P = exp2(s - m_safe); alpha = exp2(m - m_safe)")
+def fwd_probs(s: torch.Tensor, m: torch.Tensor, m_safe: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalized probabilities of the tile and the rescale factor of the old sums."""
+    return torch.exp2(s - m_safe[:, None]), torch.exp2(m - m_safe)
+
+
+@step("fwd_accumulate", "forward", "l = l * alpha + rowsum(P); acc = acc * alpha + rnd(P) V_j")
+def fwd_accumulate(ell: torch.Tensor, acc: torch.Tensor, alpha: torch.Tensor,
+                   p: torch.Tensor, v_j: torch.Tensor, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold one KV tile into the running sum and output."""
+    ell = ell * alpha + p.sum(1)
+    acc = acc * alpha[:, None] + round_operand(p, dtype) @ v_j
+    return ell, acc
+
+
+@step("fwd_finish", "forward", "O = rnd(acc / l), LSE2 = m + log2(l); rows that see no key: "
+      "O = 0, LSE2 = -inf")
+def fwd_finish(acc: torch.Tensor, m: torch.Tensor, ell: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalized output (fp32, rounded by the caller's store) and the base-2 LSE.
+
+    A row that saw no key has ``l = 0``: ``O = 0``, ``LSE2 = -inf``. A NaN anywhere in a
+    row's scores makes its ``l`` NaN, and so its ``O`` and ``LSE2``, as in PyTorch's SDPA.
+    """
+    unseen = ell == 0
+    o = torch.where(unseen[:, None], 0.0, acc / torch.where(unseen, 1.0, ell)[:, None])
+    lse2 = torch.where(unseen, torch.tensor(-math.inf), m + torch.log2(ell))
+    return o, lse2
+
+
+# -- backward --------------------------------------------------------------------------------
+@step("delta", "backward", "D_i = rowsum(dO_i * O_i)")
+def delta(a: Arithmetic, o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """``D = rowsum(dO * O)`` over the head dim, fp32, for ``(..., d)`` inputs.
+
+    The products are exact upcasts multiplied in fp32 (``mul.f32``, RNE, subnormals kept).
+    IEEE: summed by ``torch.sum``. Pairwise (:data:`EXACT`): level 0 holds the products in
+    ascending column; each level replaces elements ``2m`` and ``2m + 1`` by their fp32 sum
+    and carries an odd last element, until one value is left. A kernel gets the same bits
+    by halving an ``(M, d)`` tile ``log2(d)`` times (a sum of two is one commutative add).
+    """
+    x = do.to(F32) * o.to(F32)
+    if a.delta_order == "torch":
+        return x.sum(-1)
+    while x.shape[-1] > 1:
+        even = x.shape[-1] // 2 * 2
+        summed = x[..., 0:even:2] + x[..., 1:even:2]
+        x = torch.cat([summed, x[..., even:]], dim=-1)
+    return x[..., 0]
+
+
+@step("qk", "backward", "S = Q_i K_j^T (fresh fp32 accumulator)")
+def qk(a: Arithmetic, q_i: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
+    """The scores of one tile pair, ``k = d``."""
+    return _matmul(a, q_i, k_j.T)
+
+
+@step("softmax_p", "backward", "P = exp2(S * c - LSE2_i); masked elements exactly 0")
+def softmax_p(a: Arithmetic, s: torch.Tensor, c: torch.Tensor, lse2_i: torch.Tensor,
+              visible: torch.Tensor) -> torch.Tensor:
+    """The probabilities, recomputed from the forward's base-2 LSE.
+
+    IEEE: the product and the difference each rounded, then a correctly rounded exp2.
+    ``fma``: ``exp2_fma(fma(S, c, 0 - LSE2))``: one fused multiply-add (``fma.rn.f32``),
+    the negation written ``0 - LSE2`` (``sub.rn.f32``, so ``+0`` stays ``+0``), then
+    :func:`~dash_ref.arithmetic.exp2.exp2_fma`. Masked elements are selected to ``+0``.
+    """
+    if a.exp2 == "fma":
+        p = exp2_fma(fma_f32(s, c, torch.zeros((), dtype=F32) - lse2_i[:, None]))
+    else:
+        p = torch.exp2(s * c - lse2_i[:, None])
+    return torch.where(visible, p, torch.zeros((), dtype=F32))
+
+
+@step("dv_step", "backward", "dV_j += rnd(P)^T dO_i")
+def dv_step(a: Arithmetic, dv: torch.Tensor, p_op: torch.Tensor, do_i: torch.Tensor
+            ) -> torch.Tensor:
+    """Accumulate ``dV_j``, ``k`` = the tile's query rows (inside the MMA on tensor cores)."""
+    return _matmul(a, p_op.T, do_i, dv)
+
+
+@step("dp", "backward", "dP = dO_i V_j^T (fresh fp32 accumulator)")
+def dp(a: Arithmetic, do_i: torch.Tensor, v_j: torch.Tensor) -> torch.Tensor:
+    """The gradient of the probabilities, ``k = d``."""
+    return _matmul(a, do_i, v_j.T)
+
+
+@step("ds", "backward", "dS = P * (dP - D_i)")
+def ds(p: torch.Tensor, dp_: torch.Tensor, delta_i: torch.Tensor) -> torch.Tensor:
+    """The score gradient: an fp32 subtraction, then a multiplication, each rounded."""
+    return p * (dp_ - delta_i[:, None])
+
+
+@step("dk_step", "backward", "dK_j += rnd(dS)^T Q_i")
+def dk_step(a: Arithmetic, dk: torch.Tensor, ds_op: torch.Tensor, q_i: torch.Tensor
+            ) -> torch.Tensor:
+    """Accumulate ``dK_j`` (unscaled), ``k`` = the tile's query rows."""
+    return _matmul(a, ds_op.T, q_i, dk)
+
+
+@step("dq_partial", "backward", "dQ_ij = rnd(dS) K_j (fresh fp32 accumulator)")
+def dq_partial(a: Arithmetic, ds_op: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
+    """The visit's fp32 dQ partial, ``k`` = the tile's keys."""
+    return _matmul(a, ds_op, k_j)
+
+
+@step("dq_add", "backward", "dQacc_i += dQ_ij, one fp32 RNE add per partial, in the tile's "
+      "dQ order, from +0")
+def dq_add(acc: torch.Tensor, partial: torch.Tensor, flush_subnormals: bool = False
+           ) -> torch.Tensor:
+    """One fp32 round-to-nearest-even addition.
+
+    Subnormals are kept (a plain load-add-store), or with ``flush_subnormals`` flushed in
+    the inputs and the result, as a global ``red.add.f32`` does.
+    """
+    return fp32_add_rne(acc, partial, flush_subnormals=flush_subnormals)
+
+
+@step("gqa_sum", "backward", "dK, dV of a KV head: ((+0 + X_h0) + X_h1) + ..., query heads "
+      "ascending")
+def gqa_sum(per_head: torch.Tensor, group: int) -> torch.Tensor:
+    """Per-query-head fp32 ``(B, S_k, H, d)`` dK (or dV) summed per KV head.
+
+    With one query head per KV head the accumulator is used as is; otherwise the sum starts
+    from ``+0.0``, one fp32 RNE addition (subnormals kept) per query head, ascending.
+    """
+    if group == 1:
+        return per_head.clone()
+    b, s, heads, d = per_head.shape
+    out = torch.zeros(b, s, heads // group, d, dtype=F32)
+    for h in range(heads):
+        out[:, :, h // group] = out[:, :, h // group] + per_head[:, :, h]
+    return out
+
+
+@step("epilogue", "backward", "dQ = rnd(dQacc * scale), dK = rnd(dK_acc * scale), "
+      "dV = rnd(dV_acc)")
+def epilogue(acc: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """One fp32 multiply by ``scale`` (if any), then an RNE cast to ``dtype``."""
+    if scale is not None:
+        acc = acc * torch.tensor(scale, dtype=F32)
+    return acc.to(dtype)
