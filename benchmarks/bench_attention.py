@@ -3,7 +3,7 @@
 One process on one GPU, the same inputs for everyone: each dash_cuda schedule, its
 ``atomic`` peer, PyTorch SDPA (cuDNN and flash backends) and FlashAttention-4's Hopper
 kernels with and without ``deterministic=True`` when importable (``/tmp/site`` from
-``tools/fa4_bundle.sh``). Every cell also records whether 20 repeated backwards were
+``scripts/fa4_bundle.sh``). Every cell also records whether 20 repeated backwards were
 bitwise equal. Times are CUDA events around CUDA-graph replays after warm-up (eager where
 capture fails), median of ``--reps``; FLOPs follow FlashAttention (backward = 2.5 x
 forward, causal halved). Writes ``<tag>.json``, ``<tag>.md`` and ``<tag>.png`` to ``--out``::
@@ -80,8 +80,7 @@ def run(args) -> dict:
     import torch
     from bench_backward import environment, flops_backward, timed
 
-    from dash_cuda import tables
-    from dash_cuda.config import backward_problem
+    from dash_cuda import backward_problem, tables
     from dash_ref import DETERMINISTIC
     from verify.impls import load_fa4
 

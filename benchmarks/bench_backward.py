@@ -1,4 +1,4 @@
-"""Backward TFLOP/s of every dash_cuda schedule, its atomic peer and cuDNN, on DESIGN section 8.
+"""Backward TFLOP/s of every dash_cuda schedule, its atomic peer and cuDNN (design section 8).
 
 The grid is the paper's: 16384 tokens, hidden 2048 (``d = 64, H = 32`` and ``d = 128,
 H = 16``), ``S`` from 512 to 16384 in powers of two with ``B = 16384 / S``, bf16, full and
@@ -31,8 +31,8 @@ import torch
 from report import save_report
 
 import dash_cuda
-from dash_cuda import tables
-from dash_cuda.config import backward_config, backward_problem
+from dash_cuda import backward_problem, tables
+from dash_cuda.backends.triton.config import backward_config
 from dash_ref import DETERMINISTIC, Problem
 
 TOKENS, HIDDEN = 16384, 2048

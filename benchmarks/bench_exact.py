@@ -28,9 +28,9 @@ from bench_backward import cells, environment, flops_backward, timed
 from report import save_report
 
 import dash_cuda
-from dash_cuda import tables
-from dash_cuda.backward import preprocess_delta
-from dash_cuda.config import backward_config, backward_problem
+from dash_cuda import backward_problem, tables
+from dash_cuda.backends.triton.config import backward_config
+from dash_cuda.prepost import preprocess_delta
 from dash_ref import default_schedule
 
 

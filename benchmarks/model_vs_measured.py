@@ -31,7 +31,7 @@ from report import save_report
 from dash_ref import DETERMINISTIC, Problem, build_schedule
 from dash_ref.model.simulator import simulate
 
-BM, BN = 64, 128  # the backward tiles the benchmark ran (dash_cuda.config)
+BM, BN = 64, 128  # the backward tiles the benchmark ran (dash_cuda.backends.triton.config)
 
 
 def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float = 0.0

@@ -2,10 +2,35 @@
 
 ``attention`` is a drop-in autograd function; ``attention_forward`` / ``attention_backward``
 expose the two passes (the backward with an ``audit`` mode that returns every fp32 dQ
-partial). Importing this package needs neither CUDA nor Triton: kernels load on first use.
+partial). Importing this package needs neither CUDA nor a kernel compiler: kernels load on
+first use.
+
+Where things live: :mod:`.api` (the public functions), :mod:`.checks` (input validation),
+:mod:`.launch` (the launch every backend shares: schedule tables, residency, scratch, the
+audit record), :mod:`.tables` (schedules on the device), :mod:`.prepost` (the small kernels
+around every backward), and :mod:`.backends` (one folder per kernel technology).
 """
 
-from .api import LAYOUTS, attention, attention_backward, attention_forward
-from .config import HEAD_DIMS
+from dash_ref._deprecated import alias_modules
 
-__all__ = ["HEAD_DIMS", "LAYOUTS", "attention", "attention_backward", "attention_forward"]
+from .api import LAYOUTS, attention, attention_backward, attention_forward, backward_problem
+from .backends import BACKENDS
+from .backends.triton.config import HEAD_DIMS
+from .launch import BackwardAudit
+
+__all__ = ["BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
+           "attention_backward", "attention_forward", "backward_problem"]
+
+# module paths before the backends/ split
+alias_modules({
+    f"dash_cuda.{old}": f"dash_cuda.{new}" for old, new in (
+        ("config", "backends.triton.config"),
+        ("exp2", "backends.triton.exp2"),
+        ("bwd_kernel", "backends.triton.bwd_kernel"),
+        ("fwd_kernel", "backends.triton.fwd_kernel"),
+        ("inspect_asm", "backends.triton.inspect_asm"),
+        ("forward", "backends.triton.launch"),
+        ("prepost_kernels", "prepost"),
+        ("backward", "launch"),
+    )
+})

@@ -15,11 +15,16 @@ import sys
 
 SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Problems and schedules", "dash_ref",
-     ["Problem", "build_schedule", "default_schedule", "Schedule", "Chain", "ScheduleTables",
-      "ScheduleError", "NAMES", "DETERMINISTIC"]),
+     ["Problem", "build_schedule", "resolve_name", "default_schedule", "Schedule", "Chain",
+      "ScheduleTables", "ScheduleError", "NAMES", "DETERMINISTIC"]),
     ("Tile-level emulation", "dash_ref.emulate",
      ["emulate", "forward", "backward", "replay", "visit_index", "problem_of",
-      "ForwardResult", "BackwardResult", "gqa_sum"]),
+      "ForwardResult", "BackwardResult"]),
+    ("The arithmetic contract", "dash_ref.arithmetic.steps",
+     ["Arithmetic", "IEEE", "EXACT", "ARITHMETICS", "arithmetic", "STEPS", "Step", "steps_of",
+      "default_scale", "resolve_scale", "scale_log2", "round_operand", "delta", "qk",
+      "softmax_p", "dv_step", "dp", "ds", "dk_step", "dq_partial", "dq_add", "gqa_sum",
+      "epilogue", "fwd_scores", "fwd_max", "fwd_probs", "fwd_accumulate", "fwd_finish"]),
     ("schedule=\"auto\"", "dash_ref.schedules.auto",
      ["auto_schedule", "paper_advice", "load_table"]),
     ("Hopper tensor-core arithmetic", "dash_ref.arithmetic.tensorcore",
@@ -42,7 +47,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["cases", "problems", "seqlens", "head_layouts", "Case", "elements"]),
     ("Implementations under audit", "verify.impls", ["get_impl", "Impl"]),
     ("L2: the exact backward step by step", "verify.l2",
-     ["l2_steps", "kernel_values", "KERNEL_VALUES"]),
+     ["record_steps", "l2_steps", "kernel_values", "KERNEL_VALUES"]),
     ("Bitwise comparison", "verify.compare",
      ["compare", "TensorDiff", "first_dq_mismatch", "trace_dq", "dq_divergence", "Divergence"]),
     ("Exact gradients and the error bound", "verify.highprec",
@@ -50,9 +55,12 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
       "error_bound"]),
     ("Float64 reference", "verify.reference", ["attention_f64", "grad_checks"]),
     ("GPU kernels", "dash_cuda", ["attention", "attention_forward", "attention_backward",
+                                  "backward_problem", "BackwardAudit", "BACKENDS",
                                   "HEAD_DIMS", "LAYOUTS"]),
-    ("GPU kernel tiles", "dash_cuda.config", ["backward_problem", "backward_config",
-                                              "forward_config"]),
+    ("Kernel backends", "dash_cuda.backends", ["Backend", "Case", "Launch", "Instruction",
+                                               "choose_backend", "get_backend", "PREFERENCE"]),
+    ("The Triton backend's tiles", "dash_cuda.backends.triton.config",
+     ["backward_problem", "backward_config", "forward_config", "TileConfig"]),
 ]
 
 HEADER = """# API reference

@@ -1,15 +1,16 @@
 """Regenerate every figure of the docs, the numbers the prose quotes, and the transcripts.
 
-    python -m docs.figures [--out DIR] [--fast]      (or: dash-verify figures ...)
+    python -m docs.figures [--out DIR] [--fast]
 
-Writes PNG figures, ``numbers.json`` (every number the pages quote) and ``*.txt`` command
-transcripts into ``DIR`` (default ``docs/figures``). When ``DIR`` is ``docs/figures`` the
-generated numbers and transcripts inside the Markdown pages are refreshed too
-(:mod:`docs.markers`), and a full run rewrites ``docs/api.md``.
+Writes PNG figures, ``numbers.json`` (every number the pages quote), ``*.txt`` command
+transcripts and ``*.md`` generated tables (the arithmetic contract of ``design.md``) into
+``DIR`` (default ``docs/figures``). When ``DIR`` is ``docs/figures`` the generated numbers,
+transcripts and tables inside the Markdown pages are refreshed too (:mod:`docs.markers`),
+and a full run rewrites ``docs/api.md``.
 
-``--fast`` draws sections 1 to 3 and the fingerprint table only (a few seconds, what CI
-runs); the full set adds section 4 (every schedule emulated, exact mpmath gradients) and
-the ``dash-verify`` transcripts of section 5.
+``--fast`` draws sections 1 to 3, the fingerprint table and the contract only (a few
+seconds, what the tests run); the full set adds section 4 (every schedule emulated, exact
+mpmath gradients) and the ``dash-verify`` transcripts of section 5.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import audit, order, schedules
+from . import audit, contract, order, schedules
 from .markers import refresh_pages
 
 DOCS = Path(__file__).resolve().parent
@@ -55,6 +56,8 @@ def generate(out: Path = DEFAULT_OUT, fast: bool = False, pages: bool | None = N
     numbers.update(n)
     figures.update(f)
     step("2-3 tiles, schedules, DAG, lemma")
+    tables = {"contract": contract.render()}
+    step("design: the arithmetic contract")
     n, texts["fingerprints"] = audit.fingerprint_table(emulate_bits=not fast)
     numbers.update(n)
     step("5 fingerprints" + ("" if fast else " (with emulated bits)"))
@@ -73,6 +76,8 @@ def generate(out: Path = DEFAULT_OUT, fast: bool = False, pages: bool | None = N
 
     for name, text in texts.items():
         (out / f"{name}.txt").write_text(text.rstrip("\n") + "\n")
+    for name, text in tables.items():
+        (out / f"{name}.md").write_text(text.rstrip("\n") + "\n")
     path = out / NUMBERS
     if fast and path.exists():  # keep the numbers of the sections a fast run skips
         numbers = {**json.loads(path.read_text()), **numbers}
@@ -80,7 +85,8 @@ def generate(out: Path = DEFAULT_OUT, fast: bool = False, pages: bool | None = N
     changed = []
     if pages:
         all_texts = {p.stem: p.read_text() for p in out.glob("*.txt")}
-        changed = refresh_pages(DOCS, numbers, all_texts)
+        all_tables = {p.stem: p.read_text() for p in out.glob("*.md")}
+        changed = refresh_pages(DOCS, numbers, all_texts, all_tables)
         if not fast:
             from .api import render
 
@@ -88,7 +94,8 @@ def generate(out: Path = DEFAULT_OUT, fast: bool = False, pages: bool | None = N
     elapsed = time.perf_counter() - t0
     log(f"wrote {len(figures)} figures, {len(texts)} transcripts and {NUMBERS} to {out} "
         f"in {elapsed:.1f} s" + (f"; refreshed {len(changed)} pages" if changed else ""))
-    return {"figures": sorted(figures), "transcripts": sorted(texts), "numbers": numbers,
+    return {"figures": sorted(figures), "transcripts": sorted(texts), "tables": sorted(tables),
+            "numbers": numbers,
             "pages": [str(p) for p in changed], "seconds": elapsed}
 
 

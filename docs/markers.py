@@ -9,7 +9,9 @@ browser hides::
 format spec after a colon (a ``|`` would split a Markdown table cell); the default is
 ``str`` for ints and strings, ``.3g`` for floats. A command transcript is a fenced block
 between ``<!--begin:NAME-->`` and ``<!--end:NAME-->`` whose body is
-``docs/figures/NAME.txt``. :func:`refresh` rewrites both from fresh data.
+``docs/figures/NAME.txt``; a generated Markdown part (a table) sits between
+``<!--begin-md:NAME-->`` and ``<!--end-md:NAME-->`` and is ``docs/figures/NAME.md``, as is.
+:func:`refresh` rewrites all three from fresh data.
 
 A marker must not start a line (a line that starts with ``<!--`` is an HTML block in
 Markdown, shown raw) nor sit inside code (shown literally). ``tests/test_docs.py`` checks
@@ -24,6 +26,7 @@ from pathlib import Path
 
 NUMBER = re.compile(r"<!--n:([\w.\-]+)(?::([^>]*?))?-->(.*?)<!--/n-->", re.S)
 BLOCK = re.compile(r"(<!--begin:([\w.\-]+)-->\n)(.*?)(<!--end:\2-->)", re.S)
+MARKDOWN = re.compile(r"(<!--begin-md:([\w.\-]+)-->\n)(.*?)(<!--end-md:\2-->)", re.S)
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 INLINE_CODE = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 
@@ -68,6 +71,12 @@ def blocks_in(text: str) -> Iterator[tuple[str, str]]:
         yield m.group(2), unfence(m.group(3))
 
 
+def markdown_in(text: str) -> Iterator[tuple[str, str]]:
+    """``(name, body)`` of every generated Markdown part of a page."""
+    for m in MARKDOWN.finditer(text):
+        yield m.group(2), m.group(3)
+
+
 def fence(body: str) -> str:
     return "```text\n" + body.rstrip("\n") + "\n```\n"
 
@@ -81,8 +90,9 @@ def unfence(block: str) -> str:
     return "\n".join(lines)
 
 
-def refresh(text: str, numbers: Mapping[str, object], transcripts: Mapping[str, str]) -> str:
-    """``text`` with every generated number and transcript block rewritten.
+def refresh(text: str, numbers: Mapping[str, object], transcripts: Mapping[str, str],
+            markdown: Mapping[str, str] | None = None) -> str:
+    """``text`` with every generated number, transcript block and Markdown part rewritten.
 
     Unknown keys are left as they are (the test reports them).
     """
@@ -100,17 +110,25 @@ def refresh(text: str, numbers: Mapping[str, object], transcripts: Mapping[str, 
             return m.group(0)
         return m.group(1) + fence(transcripts[name]) + m.group(4)
 
+    def part(m: re.Match) -> str:
+        name = m.group(2)
+        if markdown is None or name not in markdown:
+            return m.group(0)
+        return m.group(1) + markdown[name].rstrip("\n") + "\n" + m.group(4)
+
     text = NUMBER.sub(number, text)
+    text = MARKDOWN.sub(part, text)
     return BLOCK.sub(block, text)
 
 
 def refresh_pages(docs: Path, numbers: Mapping[str, object],
-                  transcripts: Mapping[str, str]) -> list[Path]:
+                  transcripts: Mapping[str, str], markdown: Mapping[str, str] | None = None
+                  ) -> list[Path]:
     """Rewrite every ``*.md`` under ``docs`` whose generated parts changed; return them."""
     changed = []
     for page in sorted(docs.glob("*.md")):
         old = page.read_text()
-        new = refresh(old, numbers, transcripts)
+        new = refresh(old, numbers, transcripts, markdown)
         if new != old:
             page.write_text(new)
             changed.append(page)

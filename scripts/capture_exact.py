@@ -61,7 +61,7 @@ def _differ(name: str, got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def compare(out: Path) -> int:
-    from dash_cuda.config import backward_problem
+    from dash_cuda import backward_problem
     from dash_ref import build_schedule
     from verify.l2 import KERNEL_VALUES, l2_steps
 

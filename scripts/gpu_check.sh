@@ -41,7 +41,7 @@ cat "$LOG/environment.log"
 step warmup 300 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
     --head-dims 16 32 64 128 --audit
 tail -n 1 "$LOG/warmup.log"
-step inspect_asm 120 $PY -m dash_cuda.inspect_asm "$LOG/asm"
+step inspect_asm 120 $PY -m dash_cuda.backends.triton.inspect_asm "$LOG/asm"
 # a first, short look: if the persistent kernel hangs or fails here, stop before the rest
 if ! step smoke 120 $PY -m pytest -q -x -p no:cacheprovider \
         tests/gpu/test_cuda_correctness.py -k "pinned_workers or autograd"; then

@@ -3,7 +3,7 @@
 # the FlashAttention-4 bundle live in /tmp between stages):
 #
 #   scripts/gpu_release.sh compile OUT   # pre-compile every kernel variant; MMA model check
-#   scripts/gpu_release.sh measure OUT   # dQ-add A/B, then the benchmark grid
+#   scripts/gpu_release.sh measure OUT   # the benchmark grid
 #   scripts/gpu_release.sh audit OUT     # GPU tests, then the determinism report
 #   scripts/gpu_release.sh exact OUT     # L2 tests, captures for capture_exact.py, the
 #                                        # cost of exact=True
@@ -22,7 +22,6 @@ export TRITON_CACHE_DIR=/tmp/dash_triton_cache
 export DASH_GIT_REV=${DASH_GIT_REV:-unknown}  # the device copy has no .git: pass it in
 PY=python3
 NPROC=$(nproc)
-RED_TILES="64:64,128,8,1,1,0,1;128:64,128,8,1,0,0,1"
 
 step() {  # step NAME SECONDS CMD...: time-limited, logged; a failure is reported, not fatal
     local name=$1 limit=$2
@@ -50,34 +49,19 @@ compile)
         > "$LOG/environment.log" 2>&1
     step warmup 240 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
         --head-dims 16 32 64 128 --audit --exact
-    DASH_CUDA_BWD_TILES=$RED_TILES step warmup_red 120 $PY -m dash_cuda.warmup \
-        --processes "$NPROC" --dtypes bf16 fp16 --head-dims 64 128 --audit
     step mma 240 $PY scripts/validate_mma.py --out "$LOG/mma" --jobs "$NPROC"
-    tail -n 2 "$LOG/warmup.log" "$LOG/warmup_red.log"
+    tail -n 2 "$LOG/warmup.log"
     tail -n 40 "$LOG/mma.log"
     ;;
 measure)
     fa4_unpack
-    # A/B of the dQ hand-off: load-add-store against a red.add under the same semaphore
-    step ab_store 100 $PY benchmarks/bench_backward.py --out "$LOG" --tag ab_store \
-        --seqlens 2048 16384 --schedules shift symmetric_shift atomic --no-cudnn \
-        --processes "$NPROC"
-    DASH_CUDA_BWD_TILES=$RED_TILES step ab_red 100 $PY benchmarks/bench_backward.py \
-        --out "$LOG" --tag ab_red --seqlens 2048 16384 \
-        --schedules shift symmetric_shift atomic --no-cudnn --processes "$NPROC"
-    $PY scripts/pick_dq_add.py "$LOG/ab_store.json" "$LOG/ab_red.json" > /tmp/dash_dq_add
-    echo "dQ hand-off chosen: $(cat /tmp/dash_dq_add)"
-    [ "$(cat /tmp/dash_dq_add)" = red ] && export DASH_CUDA_BWD_TILES=$RED_TILES
     step bench 370 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
         --time-budget 330
-    for f in ab_store ab_red; do [ -f "$LOG/$f.md" ] && sed -n '/^| d/,/^$/p' "$LOG/$f.md"; done
     [ -f "$LOG/bench_attention.md" ] && sed -n '/## The gap/,/## Forward/p' \
         "$LOG/bench_attention.md"
     ;;
 audit)
     fa4_unpack
-    [ "$(cat /tmp/dash_dq_add 2>/dev/null)" = red ] && export DASH_CUDA_BWD_TILES=$RED_TILES
-    echo "dQ hand-off: ${DASH_CUDA_BWD_TILES:-default tiles}"
     step tests 200 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py
     step determinism 380 $PY benchmarks/determinism_report.py --out "$LOG" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the tensor-core model (dash_ref.arithmetic.tensorcore) against ``tl.dot`` bit for bit.
 
-Builds the seeded test set of :mod:`verify.mma_cases` for bf16 and fp16, runs every tile
+Builds the seeded test set of `scripts/mma_cases.py` for bf16 and fp16, runs every tile
 through small Triton kernels built around ``acc = tl.dot(a, b, acc)`` with an fp32
 accumulator (default ``input_precision``), and compares each output's 32 bits with
 :func:`dash_ref.arithmetic.tensorcore.mma_bits` (k16 steps, ascending).  Kernels:
@@ -62,9 +62,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from mma_cases import DEFAULT_COUNT, FAMILIES, MMACases, generate
 
 from dash_ref.arithmetic.tensorcore import CANDIDATES, HOPPER, mma_bits
-from verify.mma_cases import DEFAULT_COUNT, FAMILIES, MMACases, generate
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -1,6 +1,6 @@
 """The DAG model, its critical path, the event simulator and the Gantt renderings.
 
-The closed forms are DESIGN.md section 4's (published); the placement assumptions under
+The closed forms are docs/design.md section 4's (published); the placement assumptions under
 which they hold are written in :mod:`dash_ref.model.dag`'s docstring and repeated here.
 """
 

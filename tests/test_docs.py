@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import sys
 import zlib
 from pathlib import Path
 
@@ -19,10 +18,15 @@ import pytest
 pytest.importorskip("matplotlib")
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # docs/ is a folder of the repository, not an installed package
-    sys.path.insert(0, str(ROOT))
 
-from docs.markers import blocks_in, code_spans, fmt, numbers_in, refresh  # noqa: E402
+from docs.markers import (  # noqa: E402
+    blocks_in,
+    code_spans,
+    fmt,
+    markdown_in,
+    numbers_in,
+    refresh,
+)
 
 DOCS = ROOT / "docs"
 FIGURES = DOCS / "figures"
@@ -63,10 +67,10 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_fast_figures_command_writes_valid_pngs_and_current_numbers(tmp_path):
-    from verify.cli import main
+    from docs.figures import main
 
     pages_before = {p: p.read_text() for p in PAGES}
-    assert main(["figures", "--out", str(tmp_path), "--fast"]) == 0
+    assert main(["--out", str(tmp_path), "--fast"]) == 0
     for name in FAST_FIGURES:
         png_size(tmp_path / name)
     # the cheap numbers, recomputed, equal what is committed (and quoted in the pages)
@@ -75,8 +79,9 @@ def test_fast_figures_command_writes_valid_pngs_and_current_numbers(tmp_path):
     assert len(fresh) > 100
     stale = {k: (v, committed.get(k)) for k, v in fresh.items() if not same(v, committed.get(k))}
     assert not stale, f"docs/figures/numbers.json is stale, run python -m docs.figures: {stale}"
-    for txt in tmp_path.glob("*.txt"):
-        assert txt.read_text() == (FIGURES / txt.name).read_text(), txt.name
+    for generated in [*tmp_path.glob("*.txt"), *tmp_path.glob("*.md")]:
+        assert generated.read_text() == (FIGURES / generated.name).read_text(), (
+            f"docs/figures/{generated.name} is stale, run python -m docs.figures")
     # writing elsewhere leaves the pages alone
     assert {p: p.read_text() for p in PAGES} == pages_before
 
@@ -111,6 +116,29 @@ def test_every_transcript_in_the_pages_matches_its_file():
             assert path.exists(), f"{page.name}: no figures/{name}.txt"
             assert body == path.read_text().rstrip("\n"), f"{page.name}: {name} is stale"
     assert seen >= 8
+
+
+def test_every_generated_table_in_the_pages_matches_its_file():
+    seen = 0
+    for page in PAGES:
+        for name, body in markdown_in(page.read_text()):
+            seen += 1
+            path = FIGURES / f"{name}.md"
+            assert path.exists(), f"{page.name}: no figures/{name}.md"
+            assert body == path.read_text(), f"{page.name}: {name} is stale"
+    assert seen >= 1
+
+
+def test_the_contract_table_covers_every_step_in_every_backend():
+    from dash_cuda.backends import BACKENDS
+    from dash_ref.arithmetic.steps import STEPS
+    from docs.contract import contracts
+
+    tables = contracts()
+    assert set(tables) == set(BACKENDS)
+    for backend, contract in tables.items():
+        assert set(contract) == set(STEPS), backend
+        assert all(i.same or (i.fast and i.exact) for i in contract.values()), backend
 
 
 def test_markers_are_rendered_hidden():

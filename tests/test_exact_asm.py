@@ -14,7 +14,7 @@ import re
 import pytest
 
 pytest.importorskip("triton")
-inspect_asm = pytest.importorskip("dash_cuda.inspect_asm")
+inspect_asm = pytest.importorskip("dash_cuda.backends.triton.inspect_asm")
 
 try:
     from triton import knobs

@@ -276,7 +276,7 @@ def test_error_bound_formula() -> None:
 
 # -- the bound against the section-5 arithmetic -----------------------------------------------
 def emulate(q, k, v, do, causal, dtype, block=16, bug=None):
-    """The DESIGN section 5 backward in fp32 with bf16/fp16 roundings, tile by tile.
+    """The docs/design.md section 5 backward in fp32 with bf16/fp16 roundings, tile by tile.
 
     ``bug``: ``"no_D"`` drops D, ``"scale"`` scales dQ by ``1/d`` instead of ``1/sqrt(d)``,
     ``"drop_tile"`` loses the partial of KV tile 0 for the last query tile.

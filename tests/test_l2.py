@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from dash_ref import Problem, build_schedule
 from dash_ref.arithmetic.steps import EXACT, delta
 from dash_ref.emulate import backward, forward
 from verify.demo import random_inputs
-from verify.l2 import l2_steps
+from verify.l2 import l2_steps, record_steps
 
 # ragged: 40 query rows in 16-row tiles leave 8 padding rows in the last Q tile
 PROBLEM = Problem(1, 2, 2, 40, 48, 16, "causal", 16, 16)
@@ -58,3 +60,35 @@ def test_missing_values_are_refused():
     del kernel["partials"]
     with pytest.raises(ValueError, match="partials"):
         l2_steps(sched, inputs, kernel)
+
+
+def test_the_records_subnormal_handling_is_honoured_and_named():
+    """A kernel whose dQ adds keep subnormals passes when its record says so, and only then."""
+    q, k, v, do = random_inputs(PROBLEM, torch.bfloat16, seed=5)
+    do = (do.float() * 2.0**-118).to(torch.bfloat16)  # partials near and below 2**-126
+    fwd = forward(q, k, v, True, None, PROBLEM.block_m, PROBLEM.block_n)
+    sched = build_schedule(PROBLEM, "shift", 3)
+    keeps = EXACT.with_dq_adds(False)
+    emu = backward(sched, q, k, v, fwd.o, fwd.lse2, do, return_partials=True,
+                   arithmetic=keeps)
+    tiny = (emu.partials != 0) & (emu.partials.abs() < 2.0**-126)
+    assert tiny.sum() > 20  # subnormal partials exist, so the flag matters
+    record = SimpleNamespace(schedule=sched, exact=True, flush_subnormals=False,
+                             delta=delta(keeps, fwd.o, do), partials=emu.partials,
+                             dq_acc=emu.dq_acc, dk_heads=emu.dk_acc, dv_heads=emu.dv_acc)
+    inputs = (q, k, v, fwd.o, fwd.lse2, do)
+    grads = (emu.dq, emu.dk, emu.dv)
+    assert all(torch.equal(got, want) for _, got, want in record_steps(record, inputs, grads))
+    record.flush_subnormals = True  # a record that misstates the adds fails, at dq_acc
+    differ = [name for name, got, want in record_steps(record, inputs, grads)
+              if not torch.equal(got, want)]
+    assert differ and differ[0] == "dq_acc"
+
+
+def test_a_record_of_the_fast_arithmetic_is_refused():
+    sched, inputs, kernel = emulated_kernel()
+    record = SimpleNamespace(schedule=sched, exact=False, flush_subnormals=True,
+                             **{n: kernel[n] for n in ("delta", "partials", "dq_acc",
+                                                       "dk_heads", "dv_heads")})
+    with pytest.raises(ValueError, match="exact=True"):
+        record_steps(record, inputs, (kernel["dq"], kernel["dk"], kernel["dv"]))

@@ -1,4 +1,4 @@
-"""Specification tests for schedules (DESIGN.md sections 2-3): validity, orders, tables."""
+"""Specification tests for schedules (docs/design.md sections 2-3): validity, orders, tables."""
 
 from __future__ import annotations
 
@@ -305,7 +305,7 @@ def test_tables_layout(problem: Problem, workers: int, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# visit and dQ orders as DESIGN.md section 3 defines them
+# visit and dQ orders as docs/design.md section 3 defines them
 # ---------------------------------------------------------------------------------------
 def _rows(p: Problem, j: int) -> list[int]:
     return [i for i in range(p.n_q) if _active(p, i, j)]

@@ -25,7 +25,7 @@ from dash_ref.arithmetic.tensorcore import (
     mma_bits,
     mma_k16,
 )
-from verify.mma_cases import DEFAULT_COUNT, FAMILIES, allocate, generate
+from scripts.mma_cases import DEFAULT_COUNT, FAMILIES, allocate, generate
 
 BF16, FP16, F32 = torch.bfloat16, torch.float16, torch.float32
 NAN_BITS = 0x7FFFFFFF

@@ -40,7 +40,7 @@ Metrics (:func:`error_report`)
     an error sits (a missing tile shows up as a block of rows).
 
 The bound (:func:`error_bound`)
-    Every schedule executes the arithmetic of ``DESIGN.md`` section 5: fp32 products and
+    Every schedule executes the arithmetic of ``docs/design.md`` section 5: fp32 products and
     sums, with operands rounded to the storage format (unit roundoff ``u``: ``2**-8`` bf16,
     ``2**-11`` fp16) at fixed points. Schedules differ only in the order of fp32 sums. To
     first order each rounding to the storage format multiplies one value by ``1 + delta``,

@@ -1,4 +1,4 @@
-"""The DAG model of a schedule (``DESIGN.md`` section 4) and its critical path.
+"""The DAG model of a schedule (``docs/design.md`` section 4) and its critical path.
 
 Nodes are task stages of every visit ``(b, h, i, j)`` of a
 :class:`~dash_ref.schedules.schedule.Schedule`:
@@ -6,7 +6,7 @@ Nodes are task stages of every visit ``(b, h, i, j)`` of a
 ``compute(b, h, i, j)``  weight ``c`` (or ``c`` times the unmasked fraction of the tile with
                          ``partial=True``: diagonal tiles of a causal mask, and ragged edge
                          tiles when ``S`` is not a multiple of the tile size)
-``reduce(b, h, i, j)``   weight ``r``: adding the partial ``P_ij`` into ``dQacc_i``
+``reduce(b, h, i, j)``   weight ``r``: adding the partial ``dQ_ij`` into ``dQacc_i``
 
 Edges (a node starts when all its predecessors have finished):
 

@@ -5,7 +5,7 @@ each other: every worker is an agent that walks its program (the schedule's chai
 order) and blocks on the semaphore of a dQ tile until the tile's counter equals the rank
 of its ``j`` in the tile's dQ order, exactly as a kernel does. An event loop advances time.
 
-Worker models (``DESIGN.md`` section 4): ``sync``, one unit per worker does compute then
+Worker models (``docs/design.md`` section 4): ``sync``, one unit per worker does compute then
 reduce, visit after visit; ``async``, a compute unit runs computes back to back and a dQ
 writer per worker runs the reduces in program order, each once its compute is done and
 its semaphore allows. ``atomic`` schedules never wait on a semaphore.
@@ -13,7 +13,7 @@ its semaphore allows. ``atomic`` schedules never wait on a semaphore.
 Costs: every reduce costs ``cost_reduce``; every compute costs ``cost_compute``, or with
 ``partial=True`` ``cost_compute`` times the tile's unmasked fraction.
 
-``handoff_latency`` (default 0, the model of ``DESIGN.md``) delays the moment a reduce's
+``handoff_latency`` (default 0, the model of ``docs/design.md``) delays the moment a reduce's
 semaphore increment becomes visible to the other workers: on a GPU a release reaches a
 spinning acquirer only after a trip through L2. The DAG model has no such term, so only
 the default is checked against :meth:`dash_ref.model.dag.DAG.critical_path`.

@@ -27,9 +27,9 @@ def paper_advice(mask: str, head_dim: int) -> str:
 
 
 @lru_cache(maxsize=1)
-def load_table(path: str = str(TABLE)) -> tuple[dict, ...]:
-    """The table's entries: ``{"mask", "head_dim", "seqlen", "schedule", ...}``."""
-    p = Path(path)
+def load_table(path: str | None = None) -> tuple[dict, ...]:
+    """The entries of ``path`` (default: the packaged table), ``{"mask", "head_dim", ...}``."""
+    p = TABLE if path is None else Path(path)
     if not p.exists():
         return ()
     return tuple(json.loads(p.read_text())["entries"])

@@ -4,13 +4,13 @@ A :class:`Schedule` is built once, here, by :func:`build_schedule`, and read by 
 else: the DAG model, the simulator, the emulator, the verifier and the GPU kernel (through
 :meth:`Schedule.to_tables`). Nothing downstream re-derives an order.
 
-Vocabulary (``DESIGN.md`` section 2): a *chain* ``(b, h, j)`` is the work on KV tile ``j``
+Vocabulary (``docs/design.md`` section 2): a *chain* ``(b, h, j)`` is the work on KV tile ``j``
 of query head ``h``; it visits its active Q tiles in its *visit order* (which fixes the
 order dK_j, dV_j accumulate in), and every visit ``(i, j)`` produces an fp32 partial
-``P_ij`` that is added into ``dQacc_i`` at the *rank* of ``j`` in the *dQ order* of
+``dQ_ij`` that is added into ``dQacc_i`` at the *rank* of ``j`` in the *dQ order* of
 ``(b, h, i)``. A *worker* (persistent CTA) runs its chains one after the other.
 
-Schedules (``DESIGN.md`` section 3), placement / visit order / dQ order:
+Schedules (``docs/design.md`` section 3), placement / visit order / dQ order:
 
 ``atomic``          greedy / ascending / none (fp32 atomics, arrival order; non-deterministic)
 ``naive``           greedy in ``(b, h, j)`` order / ascending / ``j`` ascending

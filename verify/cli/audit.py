@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from verify.cli_args import add_shape_args, problem_from_args
+from verify.cli.args import add_shape_args, problem_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

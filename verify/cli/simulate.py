@@ -15,7 +15,7 @@ from dash_ref.model.gantt import save_gantt, text_timeline
 from dash_ref.model.simulator import simulate
 from dash_ref.schedules.schedule import NAMES, build_schedule
 
-from .cli_args import add_shape_args, problem_from_args
+from .args import add_shape_args, problem_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "simulate",
         help="makespan and idle time of schedules in the DAG model",
         description="Simulate schedules on W workers with compute cost c and reduce cost r "
-                    "per tile (DESIGN.md section 4).",
+                    "per tile (docs/design.md section 4).",
     )
     p.add_argument("--name", choices=(*NAMES, "auto", "all"), default="all",
                    help="a schedule, or all of them (default)")

@@ -8,7 +8,7 @@ import sys
 
 from dash_ref.schedules.schedule import NAMES, Schedule, build_schedule
 
-from .cli_args import add_shape_args, problem_from_args
+from .args import add_shape_args, problem_from_args
 
 
 def schedule_json(s: Schedule) -> dict:

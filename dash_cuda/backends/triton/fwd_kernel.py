@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bwd_kernel import _load_tile, _store_tile
+from dash_cuda.tile_io import load_tile, store_tile
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def dash_fwd_kernel(
     h = (bh % H).to(tl.int64)
     h_kv = h // GROUP
     rows = pid_m * BM + tl.arange(0, BM)
-    q = _load_tile(Q + b * stride_qb + h * stride_qh, rows, S_Q, stride_qs, HEAD_DIM)
+    q = load_tile(Q + b * stride_qb + h * stride_qh, rows, S_Q, stride_qs, HEAD_DIM)
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
 
@@ -76,14 +76,14 @@ def dash_fwd_kernel(
         dense = tl.minimum(dense, tl.maximum(pid_m * BM + CAUSAL_OFFSET + 1, 0) // BN * BN)
     for start in range(0, dense, BN):
         cols = start + tl.arange(0, BN)
-        k = _load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
-        v = _load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
+        k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
+        v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
                                   scale_log2, False, CAUSAL)
     for start in range(dense, hi, BN):
         cols = start + tl.arange(0, BN)
-        k = _load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
-        v = _load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
+        k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
+        v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
                                   scale_log2, True, CAUSAL)
 
@@ -91,6 +91,6 @@ def dash_fwd_kernel(
     o = acc / tl.where(seen, l, 1.0)[:, None]
     o = tl.where(seen[:, None], o, 0.0)
     lse2 = tl.where(seen, m + tl.math.log2(l), float("-inf"))
-    _store_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os,
+    store_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os,
                 o.to(O.dtype.element_ty), HEAD_DIM)
     tl.store(LSE2 + b * stride_lb + h * stride_lh + rows * stride_ls, lse2, mask=rows < S_Q)

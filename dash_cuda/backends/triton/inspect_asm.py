@@ -3,10 +3,10 @@
 Compiles the persistent backward and the ``D`` preprocess for sm_90 with Triton's own
 compiler and ``ptxas`` (no GPU needed: the target is given, not queried), then counts in
 the PTX and SASS the instructions that decide the bits (``ex2``, ``fma``, the dQ add,
-atomics, the acquire/release pair, MMAs, ``.ftz`` variants); the module docstring of
-:mod:`dash_cuda.backward` quotes them. Writes the PTX and SASS under ``OUT`` when given::
+atomics, the acquire/release pair, MMAs, ``.ftz`` variants); :mod:`.contract` quotes
+them. Writes the PTX and SASS under ``OUT`` when given::
 
-    python -m dash_cuda.inspect_asm [OUT]
+    python -m dash_cuda.backends.triton.inspect_asm [OUT]
 
 The launch-time specializations (which integer arguments are multiples of 16) are not
 reproduced, so addressing code may differ slightly from what a run compiles; the
@@ -111,8 +111,7 @@ def compile_backward(v: Variant):
                                      "VISIT_Q", "VISIT_RANK")}
     constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim, CAUSAL=v.causal,
                      DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
-                     PREFETCH=bool(cfg.prefetch), LATE_RELEASE=bool(cfg.late_release),
-                     RED_ADD=bool(cfg.red_add), EXACT=v.exact, OPAQUE=True)
+                     PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                    enable_fp_fusion=not v.exact)
     return _compile(dash_bwd_kernel, pointers, ("scale_log2", "softmax_scale"), constants,
@@ -121,8 +120,9 @@ def compile_backward(v: Variant):
 
 def compile_delta(head_dim: int, exact: bool, dtype: str = "bf16"):
     """The ``D = rowsum(dO * O)`` preprocess kernel."""
+    from dash_cuda.prepost import dash_delta_kernel
+
     from .config import backward_config
-    from .prepost_kernels import dash_delta_kernel
 
     pointers = {"O": f"*{dtype}", "DO": f"*{dtype}", "DELTA": "*fp32"}
     constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, EXACT=exact)

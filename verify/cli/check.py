@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from verify.cli_args import add_shape_args, problem_from_args
+from verify.cli.args import add_shape_args, problem_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,144 @@
+"""Kernel backends: one folder per kernel technology, each behind the same small interface.
+
+A backend supplies the two kernels that decide speed, the forward and the schedule-driven
+backward, and says what it supports. Everything around them is shared
+(:mod:`dash_cuda.launch`): input checks, the schedule tables, residency, scratch, the small
+pre- and post-processing kernels and the audit record. A backend imports only shared
+``dash_cuda`` parts and ``dash_ref``; importing this package imports no kernel technology.
+
+``backend="auto"`` takes the first backend of :data:`PREFERENCE` that is installed and
+supports the case.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dash_ref import Problem
+
+#: backends by name, in the order ``"auto"`` tries them
+PREFERENCE = ("triton",)
+BACKENDS = PREFERENCE
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a backend needs to know to say whether it can run a call."""
+
+    head_dim: int
+    dtype: torch.dtype
+    exact: bool
+    deterministic: bool
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What one contract step becomes in a backend's kernels, per arithmetic.
+
+    ``Instruction(text)`` when both arithmetics issue the same instructions, else
+    ``Instruction(fast=..., exact=...)``. Each backend's ``contract.py`` maps every name of
+    :data:`dash_ref.arithmetic.steps.STEPS` to one.
+    """
+
+    same: str = ""
+    fast: str = ""
+    exact: str = ""
+
+    def text(self, arithmetic: str) -> str:
+        """The instructions of the ``"fast"`` or ``"exact"`` arithmetic."""
+        return self.same or getattr(self, arithmetic)
+
+
+@dataclass
+class Launch:
+    """One backward launch: the operands a backend's schedule-driven kernel reads and writes.
+
+    ``tables``, ``sem`` and ``partials`` are None until the grid size is known
+    (:meth:`Backend.max_workers` sees them so); ``partials`` is ``dq_acc`` when not auditing.
+    """
+
+    problem: Problem
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    lse2: torch.Tensor
+    delta: torch.Tensor
+    dq_acc: torch.Tensor
+    dk_out: torch.Tensor  # rounded dK, or fp32 per-query-head scratch when per_head
+    dv_out: torch.Tensor
+    softmax_scale: float
+    deterministic: bool
+    audit: bool
+    per_head: bool
+    exact: bool
+    num_workers: int
+    tables: dict[str, torch.Tensor] | None = None
+    sem: torch.Tensor | None = None
+    partials: torch.Tensor | None = None
+
+    def variant(self) -> tuple:
+        """What selects a compiled kernel: one residency answer per variant and device."""
+        p = self.problem
+        return (self.q.device, self.q.dtype, p.head_dim, p.block_m, p.block_n,
+                p.mask, self.deterministic, self.audit, self.per_head, self.exact)
+
+
+class Backend(Protocol):
+    """The interface every backend module's ``BACKEND`` object implements."""
+
+    name: str
+    #: subnormal handling of its dQ additions, recorded in every audit record
+    dq_add_flushes_subnormals: bool
+
+    def missing(self) -> str | None:
+        """What to install for this backend to run here, or None when it can."""
+
+    def unsupported(self, case: Case) -> str | None:
+        """Why this backend cannot run ``case``, or None when it can."""
+
+    def backward_tiles(self, head_dim: int) -> tuple[int, int]:
+        """``(block_m, block_n)`` of the backward: the tiles of the schedule's problem."""
+
+    def forward(self, q, k, v, causal: bool, softmax_scale: float, poison: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)."""
+
+    def max_workers(self, launch: Launch) -> int:
+        """How many programs of this launch's backward kernel fit on the device at once."""
+
+    def run_schedule(self, launch: Launch) -> None:
+        """Run the schedule-driven backward kernel of a :class:`Launch`."""
+
+
+def get_backend(name: str) -> Backend:
+    """The backend object of ``name`` (its module is imported, its kernels are not)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose from 'auto', {', '.join(BACKENDS)}")
+    return importlib.import_module(f"{__name__}.{name}").BACKEND
+
+
+def choose_backend(name: str, case: Case) -> Backend:
+    """The backend that runs ``case``: ``name`` itself, or for ``"auto"`` the first that can.
+
+    A named backend that is missing or cannot run the case raises ``ValueError`` (what to
+    install, or why not); ``"auto"`` only fails when no backend can.
+    """
+    if name != "auto":
+        backend = get_backend(name)
+        reason = backend.missing() or backend.unsupported(case)
+        if reason:
+            raise ValueError(f"backend {name!r} cannot run this call: {reason}")
+        return backend
+    reasons = []
+    for candidate in PREFERENCE:
+        backend = get_backend(candidate)
+        reason = backend.missing() or backend.unsupported(case)
+        if reason is None:
+            return backend
+        reasons.append(f"{candidate}: {reason}")
+    raise ValueError("no backend can run this call (" + "; ".join(reasons) + ")")

@@ -1,0 +1,63 @@
+"""The Triton backend: the portable kernels, and the one that carries ``exact=True`` (L2).
+
+- :mod:`.fwd_kernel`: the forward, FlashAttention's online softmax in base 2;
+- :mod:`.bwd_kernel`: the persistent backward that runs any schedule's tables;
+- :mod:`.exp2`: the kernel twin of :func:`dash_ref.arithmetic.exp2.exp2_fma`;
+- :mod:`.config`: tiles and launch settings per head dim;
+- :mod:`.launch`: kernel arguments and residency;
+- :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
+- :mod:`.inspect_asm`: reads those instructions off the compiled PTX and SASS.
+
+Importing this package imports no Triton; :data:`BACKEND` loads the kernels on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ...backends import Case
+from .config import HEAD_DIMS, backward_config
+
+
+class TritonBackend:
+    """The Triton kernels behind the :class:`dash_cuda.backends.Backend` interface."""
+
+    name = "triton"
+    #: the dQ hand-off is ``red.global.add.f32``, which flushes subnormals
+    dq_add_flushes_subnormals = True
+
+    def missing(self) -> str | None:
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed (pip install 'dash-attention[gpu]')"
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        if case.head_dim not in HEAD_DIMS:
+            return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
+        if case.dtype not in (torch.bfloat16, torch.float16):
+            return f"dtype {case.dtype}"
+        return None
+
+    def backward_tiles(self, head_dim: int) -> tuple[int, int]:
+        cfg = backward_config(head_dim)
+        return cfg.block_m, cfg.block_n
+
+    def forward(self, q, k, v, causal, softmax_scale, poison):
+        from .launch import run_forward
+
+        return run_forward(q, k, v, causal, softmax_scale, poison)
+
+    def max_workers(self, launch) -> int:
+        from .launch import max_workers
+
+        return max_workers(launch)
+
+    def run_schedule(self, launch) -> None:
+        from .launch import run_schedule
+
+        run_schedule(launch)
+
+
+BACKEND = TritonBackend()

@@ -1,0 +1,219 @@
+"""The persistent backward kernel: one program per worker, running the chains of its table.
+
+A program ``w`` reads ``worker_offsets[w] : worker_offsets[w + 1]``, the chains it runs, in
+order. For chain ``c = (b, h, j)`` it loads ``K_j`` and ``V_j`` once, clears its fp32
+``dK_j``, ``dV_j`` accumulators, and visits the Q tiles ``visit_q[chain_offsets[c] :
+chain_offsets[c + 1]]`` in that order. Each visit computes the fp32 partial
+``dQ_ij = dS_ij @ K_j`` and adds it into ``dQacc_i``:
+
+* deterministic schedules: wait until the semaphore of tile ``(b, h, i)`` equals the
+  visit's rank (``visit_rank``), add the partial with ``red.global.add.f32`` (performed at
+  the L2 cache, no load round trip), release the semaphore with ``rank + 1``. The sums
+  therefore happen in the schedule's dQ order, one fp32 round-to-nearest-even add at a time
+  (subnormal inputs and results flushed, as the audit record says).
+* ``atomic``: the same reductions without the semaphore, in arrival order
+  (non-deterministic); the peer that measures what determinism costs.
+
+Every floating-point step is marked ``[name]``: the step of
+:mod:`dash_ref.arithmetic.steps` that mirrors it; :mod:`.contract` says which instruction
+each becomes.
+
+Memory ordering, what makes the semaphore hand-off correct:
+
+* acquire: one thread spins on ``ld.acquire.gpu`` (``tl.atomic_add(sem, 0,
+  sem="acquire")``; Triton lowers an add of 0 to an acquire load, executed by one thread
+  and broadcast to the others through shared memory behind ``bar.sync``). The barrier
+  orders every thread's following reductions after the acquire. A plain or volatile load
+  would not be an acquire, and a plain-load loop is deleted by the compiler.
+* release: ``tl.debug_barrier()`` (``bar.sync``) orders every warp's reductions of the
+  tile before the single thread's ``atom.release.gpu.exch`` that hands the tile to the
+  next rank; the release's fence waits until the reductions are performed, and release is
+  cumulative, so the other warps' reductions are visible to the acquirer.
+* no forward-progress guarantee across CTAs: the grid is never larger than what can be
+  resident at once (the launcher checks), and a validated schedule waits only on work
+  placed on resident workers in an order that admits no cycle.
+
+Layouts: ``Q, dO`` are ``(B, S_q, H, d)`` and ``K, V`` ``(B, S_k, H_kv, d)`` with any strides
+but a contiguous last dim; ``LSE2, D`` are fp32 with strides ``(b, s, h)``; ``dQacc`` is a
+contiguous fp32 ``(B, S_q, H, d)``; dK/dV go either to the outputs (rounded, head
+``h // GROUP``) or to per-query-head fp32 scratch (head ``h``) summed later.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dash_cuda.tile_io import load_tile, store_tile
+
+from .exp2 import exp2_fma
+
+
+@triton.jit
+def _load_q_do(q_base, do_base, VISIT_Q, vis, vis_end, S_Q, stride_qs, stride_dos,
+               BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Q and dO tiles of visit ``vis`` (zeros when ``vis`` is past the chain's last visit)."""
+    valid = vis < vis_end
+    i = tl.load(VISIT_Q + vis, mask=valid, other=0)
+    rows = i * BM + tl.arange(0, BM)
+    n_rows = tl.where(valid, S_Q, 0)
+    q = load_tile(q_base, rows, n_rows, stride_qs, HEAD_DIM)
+    do = load_tile(do_base, rows, n_rows, stride_dos, HEAD_DIM)
+    return q, do
+
+
+@triton.jit
+def _wait_turn(sem, rank):
+    """Spin until the tile's semaphore reaches ``rank`` (acquire, GPU scope)."""
+    while tl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
+        pass
+
+
+@triton.jit
+def _pass_turn(sem, rank):
+    """Hand the tile to the next rank: all warps' reductions first, then a release."""
+    tl.debug_barrier()
+    tl.atomic_xchg(sem, rank + 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _opaque(x):
+    """Identity the compiler cannot see through (one ``mov`` per register).
+
+    Triton's combine pass rewrites ``acc + dot(a, b, 0)`` into ``dot(a, b, acc)``, which
+    would add ``dQacc`` inside the tensor-core sum instead of one fp32 add after a fresh
+    product (different bits). Passing the partial through this identity keeps the
+    contract: fresh accumulator, then an add.
+    """
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _softmax_p(s_t, lse2, scale_log2, visible, EXACT: tl.constexpr):
+    """[softmax_p] ``P^T = exp2(S^T * scale_log2 - LSE2)``, masked elements exactly 0.
+
+    Default: the compiler contracts the product and difference into one FFMA and
+    ``exp2`` is ``ex2.approx.ftz`` (fast, its bits known only to the hardware). ``EXACT``:
+    the same FFMA written out, then the software :func:`.exp2.exp2_fma`, the arithmetic
+    the CPU reproduces.
+    """
+    if EXACT:  # Triton's unary minus is 0 - x; written out, as the emulator mirrors it
+        p_t = exp2_fma(tl.fma(s_t, scale_log2, 0.0 - lse2[None, :]))
+    else:
+        p_t = tl.math.exp2(s_t * scale_log2 - lse2[None, :])
+    return tl.where(visible, p_t, 0.0)
+
+
+@triton.jit
+def _visible(rows, cols, S_Q, S_K, CAUSAL_OFFSET, CAUSAL: tl.constexpr):
+    """Which elements of the transposed score tile (keys as rows) exist and are unmasked."""
+    visible = (cols[:, None] < S_K) & (rows[None, :] < S_Q)
+    if CAUSAL:
+        visible = visible & (cols[:, None] <= rows[None, :] + CAUSAL_OFFSET)
+    return visible
+
+
+# Lengths, head counts and the LSE strides vary from call to call; keeping them out of the
+# specialization key gives one compiled kernel per (dtype, head dim, flags).
+_RUNTIME_INTS = ["H", "GROUP", "S_Q", "S_K", "N_Q", "CAUSAL_OFFSET", "stride_lb", "stride_lh"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def dash_bwd_kernel(
+    Q, K, V, DO, LSE2, DELTA, DQ_ACC, DK, DV, SEM, PARTIALS,
+    WORKER_OFFSETS, CHAIN_BHJ, CHAIN_OFFSETS, VISIT_Q, VISIT_RANK,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_lb, stride_ls, stride_lh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    H, GROUP, S_Q, S_K, N_Q, CAUSAL_OFFSET,
+    scale_log2, softmax_scale,
+    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
+    PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
+    OPAQUE: tl.constexpr = True,
+):
+    worker = tl.program_id(0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    c_begin = tl.load(WORKER_OFFSETS + worker)
+    c_end = tl.load(WORKER_OFFSETS + worker + 1)
+    for c in range(c_begin, c_end):
+        b = tl.load(CHAIN_BHJ + 3 * c).to(tl.int64)
+        h = tl.load(CHAIN_BHJ + 3 * c + 1).to(tl.int64)
+        j = tl.load(CHAIN_BHJ + 3 * c + 2)
+        h_kv = h // GROUP
+        cols = j * BN + tl.arange(0, BN)
+        k = load_tile(K + b * stride_kb + h_kv * stride_kh, cols, S_K, stride_ks, HEAD_DIM)
+        v = load_tile(V + b * stride_vb + h_kv * stride_vh, cols, S_K, stride_vs, HEAD_DIM)
+        dk = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+        dv = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        lse_base = LSE2 + b * stride_lb + h * stride_lh
+        delta_base = DELTA + b * stride_lb + h * stride_lh
+        # dQacc is contiguous (B, S_q, H, d): row r of head h starts at ((b*S_q + r)*H + h)*d
+        dq_base = DQ_ACC + (b * S_Q * H + h) * HEAD_DIM
+        vis_begin = tl.load(CHAIN_OFFSETS + c)
+        vis_end = tl.load(CHAIN_OFFSETS + c + 1)
+        if PREFETCH:
+            q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end, S_Q,
+                                         stride_qs, stride_dos, BM, HEAD_DIM)
+        for vis in range(vis_begin, vis_end):
+            i = tl.load(VISIT_Q + vis)
+            rows = i * BM + tl.arange(0, BM)
+            if PREFETCH:
+                # this visit's tiles were loaded one visit ago; start the next visit's now,
+                # so their latency hides behind this visit's MMAs and its dQ hand-off
+                q, do = q_next, do_next
+                q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis + 1, vis_end, S_Q,
+                                             stride_qs, stride_dos, BM, HEAD_DIM)
+            else:
+                q = load_tile(q_base, rows, S_Q, stride_qs, HEAD_DIM)
+                do = load_tile(do_base, rows, S_Q, stride_dos, HEAD_DIM)
+            lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
+            delta = tl.load(delta_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
+            # Score tiles are transposed (keys as rows), so P^T and dS^T feed dV and dK
+            # straight from registers; only dS for the partial needs a transpose.
+            s_t = tl.dot(k, tl.trans(q))                                    # [qk]
+            visible = _visible(rows, cols, S_Q, S_K, CAUSAL_OFFSET, CAUSAL)
+            p_t = _softmax_p(s_t, lse2, scale_log2, visible, EXACT)        # [softmax_p]
+            p_op = p_t.to(q.dtype)                                          # [round_operand]
+            dv += tl.dot(p_op, do)                                          # [dv_step]
+            dp_t = tl.dot(v, tl.trans(do))                                  # [dp]
+            ds_t = p_t * (dp_t - delta[None, :])                            # [ds]
+            ds_op = ds_t.to(q.dtype)                                        # [round_operand]
+            dk += tl.dot(ds_op, q)                                          # [dk_step]
+            if DETERMINISTIC:  # read the visit's rank before the MMA hides the load
+                rank = tl.load(VISIT_RANK + vis)
+                sem = SEM + (b * H + h) * N_Q + i
+            partial = tl.dot(tl.trans(ds_op), k)                            # [dq_partial]
+            if OPAQUE:  # off only in the CPU interpreter (no inline asm, no combine pass)
+                partial = _opaque(partial)
+            if AUDIT:
+                r = tl.arange(0, BM)
+                tl.store(PARTIALS + (tl.cast(vis, tl.int64) * BM + r[:, None]) * HEAD_DIM
+                         + offs_d[None, :], partial)
+            dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * (H * HEAD_DIM) + offs_d[None, :]
+            if DETERMINISTIC:
+                _wait_turn(sem, rank)
+            # [dq_add] fire-and-forget reductions performed at the L2 cache
+            tl.atomic_add(dq_ptrs, partial, mask=rows[:, None] < S_Q, sem="relaxed",
+                          scope="gpu")
+            if DETERMINISTIC:
+                _pass_turn(sem, rank)
+        if PER_HEAD:
+            # fp32 per query head; the GQA postprocess sums heads in ascending order
+            store_tile(DK + b * stride_dkb + h * stride_dkh, cols, S_K, stride_dks, dk,
+                       HEAD_DIM)
+            store_tile(DV + b * stride_dvb + h * stride_dvh, cols, S_K, stride_dvs, dv,
+                       HEAD_DIM)
+        else:
+            # [epilogue] one query head per KV head: dK = rnd(dK_acc * scale), dV = rnd(dV)
+            store_tile(DK + b * stride_dkb + h * stride_dkh, cols, S_K, stride_dks,
+                       (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
+            store_tile(DV + b * stride_dvb + h * stride_dvh, cols, S_K, stride_dvs,
+                       dv.to(DV.dtype.element_ty), HEAD_DIM)

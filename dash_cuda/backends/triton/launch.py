@@ -1,0 +1,117 @@
+"""Launch the Triton kernels: the forward, and the persistent backward over a schedule's tables."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from dash_cuda.backends import Launch
+from dash_ref.arithmetic.steps import scale_log2
+
+from .bwd_kernel import dash_bwd_kernel
+from .config import backward_config, forward_config
+from .fwd_kernel import dash_fwd_kernel
+
+TABLE_ARGS = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
+
+
+def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                softmax_scale: float, poison: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` of shape ``(B, S_q, H)``."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    # (B, S_q, H) view of a (B, H, S_q) buffer: each head's rows are contiguous, so the
+    # backward loads a Q tile's LSE2 values as vectors
+    lse2 = torch.empty((batch, heads, seqlen_q), device=q.device,
+                       dtype=torch.float32).transpose(1, 2)
+    if poison:
+        o.fill_(math.nan)
+        lse2.fill_(math.nan)
+    cfg = forward_config(head_dim)
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
+    dash_fwd_kernel[grid](
+        q, k, v, o, lse2,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), o.stride(2),
+        lse2.stride(0), lse2.stride(1), lse2.stride(2),
+        heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
+        float(scale_log2(softmax_scale)),
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, lse2
+
+
+def _backward_args(launch: Launch) -> tuple[tuple, dict]:
+    """The backward kernel's positional arguments and its compile-time options."""
+    p = launch.problem
+    q, k, v, do, lse2 = launch.q, launch.k, launch.v, launch.do, launch.lse2
+    dk_out, dv_out = launch.dk_out, launch.dv_out
+    cfg = backward_config(p.head_dim)
+    if (cfg.block_m, cfg.block_n) != (p.block_m, p.block_n):
+        raise ValueError(f"the problem's tiles {p.block_m}x{p.block_n} are not the kernel's "
+                         f"{cfg.block_m}x{cfg.block_n}")
+    if launch.tables is None:  # sizing the grid: any int32 tensors compile the same kernel
+        placeholder = torch.zeros(4, device=q.device, dtype=torch.int32)
+        tables, sem, partials = dict.fromkeys(TABLE_ARGS, placeholder), placeholder, None
+    else:
+        tables, sem, partials = launch.tables, launch.sem, launch.partials
+    args = (
+        q, k, v, do, lse2, launch.delta, launch.dq_acc, dk_out, dv_out, sem,
+        launch.dq_acc if partials is None else partials,
+        *(tables[name] for name in TABLE_ARGS),
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        lse2.stride(0), lse2.stride(1), lse2.stride(2),
+        dk_out.stride(0), dk_out.stride(1), dk_out.stride(2),
+        dv_out.stride(0), dv_out.stride(1), dv_out.stride(2),
+        p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, p.causal_offset,
+        float(scale_log2(launch.softmax_scale)), launch.softmax_scale,
+    )
+    options = dict(
+        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, CAUSAL=p.mask == "causal",
+        DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
+        PREFETCH=cfg.prefetch, EXACT=launch.exact,
+        OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=not launch.exact,
+    )
+    return args, options
+
+
+def blocks_per_sm(kernel, device: torch.device) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, smem, threads)."""
+    props = torch.cuda.get_device_properties(device)
+    kernel._init_handles()  # loads the binary; fills n_regs
+    warps = kernel.metadata.num_warps
+    regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in 256s
+    regs = getattr(props, "regs_per_multiprocessor", 65536)  # every sm_80/sm_90 has 64 Ki
+    by_regs = (regs // regs_per_warp) // warps
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    shared = kernel.metadata.shared
+    # one KiB of each block's shared memory is reserved by the system on sm_8x/sm_90
+    by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32
+    return max(0, min(by_regs, by_threads, by_smem, 32))
+
+
+def max_workers(launch: Launch) -> int:
+    """Programs of this launch's compiled backward kernel that fit on the device at once."""
+    args, options = _backward_args(launch)
+    kernel = dash_bwd_kernel.warmup(*args, grid=(launch.num_workers,), **options)
+    device = launch.q.device
+    return torch.cuda.get_device_properties(device).multi_processor_count * blocks_per_sm(
+        kernel, device)
+
+
+def run_schedule(launch: Launch) -> None:
+    """One program per worker; the grid never exceeds what is resident (checked before)."""
+    args, options = _backward_args(launch)
+    dash_bwd_kernel[(launch.num_workers,)](*args, **options)

@@ -1,0 +1,174 @@
+"""The shared launch: everything around a backend's two kernels, the same for every backend.
+
+:func:`run_forward` hands validated views to the backend's forward. :func:`run_backward`
+builds the :class:`dash_ref.Problem` with the backend's tiles, computes ``D`` (step
+``delta``), allocates the fp32 accumulators and scratch (poisoned with NaN on request),
+checks that the persistent grid fits on the device, uploads the validated schedule tables,
+runs the backend's schedule-driven kernel, then the shared epilogues (steps ``epilogue``
+and ``gqa_sum``) and, with ``audit=True``, returns the :class:`BackwardAudit` record that
+``dash_ref.emulate.replay`` and ``verify`` read.
+
+Layouts: inputs are ``(B, S, H, d)`` views with a contiguous last dim; ``LSE2`` and ``D`` are
+fp32 ``(B, S_q, H)`` views of ``(B, H, S_q)`` buffers; ``dQacc`` is a contiguous fp32
+``(B, S_q, H, d)``; per-query-head dK/dV scratch is a contiguous fp32 ``(B, S_k, H, d)``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from dash_ref import Problem, Schedule
+
+from .backends import Backend, Launch
+from .tables import device_schedule
+
+F32 = torch.float32
+
+
+@dataclass
+class BackwardAudit:
+    """What ``audit=True`` returns beside the gradients (small problems only).
+
+    ``partials[v]`` is the fp32 partial ``dQ_ij = dS_ij @ K_j`` of visit ``v`` in
+    :meth:`dash_ref.Schedule.to_tables` order (workers, then chains in run order, then
+    visits in visit order); its row ``r`` is query row ``i * BM + r`` (rows past ``S_q``
+    hold anything). ``dq_acc`` is the fp32 ``(B, S_q, H, d)`` accumulator before scaling,
+    so ``dash_ref.emulate.replay(schedule, partials, flush_subnormals=flush_subnormals)``
+    must equal it bit for bit. ``dk_heads`` / ``dv_heads`` are each query head's fp32
+    ``(B, S_k, H, d)`` dK / dV accumulators before the GQA sum (dK unscaled); ``delta`` is
+    the fp32 ``D = rowsum(dO * O)``, ``(B, S_q, H)``. The arithmetic the launch chose
+    travels with it: ``flush_subnormals`` (the dQ additions flushed subnormal inputs and
+    results), ``exact`` (the arithmetic ``dash_ref`` reproduces bit for bit) and
+    ``backend``.
+    """
+
+    schedule: Schedule
+    partials: torch.Tensor
+    dq_acc: torch.Tensor
+    dk_heads: torch.Tensor
+    dv_heads: torch.Tensor
+    delta: torch.Tensor
+    flush_subnormals: bool = False
+    exact: bool = False
+    backend: str = "triton"
+
+
+# -- residency ------------------------------------------------------------------------------
+_resident: dict[tuple, int] = {}
+_resident_lock = threading.Lock()
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``: the default number of persistent workers."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def max_workers(backend: Backend, launch: Launch) -> int:
+    """Most programs of ``launch``'s kernel resident at once (cached per backend and variant)."""
+    key = (backend.name, launch.variant())
+    with _resident_lock:
+        hit = _resident.get(key)
+    if hit is None:
+        hit = backend.max_workers(launch)
+        with _resident_lock:
+            _resident[key] = hit
+    return hit
+
+
+# -- problems ---------------------------------------------------------------------------------
+def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_q: int,
+                seqlen_k: int, head_dim: int, causal: bool) -> Problem:
+    """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape with its tiles."""
+    block_m, block_n = backend.backward_tiles(head_dim)
+    return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
+                   "causal" if causal else "full", block_m, block_n)
+
+
+# -- forward / backward -------------------------------------------------------------------------
+def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool, softmax_scale: float, poison: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views."""
+    with torch.cuda.device(q.device):
+        return backend.forward(q, k, v, causal, softmax_scale, poison)
+
+
+def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, causal: bool,
+                 softmax_scale: float, schedule_name: str, num_workers: int | None,
+                 audit: bool = False, poison: bool = False, exact: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
+    """dQ, dK, dV (and the audit record) under the schedule named ``schedule_name``.
+
+    Inputs are validated non-empty ``(B, S, H, d)`` views; ``lse2`` is fp32 ``(B, S_q, H)``.
+    ``schedule_name`` is resolved (``atomic`` or a deterministic name). ``poison`` fills
+    outputs and scratch with NaN first, so an element a kernel fails to write shows.
+    """
+    with torch.cuda.device(q.device):
+        return _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale,
+                             schedule_name, num_workers, audit, poison, exact)
+
+
+def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule_name,
+                  num_workers, audit, poison, exact):
+    from . import prepost  # Triton kernels: loaded on the first launch, not on import
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    device = q.device
+    problem = problem_for(backend, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
+                          causal)
+    deterministic = schedule_name != "atomic"
+    per_head = audit or heads != heads_kv
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+
+    delta = prepost.preprocess_delta(o, do, problem.block_m, exact)
+    if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
+        lse2 = torch.empty_like(delta).copy_(lse2)
+    dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=device, dtype=F32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if per_head:
+        dk_out = torch.empty((batch, seqlen_k, heads, head_dim), device=device, dtype=F32)
+        dv_out = torch.empty_like(dk_out)
+    else:
+        dk_out, dv_out = dk, dv
+    launch = Launch(problem, q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, softmax_scale,
+                    deterministic, audit, per_head, exact,
+                    int(num_workers) if num_workers is not None else sm_count(device))
+
+    limit = max_workers(backend, launch)
+    if launch.num_workers > limit:
+        raise ValueError(
+            f"num_workers={launch.num_workers} exceeds the {limit} backward programs that can "
+            f"be resident at once on {torch.cuda.get_device_name(device)}: a persistent grid "
+            "larger than that could deadlock on its semaphores"
+        )
+    sched = device_schedule(problem, schedule_name, launch.num_workers, device)  # validated
+    launch.tables = sched.tables
+    # one semaphore per dQ tile (b, h, i): the rank whose partial goes in next
+    launch.sem = torch.zeros(sched.num_tiles if deterministic else 1, device=device,
+                             dtype=torch.int32)
+    launch.partials = (torch.empty((sched.num_visits, problem.block_m, head_dim),
+                                   device=device, dtype=F32) if audit else dq_acc)
+    if poison:
+        for t in [dq, dk, dv] + ([dk_out, dv_out] if per_head else []) + (
+                [launch.partials] if audit else []):
+            t.fill_(math.nan)
+
+    backend.run_schedule(launch)
+
+    prepost.finish_dq(dq_acc, dq, softmax_scale, problem.block_m)
+    if per_head:
+        prepost.finish_dk_dv(dk_out, dv_out, dk, dv, softmax_scale)
+    record = None
+    if audit:
+        record = BackwardAudit(sched.schedule(), launch.partials, dq_acc, dk_out, dv_out, delta,
+                               flush_subnormals=backend.dq_add_flushes_subnormals,
+                               exact=exact, backend=backend.name)
+    return dq, dk, dv, record
+

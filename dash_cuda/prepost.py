@@ -1,0 +1,163 @@
+"""The small kernels around every backend's backward: D before it, rounding after it.
+
+Shared by all backends (written in Triton: row-wise work where warp specialization buys
+nothing), each with its launcher:
+
+* :func:`preprocess_delta` (:func:`dash_delta_kernel`) -- step ``delta``,
+  ``D = rowsum(dO * O)`` in fp32, one value per query row; with ``EXACT`` as the pairwise
+  tree of :func:`dash_ref.arithmetic.steps.delta` (:func:`_rowsum_pairwise`).
+* :func:`finish_dq` (:func:`dash_dq_kernel`) -- step ``epilogue``,
+  ``dQ = rnd(dQacc * scale)``: one fp32 multiply, one RNE cast.
+* :func:`finish_dk_dv` (:func:`dash_gqa_kernel`) -- steps ``gqa_sum`` and ``epilogue``:
+  dK/dV of a KV head from the per-query-head fp32 accumulators, summed in ascending query
+  head from ``+0.0`` (when a KV head has several query heads), then ``dK = rnd(sum *
+  scale)``, ``dV = rnd(sum)``.
+
+Every program writes every element it owns, so outputs need no clearing beforehand.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dash_cuda.tile_io import load_tile, store_tile
+
+
+@triton.jit
+def _halve(x):
+    """One level of the pairwise tree: column ``m`` of the result is ``x[:, 2m] + x[:, 2m+1]``."""
+    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def _rowsum_pairwise(x):
+    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 7``) as the pairwise tree of ``delta``.
+
+    ``tl.sum``'s order (per-thread adds, then a shuffle tree) is Triton's to choose; this
+    one is written down. Each level adds neighbouring columns, one fp32 RNE add each (the
+    kernel is built with ``enable_fp_fusion=False``, so the products are not fused into
+    the first level's adds).
+    """
+    for _ in tl.static_range(7):  # enough levels for the widest head dim, 128
+        if x.shape[1] > 1:
+            x = _halve(x)
+    return tl.reshape(x, [x.shape[0]])
+
+
+@triton.jit(do_not_specialize=["H", "S_Q", "stride_lb", "stride_lh"])
+def dash_delta_kernel(
+    O, DO, DELTA,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    stride_lb, stride_ls, stride_lh,
+    H, S_Q,
+    BM: tl.constexpr, HEAD_DIM: tl.constexpr, EXACT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = pid_m * BM + tl.arange(0, BM)
+    o = load_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os, HEAD_DIM)
+    do = load_tile(DO + b * stride_dob + h * stride_doh, rows, S_Q, stride_dos, HEAD_DIM)
+    prod = o.to(tl.float32) * do.to(tl.float32)
+    delta = _rowsum_pairwise(prod) if EXACT else tl.sum(prod, axis=1)
+    tl.store(DELTA + b * stride_lb + h * stride_lh + rows * stride_ls, delta, mask=rows < S_Q)
+
+
+@triton.jit(do_not_specialize=["H", "S_Q"])
+def dash_dq_kernel(
+    DQ_ACC, DQ,
+    stride_dqb, stride_dqs, stride_dqh,
+    H, S_Q, softmax_scale,
+    BM: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = pid_m * BM + tl.arange(0, BM)
+    # dQacc is contiguous (B, S_q, H, d)
+    acc = load_tile(DQ_ACC + (b * S_Q * H + h) * HEAD_DIM, rows, S_Q, H * HEAD_DIM, HEAD_DIM)
+    dq = (acc * softmax_scale).to(DQ.dtype.element_ty)  # one fp32 multiply, one RNE cast
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["H_KV", "S_K"])
+def dash_gqa_kernel(
+    DK_HEADS, DV_HEADS, DK, DV,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    H_KV, S_K, softmax_scale,
+    GROUP: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H_KV).to(tl.int64)
+    h_kv = (bh % H_KV).to(tl.int64)
+    rows = pid_n * BN + tl.arange(0, BN)
+    # per-head scratch is contiguous (B, S_k, H, d) with H = H_KV * GROUP
+    row_stride = H_KV * GROUP * HEAD_DIM
+    first = (b * S_K * H_KV * GROUP + h_kv * GROUP) * HEAD_DIM
+    if GROUP == 1:
+        # one query head: its accumulator is the sum (no +0.0 added)
+        dk = load_tile(DK_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
+        dv = load_tile(DV_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
+    else:
+        dk = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+        dv = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+        for g in range(GROUP):  # ascending query head, from +0.0
+            dk += load_tile(DK_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
+            dv += load_tile(DV_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
+    store_tile(DK + b * stride_dkb + h_kv * stride_dkh, rows, S_K, stride_dks,
+                (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
+    store_tile(DV + b * stride_dvb + h_kv * stride_dvh, rows, S_K, stride_dvs,
+                dv.to(DV.dtype.element_ty), HEAD_DIM)
+
+
+# -- launchers --------------------------------------------------------------------------------
+def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, exact: bool = False
+                     ) -> torch.Tensor:
+    """``D = rowsum(dO * O)`` in fp32, a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer.
+
+    Laid out like the ``LSE2`` the backward reads with the same strides; with ``exact`` in
+    the pairwise order of :func:`dash_ref.arithmetic.steps.delta` (``EXACT``).
+    """
+    batch, seqlen_q, heads, head_dim = o.shape
+    delta = torch.empty((batch, heads, seqlen_q), device=o.device,
+                        dtype=torch.float32).transpose(1, 2)
+    dash_delta_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
+        o, do, delta,
+        o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        delta.stride(0), delta.stride(1), delta.stride(2),
+        heads, seqlen_q, BM=block_m, HEAD_DIM=head_dim, EXACT=exact,
+        enable_fp_fusion=not exact,
+    )
+    return delta
+
+
+def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, block_m: int
+              ) -> None:
+    """``dQ = rnd(dQacc * scale)`` from a contiguous fp32 ``(B, S_q, H, d)`` accumulator."""
+    batch, seqlen_q, heads, head_dim = dq.shape
+    dash_dq_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
+        dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
+        heads, seqlen_q, softmax_scale, BM=block_m, HEAD_DIM=head_dim,
+    )
+
+
+def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
+                 dv: torch.Tensor, softmax_scale: float) -> None:
+    """dK, dV from per-query-head fp32 ``(B, S_k, H, d)`` accumulators (GQA sum, rounding)."""
+    batch, seqlen_k, heads_kv, head_dim = dk.shape
+    dash_gqa_kernel[(triton.cdiv(seqlen_k, 64), batch * heads_kv)](
+        dk_heads, dv_heads, dk, dv,
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        heads_kv, seqlen_k, softmax_scale,
+        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=8,
+    )

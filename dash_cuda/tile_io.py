@@ -1,0 +1,27 @@
+"""Row tiles in and out of a ``(S, d)`` slice: the Triton helpers every Triton kernel shares.
+
+A tile is ``rows`` (a vector of row indices) by the whole head dim. Rows past ``n_rows`` are
+read as zero and never written, which is how every kernel handles lengths that are not a
+multiple of its tile.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_tile(base, rows, n_rows, stride_s, HEAD_DIM: tl.constexpr):
+    """Rows ``rows`` of a ``(S, d)`` slice (any row stride); rows past ``n_rows`` read 0."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = base + (rows[:, None] * stride_s + offs_d[None, :])
+    return tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+
+
+@triton.jit
+def store_tile(base, rows, n_rows, stride_s, x, HEAD_DIM: tl.constexpr):
+    """Store ``x`` into rows ``rows`` of a ``(S, d)`` slice, skipping rows past ``n_rows``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = base + (rows[:, None] * stride_s + offs_d[None, :])
+    tl.store(ptrs, x, mask=rows[:, None] < n_rows)

@@ -1,0 +1,132 @@
+"""The layout's rules, checked on the code: layers import downwards only, old paths still work.
+
+``dash_ref`` imports neither ``dash_cuda`` nor ``verify``; ``dash_cuda`` does not import
+``verify``; a backend imports ``dash_ref`` and shared ``dash_cuda`` parts, never another
+backend; no package imports ``docs``, ``benchmarks``, ``scripts`` or ``tests``. Module
+paths from before the layout are importable for one release, with a DeprecationWarning.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dash_ref", "dash_cuda", "verify")
+NOT_INSTALLED = ("docs", "benchmarks", "scripts", "tests")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports (relative imports resolved)."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return found
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_a_higher_layer_or_an_uninstalled_folder(package):
+    higher = {"dash_ref": {"dash_cuda", "verify"}, "dash_cuda": {"verify"}, "verify": set()}
+    for path in sources(package):
+        bad = {n for n in imports(path) if top(n) in higher[package] | set(NOT_INSTALLED)}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_backends_import_only_shared_parts_and_dash_ref():
+    backends = ROOT / "dash_cuda" / "backends"
+    names = {p.name for p in backends.iterdir() if (p / "__init__.py").exists()}
+    assert "triton" in names
+    for name in names:
+        for path in sorted((backends / name).rglob("*.py")):
+            for imported in imports(path):
+                if imported.startswith("dash_cuda.backends."):
+                    other = imported.split(".")[2]  # a sibling backend, or the interface
+                    assert other in {name, "Backend", "Case", "Instruction", "Launch"}, (
+                        f"{path.relative_to(ROOT)} imports {imported}")
+                assert not imported.startswith(("dash_cuda.api", "dash_cuda.checks")), (
+                    f"{path.relative_to(ROOT)} imports {imported}")
+
+
+def test_importing_the_packages_loads_no_kernel_compiler():
+    code = ("import sys, dash_ref, dash_cuda, verify, verify.cli\n"
+            "import dash_cuda.backends.triton, dash_cuda.backends.triton.contract\n"
+            "assert 'triton' not in sys.modules and 'cutlass' not in sys.modules\n")
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("old, new", [
+    ("dash_ref.schedule", "dash_ref.schedules.schedule"),
+    ("dash_ref.problem", "dash_ref.schedules.problem"),
+    ("dash_ref.auto", "dash_ref.schedules.auto"),
+    ("dash_ref.dag", "dash_ref.model.dag"),
+    ("dash_ref.simulator", "dash_ref.model.simulator"),
+    ("dash_ref.gantt", "dash_ref.model.gantt"),
+    ("dash_ref.numerics", "dash_ref.arithmetic.numerics"),
+    ("dash_ref.tensorcore", "dash_ref.arithmetic.tensorcore"),
+    ("dash_ref.exp2", "dash_ref.arithmetic.exp2"),
+    ("dash_cuda.config", "dash_cuda.backends.triton.config"),
+    ("dash_cuda.backward", "dash_cuda.launch"),
+])
+def test_old_module_paths_warn_and_give_the_new_module(old, new):
+    sys.modules.pop(old, None)
+    with pytest.deprecated_call(match="moved to"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__name__ == new and module.__spec__.name == new
+
+
+def test_old_names_warn_and_compute_the_same():
+    import torch
+
+    from dash_ref import EXACT, IEEE, Problem, build_schedule
+    from dash_ref.arithmetic import steps
+    from dash_ref.emulate import emulate, gqa_sum, preprocess_d, preprocess_d_ordered
+    from verify.demo import random_inputs
+
+    p = Problem(1, 2, 1, 20, 20, 16, "full", 16, 16)
+    q, k, v, do = random_inputs(p, torch.bfloat16, seed=1)
+    with pytest.deprecated_call(match="is now"):
+        assert torch.equal(preprocess_d(q, do), steps.delta(IEEE, q, do))
+    with pytest.deprecated_call(match="is now"):
+        assert torch.equal(preprocess_d_ordered(q, do), steps.delta(EXACT, q, do))
+    x = torch.randn(1, 20, 2, 16)
+    with pytest.deprecated_call(match="is now"):
+        assert torch.equal(gqa_sum(p, x), steps.gqa_sum(x, p.group))
+    sched = build_schedule(p, "naive", 2)
+    with pytest.deprecated_call(match="is now"):
+        _, old = emulate(sched, q, k, v, do, arithmetic="hopper")
+    _, new = emulate(sched, q, k, v, do, arithmetic="exact")
+    assert torch.equal(old.dq, new.dq)
