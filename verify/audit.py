@@ -18,7 +18,6 @@ A deterministic implementation gives one pattern per output however it is pertur
 from __future__ import annotations
 
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -26,7 +25,9 @@ import torch
 
 from dash_ref import Problem
 from dash_ref.arithmetic.numerics import ulp_distance
+from dash_ref.arithmetic.steps import resolve_scale
 from verify.impls import Impl, get_impl
+from verify.progress import progress_bar
 from verify.strategies import Case
 
 OUTPUTS = ("O", "dQ", "dK", "dV")
@@ -163,7 +164,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         raise RuntimeError(f"{impl.name} needs a CUDA device, and none is available")
     if trials < 2:
         raise ValueError("an audit needs at least 2 trials")
-    scale = softmax_scale if softmax_scale is not None else problem.head_dim ** -0.5
+    scale = resolve_scale(softmax_scale, problem.head_dim)
     inputs = Case(problem, dtype, seed=seed).tensors(dev)
     causal = problem.mask == "causal"
     perturber = _Perturber(dev, perturb, seed)
@@ -171,7 +172,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     seen: dict[str, set[tuple[int, ...]]] = {name: set() for name in OUTPUTS}
     first: dict[str, torch.Tensor] = {}
     times: list[float] = []
-    bar = _progress(trials, f"audit {impl.name}", progress)
+    bar = progress_bar(trials, f"audit {impl.name}", progress)
     for t in range(trials):
         args = perturber.before(inputs)
         if dev.type == "cuda":
@@ -208,20 +209,3 @@ def _record_difference(out: OutputAudit, trial: int, ref: torch.Tensor, x: torch
         idx = tuple(int(i) for i in differ.nonzero()[0])
         out.first_trial, out.first_index = trial, idx
         out.first_values = (float(ref[idx]), float(x[idx]))
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    """A tqdm progress bar on stderr, or nothing."""
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)

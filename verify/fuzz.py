@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from verify.audit import OUTPUTS, _progress
+from dash_ref.arithmetic.steps import default_scale
+from verify.audit import OUTPUTS
 from verify.impls import Impl, get_impl
+from verify.progress import progress_bar
 from verify.reference import attention_f64, grad_checks
 from verify.strategies import Case, cases
 
@@ -38,7 +40,7 @@ def check(impl: Impl | str, case: Case) -> CheckResult:
     """Run one case and hold every output to the float64 reference and its bound."""
     impl = get_impl(impl) if isinstance(impl, str) else impl
     q, k, v, do = case.tensors(impl.device)
-    scale = case.problem.head_dim ** -0.5
+    scale = default_scale(case.problem.head_dim)
     got = impl(q, k, v, do, case.causal, scale)
     ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
     errors, problems = {}, []
@@ -85,7 +87,7 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     # the implementation fixes the schedule; record that one with every case
     kind, _, named = impl.name.partition(":")
     case_kwargs.setdefault("schedules", (named if kind in ("emulator", "dash") else "naive",))
-    bar = _progress(budget, f"fuzz {impl.name}", progress)
+    bar = progress_bar(budget, f"fuzz {impl.name}", progress)
     state = {"examples": 0, "last_failure": None}
 
     @seed(rng_seed)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dash_ref.arithmetic.steps import resolve_scale
 from verify.highprec import add_rounding_magnitudes, error_bound
 
 
@@ -41,7 +42,7 @@ def attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
 
     Rows that see no key give ``O = 0`` and zero gradients.
     """
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = resolve_scale(softmax_scale, q.shape[-1])
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     do64 = do.detach().double()
     group = q.shape[2] // k.shape[2]

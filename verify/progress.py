@@ -1,0 +1,22 @@
+"""Progress output for long runs: a tqdm bar on stderr, or nothing."""
+
+from __future__ import annotations
+
+import sys
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True):
+    """A tqdm progress bar on stderr (which leaves stdout to the report), or a silent one."""
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
