@@ -31,6 +31,8 @@ def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: b
     """The resolved schedule of a call on ``(B, S, H, d)`` views: ``atomic`` or a name."""
     if not deterministic:
         return "atomic"
+    if _empty(q, k):  # nothing runs: no problem to resolve a name on
+        return schedule
     problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
                           q.shape[3], causal)
     return resolve_name(schedule, problem)
