@@ -1,7 +1,7 @@
 """Sweep the backward's tile shape, warps, stages and prefetch per head dim; commit the table.
 
 Each candidate runs ``bench_backward.py`` in a subprocess with ``DASH_CUDA_BWD_TILES`` set
-(``BM,BN,warps,stages,prefetch,late_release,red_add``), on full and causal masks at two
+(``BM,BN,warps,stages,prefetch``), on full and causal masks at two
 lengths, for ``shift``, ``symmetric_shift`` and the ``atomic`` peer. Writes
 ``sweep_tiles.json`` and ``sweep_tiles.md`` to ``--out``; the winner per head dim is the
 candidate with the best geometric mean of the best deterministic schedule's TFLOP/s::
@@ -21,12 +21,11 @@ from pathlib import Path
 
 from report import save_report
 
-CANDIDATES = {  # head dim -> (BM, BN, warps, stages, prefetch, late_release, red_add)
-    64: [(64, 128, 8, 1, 1, 0, 1), (64, 128, 8, 2, 1, 0, 1), (64, 128, 4, 1, 1, 0, 1),
-         (128, 128, 8, 1, 0, 0, 1), (128, 64, 8, 1, 1, 0, 1), (64, 64, 4, 1, 1, 0, 1),
-         (32, 128, 8, 1, 1, 0, 1)],
-    128: [(64, 128, 8, 1, 0, 0, 1), (64, 128, 8, 2, 0, 0, 1), (128, 64, 8, 1, 0, 0, 1),
-          (64, 64, 4, 1, 0, 0, 1), (64, 64, 8, 1, 1, 0, 1), (128, 128, 8, 1, 0, 0, 1)],
+CANDIDATES = {  # head dim -> (BM, BN, warps, stages, prefetch)
+    64: [(64, 128, 8, 1, 1), (64, 128, 8, 2, 1), (64, 128, 4, 1, 1), (128, 128, 8, 1, 0),
+         (128, 64, 8, 1, 1), (64, 64, 4, 1, 1), (32, 128, 8, 1, 1)],
+    128: [(64, 128, 8, 1, 0), (64, 128, 8, 2, 0), (128, 64, 8, 1, 0), (64, 64, 4, 1, 0),
+          (64, 64, 8, 1, 1), (128, 128, 8, 1, 0)],
 }
 SCHEDULES = ("shift", "symmetric_shift", "atomic")
 
@@ -65,7 +64,7 @@ def score(rows: list[dict]) -> float:
 
 def markdown(results: dict) -> str:
     lines = ["# Backward tile sweep (H200, bf16)", "",
-             "`BM, BN, warps, stages, prefetch, late_release, red_add`; score: geometric "
+             "`BM, BN, warps, stages, prefetch`; score: geometric "
              "mean of the best deterministic schedule's TFLOP/s over the cells; atomic for "
              "reference.", ""]
     for d, cands in results.items():

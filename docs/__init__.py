@@ -1,6 +1,6 @@
 """Teaching documentation for DASH: Markdown pages plus the code that draws their figures.
 
-``python -m docs.figures`` (or ``dash-verify figures``) regenerates every figure under
+``python -m docs.figures`` regenerates every figure under
 ``docs/figures/``, the numbers the prose quotes (``docs/figures/numbers.json``), the command
 transcripts, and refreshes the generated numbers inside the Markdown pages.
 """

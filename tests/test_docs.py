@@ -1,6 +1,6 @@
 """The docs: figures regenerate on a CPU, and the numbers the pages quote are current.
 
-``dash-verify figures --fast`` draws sections 1 to 3 into a temporary folder; its PNGs must
+``python -m docs.figures --fast`` draws sections 1 to 3 into a temporary folder; its PNGs must
 be valid and its numbers must equal the committed ``docs/figures/numbers.json``, whose
 values must in turn be what the pages show (``docs/markers.py`` explains the markers).
 """

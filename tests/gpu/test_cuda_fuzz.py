@@ -23,7 +23,7 @@ def test_fuzz_finds_nothing_in_the_kernels(schedule):
 
 
 def test_fuzz_finds_nothing_in_the_exact_kernels():
-    # every drawn case is also emulated on the CPU in the hopper arithmetic (L2)
+    # every drawn case is also emulated on the CPU in the exact arithmetic (L2)
     result = fuzz("dash-exact:auto", budget=8, max_elements=12_000, progress=False,
                   head_dims=(32, 64))
     assert result.ok, result.failure and (result.failure.message, result.reproducer())
