@@ -1,7 +1,8 @@
 """Forward and backward TFLOP/s on the paper's grid for every dash_cuda schedule and every peer.
 
-One process on one GPU, the same inputs for everyone: each dash_cuda schedule, its
-``atomic`` peer, PyTorch SDPA (cuDNN and flash backends) and FlashAttention-4's Hopper
+One process on one GPU, the same inputs for everyone: each dash_cuda schedule and its
+``atomic`` peer on every backend of ``--backends`` (rows ``BACKEND:SCHEDULE``), PyTorch
+SDPA (cuDNN and flash backends) and FlashAttention-4's Hopper
 kernels with and without ``deterministic=True`` when importable (``/tmp/site`` from
 ``scripts/fa4_bundle.sh``). Every cell also records whether 20 repeated backwards were
 bitwise equal. Times are CUDA events around CUDA-graph replays after warm-up (eager where
@@ -57,15 +58,25 @@ def _fa4_closures(fa, deterministic: bool, q, k, v, do, causal):
     return fwd, lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
 
-def _dash_closures(name: str, q, k, v, do, causal, workers):
+def _dash_closures(backend: str, name: str, q, k, v, do, causal, workers):
     import dash_cuda
 
     det = name != "atomic"
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
-    return (lambda: dash_cuda.attention_forward(q, k, v, causal=causal),
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
+    return (lambda: dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend),
             lambda: dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
                                                  schedule=name if det else "auto",
-                                                 deterministic=det, num_workers=workers))
+                                                 deterministic=det, num_workers=workers,
+                                                 backend=backend))
+
+
+def ours(impl: str) -> bool:
+    """A ``BACKEND:SCHEDULE`` row of dash_cuda (the peers have no colon)."""
+    return ":" in impl
+
+
+def deterministic(impl: str) -> bool:
+    return ours(impl) and not impl.endswith(":atomic")
 
 
 def repeatable(bwd, n: int = REPEATS) -> bool:
@@ -87,13 +98,15 @@ def run(args) -> dict:
     fa = load_fa4()
     env = environment(args)
     env["fa4"] = "available" if fa is not None else "not importable"
-    ours = [*DETERMINISTIC, "atomic"]
+    dash_rows = [f"{be}:{n}" for be in args.backends for n in (*DETERMINISTIC, "atomic")]
     peers = ["sdpa-cudnn", "sdpa-flash"] + (["fa4", "fa4-det"] if fa is not None else [])
     cells = [(d, HIDDEN // d, s, TOKENS // s, causal) for d in args.head_dims
              for causal in (m == "causal" for m in args.masks) for s in args.seqlens]
     t0 = time.perf_counter()
-    tables.prepare([(backward_problem(b, h, h, s, s, d, causal), n, env["num_workers"])
-                    for d, h, s, b, causal in cells for n in DETERMINISTIC],
+    tables.prepare([(backward_problem(b, h, h, s, s, d, causal, backend=be), n,
+                     env["num_workers"])
+                    for d, h, s, b, causal in cells for n in DETERMINISTIC
+                    for be in args.backends],
                    processes=args.processes)
     print(f"schedules built and validated in {time.perf_counter() - t0:.0f} s", flush=True)
     records = []
@@ -109,11 +122,12 @@ def run(args) -> dict:
                        for _ in range(4))
         flops_b = flops_backward(b, h, s, d, causal)
         mask = "causal" if causal else "full"
-        for impl in [f"dash:{n}" for n in ours] + peers:
+        for impl in dash_rows + peers:
             rec = {"d": d, "H": h, "S": s, "B": b, "mask": mask, "impl": impl}
             try:
-                if impl.startswith("dash:"):
-                    fwd, bwd = _dash_closures(impl[5:], q, k, v, do, causal, args.workers)
+                if ours(impl):
+                    fwd, bwd = _dash_closures(*impl.split(":"), q, k, v, do, causal,
+                                              args.workers)
                 elif impl.startswith("sdpa-"):
                     fwd, bwd = _sdpa_closures(impl[5:], q, k, v, do, causal)
                 else:
@@ -137,9 +151,12 @@ def run(args) -> dict:
     return {"environment": env, "results": records}
 
 
-def best_deterministic(by_impl: dict[str, dict]) -> tuple[str, float]:
+def best_deterministic(by_impl: dict[str, dict], backend: str | None = None
+                       ) -> tuple[str, float]:
+    """The fastest deterministic dash_cuda row of a cell (of one backend, if given)."""
     det = {k: r["bwd_tflops"] for k, r in by_impl.items()
-           if k.startswith("dash:") and k != "dash:atomic" and "bwd_tflops" in r}
+           if deterministic(k) and "bwd_tflops" in r
+           and (backend is None or k.startswith(f"{backend}:"))}
     name = max(det, key=det.get)
     return name, det[name]
 
@@ -163,7 +180,7 @@ def markdown(report: dict) -> str:
         f"{env['git_revision']}; {env['date_utc']}; num_workers {env['num_workers']}; "
         f"median of {env['reps']} after {env['warmup']} warm-up runs.", "",
         "## Backward TFLOP/s (`*`: 20 repeated backwards were NOT bitwise equal)", "",
-        "| d | mask | S | " + " | ".join(i.removeprefix("dash:") for i in impls) + " |",
+        "| d | mask | S | " + " | ".join(impls) + " |",
         "|" + "---|" * (3 + len(impls)),
     ]
     for (d, mask, s, _), t in cells.items():
@@ -173,21 +190,24 @@ def markdown(report: dict) -> str:
             vals.append(f"{r['bwd_tflops']:.1f}{'' if r['bitwise_repeat'] else '*'}"
                         if "bwd_tflops" in r else "err")
         lines.append(f"| {d} | {mask} | {s} | " + " | ".join(vals) + " |")
-    lines += ["", "## The gap: best deterministic dash_cuda schedule over each peer", "",
-              "| d | mask | S | best schedule | TFLOP/s | / FA4 det | / FA4 | / cuDNN | "
-              "/ own atomic |", "|---|---|---|---|---|---|---|---|---|"]
-    for (d, mask, s, _), t in cells.items():
-        try:
-            name, best = best_deterministic(t)
-        except ValueError:
-            continue
+    backends = list(dict.fromkeys(i.split(":")[0] for i in impls if ours(i)))
+    for backend in backends:
+        lines += ["", f"## The gap: best deterministic `{backend}` schedule over each peer",
+                  "", "| d | mask | S | best schedule | TFLOP/s | / FA4 det | / FA4 | / cuDNN "
+                  "| / own atomic |", "|---|---|---|---|---|---|---|---|---|"]
+        for (d, mask, s, _), t in cells.items():
+            try:
+                name, best = best_deterministic(t, backend)
+            except ValueError:
+                continue
 
-        def ratio(key: str, t=t, best=best) -> str:
-            r = t.get(key, {})
-            return f"{best / r['bwd_tflops']:.2f}" if "bwd_tflops" in r else "-"
+            def ratio(key: str, t=t, best=best) -> str:
+                r = t.get(key, {})
+                return f"{best / r['bwd_tflops']:.2f}" if "bwd_tflops" in r else "-"
 
-        lines.append(f"| {d} | {mask} | {s} | {name[5:]} | {best:.1f} | {ratio('fa4-det')} | "
-                     f"{ratio('fa4')} | {ratio('sdpa-cudnn')} | {ratio('dash:atomic')} |")
+            lines.append(f"| {d} | {mask} | {s} | {name.split(':')[1]} | {best:.1f} | "
+                         f"{ratio('fa4-det')} | {ratio('fa4')} | {ratio('sdpa-cudnn')} | "
+                         f"{ratio(f'{backend}:atomic')} |")
     lines += ["", "## Forward TFLOP/s", "", "| d | mask | S | dash_cuda | cuDNN | flash | "
               "FA4 |", "|---|---|---|---|---|---|---|"]
     for (d, mask, s, _), t in cells.items():
@@ -195,7 +215,7 @@ def markdown(report: dict) -> str:
             r = t.get(key, {})
             return f"{r['fwd_tflops']:.1f}" if "fwd_tflops" in r else "-"
 
-        lines.append(f"| {d} | {mask} | {s} | {fwd('dash:naive')} | {fwd('sdpa-cudnn')} | "
+        lines.append(f"| {d} | {mask} | {s} | {fwd('triton:naive')} | {fwd('sdpa-cudnn')} | "
                      f"{fwd('sdpa-flash')} | {fwd('fa4')} |")
     return "\n".join(lines) + "\n"
 
@@ -218,8 +238,8 @@ def plot(report: dict, path: Path) -> None:
                          if (r["d"], r["mask"], r["impl"]) == (d, mask, impl))
             if not pts:
                 continue
-            style = "-" if impl.startswith("dash:") and impl != "dash:atomic" else "--"
-            ax.plot(*zip(*pts), style, marker="o", ms=3, label=impl.removeprefix("dash:"))
+            style = "-" if deterministic(impl) else "--"
+            ax.plot(*zip(*pts), style, marker="o", ms=3, label=impl)
         ax.set_xscale("log", base=2)
         ax.set_title(f"d = {d}, {mask}")
         ax.set_xlabel("sequence length (batch = 16384 / S)")
@@ -241,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seqlens", nargs="+", type=int,
                         default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--masks", nargs="+", default=["full", "causal"])
+    parser.add_argument("--backends", nargs="+", default=["cute", "triton"],
+                        choices=["cute", "triton"])
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)

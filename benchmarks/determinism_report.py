@@ -96,6 +96,11 @@ def main() -> int:
     ap.add_argument("--seqlens", default="1024,8192")
     ap.add_argument("--trials", type=int, default=20, help="per peer and grid cell")
     ap.add_argument("--long-trials", type=int, default=1000, help="per dash_cuda schedule")
+    ap.add_argument("--backends", default="triton",
+                    help="comma-separated dash_cuda backends of the long audit")
+    ap.add_argument("--no-grid", dest="grid", action="store_false",
+                    help="only the long audit of the dash_cuda schedules")
+    ap.add_argument("--tag", default="determinism", help="file stem of the report")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("determinism_report needs a CUDA device", file=sys.stderr)
@@ -113,21 +118,23 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     rows = []
-    ours = [f"dash:{n}" for n in DETERMINISTIC] + ["dash:atomic"]
+    ours = [f"dash-{be}:{n}" for be in args.backends.split(",")
+            for n in (*DETERMINISTIC, "atomic")]
     long_problem = Problem(4, 32, 32, 4096, 4096, 64, "full")
     print(f"long audit, {args.long_trials} trials each:", flush=True)
     for name in ours:
         rows.append(run_audit(name, long_problem, args.long_trials))
-    peers = available(list(PEERS))
-    print(f"grid audit, {args.trials} trials each:", flush=True)
-    for p in grid([int(s) for s in args.seqlens.split(",")]):
+    peers = available(list(PEERS)) if args.grid else []
+    if args.grid:
+        print(f"grid audit, {args.trials} trials each:", flush=True)
+    for p in grid([int(s) for s in args.seqlens.split(",")]) if args.grid else []:
         for name in ["dash:auto", "dash:atomic", *peers]:
             rows.append(run_audit(name, p, args.trials))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "determinism.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "determinism.md").write_text(markdown(rows, meta))
-    print(f"wrote {out}/determinism.json and .md in {time.time() - t0:.0f} s", flush=True)
+    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"{args.tag}.md").write_text(markdown(rows, meta))
+    print(f"wrote {out}/{args.tag}.json and .md in {time.time() - t0:.0f} s", flush=True)
     return 0
 
 

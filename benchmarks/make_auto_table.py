@@ -22,17 +22,20 @@ from dash_ref.schedules.auto import TABLE, paper_advice
 def make_table(report: dict, tie: float = 0.01, source: str = "") -> dict:
     cells: dict[tuple, dict[str, float]] = {}
     for r in report["results"]:
-        name = r["impl"].removeprefix("dash:")
+        backend, _, name = r["impl"].rpartition(":")  # BACKEND:SCHEDULE rows of dash_cuda
+        backend = "triton" if backend == "dash" else backend  # rows from before backends
         if name in DETERMINISTIC and "bwd_tflops" in r:
-            cells.setdefault((r["mask"], r["d"], r["S"]), {})[name] = r["bwd_tflops"]
+            cells.setdefault((backend, r["mask"], r["d"], r["S"]), {})[name] = r["bwd_tflops"]
     entries = []
-    for (mask, d, s), speeds in sorted(cells.items()):
+    order = {"cute": 0, "triton": 1}  # the order dash_cuda's backend="auto" tries them
+    for (backend, mask, d, s), speeds in sorted(cells.items(),
+                                                key=lambda kv: (order.get(kv[0][0], 9), kv[0])):
         best = max(speeds.values())
         close = {n for n, t in speeds.items() if t >= best * (1 - tie)}
         advice = paper_advice(mask, d)
         pick = advice if advice in close else max(speeds, key=speeds.get)
-        entries.append({"mask": mask, "head_dim": d, "seqlen": s, "schedule": pick,
-                        "bwd_tflops": speeds[pick],
+        entries.append({"backend": backend, "mask": mask, "head_dim": d, "seqlen": s,
+                        "schedule": pick, "bwd_tflops": speeds[pick],
                         "all_tflops": dict(sorted(speeds.items()))})
     env = report["environment"]
     return {"source": source, "gpu": env.get("gpu"), "git_revision": env.get("git_revision"),
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     table = make_table(json.loads(args.report.read_text()), args.tie, args.report.as_posix())
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     for e in table["entries"]:
-        print(f"{e['mask']:<7} d={e['head_dim']:<4} S={e['seqlen']:<6} {e['schedule']}")
+        print(f"{e['backend']:<7} {e['mask']:<7} d={e['head_dim']:<4} S={e['seqlen']:<6} "
+              f"{e['schedule']}")
     return 0
 
 

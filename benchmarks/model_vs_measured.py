@@ -75,8 +75,8 @@ def latency_study(report: dict, rho: dict[int, float], max_seqlen: int) -> list[
 def cells(report: dict, max_seqlen: int) -> dict[tuple, dict[str, float]]:
     out: dict[tuple, dict[str, float]] = {}
     for row in report["results"]:
-        name = row["impl"].removeprefix("dash:")
-        if row["impl"].startswith("dash:") and "bwd_ms" in row and row["S"] <= max_seqlen:
+        backend, _, name = row["impl"].rpartition(":")
+        if backend in ("dash", "triton") and "bwd_ms" in row and row["S"] <= max_seqlen:
             out.setdefault((row["d"], row["mask"], row["S"], row["B"], row["H"]), {})[name] = \
                 row["bwd_ms"]
     return out

@@ -11,6 +11,7 @@ audit record), :mod:`.tables` (schedules on the device), :mod:`.prepost` (the sm
 around every backward), and :mod:`.backends` (one folder per kernel technology).
 """
 
+from dash_ref import __version__
 from dash_ref._deprecated import alias_modules
 
 from .api import LAYOUTS, attention, attention_backward, attention_forward, backward_problem
@@ -18,7 +19,7 @@ from .backends import BACKENDS
 from .backends.triton.config import HEAD_DIMS
 from .launch import BackwardAudit
 
-__all__ = ["BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
+__all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
            "attention_backward", "attention_forward", "backward_problem"]
 
 # module paths before the backends/ split

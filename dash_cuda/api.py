@@ -35,7 +35,7 @@ def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: b
         return schedule
     problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
                           q.shape[3], causal)
-    return resolve_name(schedule, problem)
+    return resolve_name(schedule, problem, backend.name)
 
 
 def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:

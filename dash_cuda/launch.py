@@ -130,7 +130,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
     delta = prepost.preprocess_delta(o, do, problem.block_m, exact)
     if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)
-    dq_acc = torch.zeros((batch, seqlen_q, heads, head_dim), device=device, dtype=F32)
+    dq_acc = backend.new_dq_acc(problem, device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if per_head:
         dk_out = torch.empty((batch, seqlen_k, heads, head_dim), device=device, dtype=F32)
@@ -153,8 +153,8 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
     # one semaphore per dQ tile (b, h, i): the rank whose partial goes in next
     launch.sem = torch.zeros(sched.num_tiles if deterministic else 1, device=device,
                              dtype=torch.int32)
-    launch.partials = (torch.empty((sched.num_visits, problem.block_m, head_dim),
-                                   device=device, dtype=F32) if audit else dq_acc)
+    launch.partials = (backend.new_partials(sched.num_visits, problem, device) if audit
+                       else dq_acc)
     if poison:
         for t in [dq, dk, dv] + ([dk_out, dv_out] if per_head else []) + (
                 [launch.partials] if audit else []):
@@ -162,12 +162,14 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
 
     backend.run_schedule(launch)
 
-    prepost.finish_dq(dq_acc, dq, softmax_scale, problem.block_m)
+    dq_rows = backend.dq_acc_rows(dq_acc, problem)
+    prepost.finish_dq(dq_rows, dq, softmax_scale, problem.block_m)
     if per_head:
         prepost.finish_dk_dv(dk_out, dv_out, dk, dv, softmax_scale)
     record = None
     if audit:
-        record = BackwardAudit(sched.schedule(), launch.partials, dq_acc, dk_out, dv_out, delta,
+        record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),
+                               dq_rows, dk_out, dv_out, delta,
                                flush_subnormals=backend.dq_add_flushes_subnormals,
                                exact=exact, backend=backend.name)
     return dq, dk, dv, record

@@ -1,13 +1,19 @@
-"""Compile every kernel variant ahead of time, in parallel processes, into Triton's disk cache.
+"""Compile every kernel variant ahead of time, so that no training or test run waits for it.
 
-Each variant (dtype, head dim, mask, deterministic or atomic, audit, GQA, exact) is one compiled
-backward kernel plus its forward and pre/post kernels, a few seconds of compiler time
-each. A later process with the same ``TRITON_CACHE_DIR`` loads them from disk instead of
-compiling. Lengths and head counts are not part of a kernel's specialization, so a tiny
-problem compiles exactly the kernel a large one runs::
+Triton: each variant (dtype, head dim, mask, deterministic or atomic, audit, GQA, exact) is
+one compiled backward kernel plus its forward and pre/post kernels, a few seconds each;
+tiny problems are run in parallel processes, and a later process with the same
+``TRITON_CACHE_DIR`` loads them from disk. Lengths and head counts are not part of a
+kernel's specialization, so a tiny problem compiles exactly the kernel a large one runs::
 
-    python -m dash_cuda.warmup --processes 16 --dtypes bf16 fp16 --head-dims 64 128 --audit \
+    python -m dash_cuda.warmup --processes 16 --dtypes bf16 fp16 --head-dims 64 128 --audit \\
         --exact
+
+CuTe: CuTe DSL keeps compiled kernels in memory only, so ``--cute-aot DIR`` exports every
+variant as an object file (``DIR/<variant>.o``; this needs no GPU) and a process with
+``DASH_CUTE_AOT_DIR=DIR`` loads them in milliseconds::
+
+    python -m dash_cuda.warmup --cute-aot /tmp/dash_cute_aot --processes 8
 """
 
 from __future__ import annotations
@@ -35,16 +41,17 @@ def compile_variant(variant: tuple) -> tuple[tuple, float]:
     k = torch.randn(1, 96, heads // group, head_dim, device="cuda", dtype=dt, generator=gen)
     v = torch.randn_like(k)
     do = torch.randn_like(q)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="triton")
     dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal, schedule="naive",
-                                 deterministic=deterministic, audit=audit, exact=exact)
+                                 deterministic=deterministic, audit=audit, exact=exact,
+                                 backend="triton")
     torch.cuda.synchronize()
     return variant, time.perf_counter() - start
 
 
 def variants(dtypes, head_dims, audit: bool, exact: bool = False, groups=(1, 2)
              ) -> list[tuple]:
-    """Every combination to compile; audit and exact variants only where they run."""
+    """Every Triton combination to compile; audit and exact variants only where they run."""
     out = []
     for dtype, d, causal, det, group in itertools.product(dtypes, head_dims, (False, True),
                                                           (True, False), groups):
@@ -56,6 +63,31 @@ def variants(dtypes, head_dims, audit: bool, exact: bool = False, groups=(1, 2)
     return out
 
 
+def cute_variants(dtypes, head_dims) -> list:
+    """Every CuTe kernel variant: audit runs with per-head dK/dV, and so does GQA."""
+    import torch
+
+    from dash_cuda.backends.cute.launch import Variant
+
+    out = []
+    for dtype, d, causal, det in itertools.product(dtypes, head_dims, (False, True),
+                                                   (True, False)):
+        dt = getattr(torch, DTYPES[dtype])
+        out += [Variant(dt, d, causal, det, audit=False, per_head=False),
+                Variant(dt, d, causal, det, audit=False, per_head=True),
+                Variant(dt, d, causal, det, audit=True, per_head=True)]
+    return out
+
+
+def export_cute(args: tuple) -> tuple[str, float]:
+    variant, folder = args
+    from dash_cuda.backends.cute.launch import export_kernels
+
+    start = time.perf_counter()
+    export_kernels([variant], folder)
+    return variant.name, time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=8)
@@ -63,12 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--audit", action="store_true", help="also the audit variants")
     parser.add_argument("--exact", action="store_true", help="also the exact=True variants")
+    parser.add_argument("--cute-aot", metavar="DIR", default=None,
+                        help="export the CuTe kernels to DIR instead of warming Triton's")
     args = parser.parse_args(argv)
-    todo = variants(args.dtypes, args.head_dims, args.audit, args.exact)
     start = time.perf_counter()
-    context = multiprocessing.get_context("spawn")  # each process makes its own CUDA context
+    if args.cute_aot:
+        from dash_cuda.backends.cute import HEAD_DIMS
+
+        todo = [(v, args.cute_aot) for v in
+                cute_variants(args.dtypes, [d for d in args.head_dims if d in HEAD_DIMS])]
+        job, context = export_cute, multiprocessing.get_context("spawn")
+    else:
+        todo = variants(args.dtypes, args.head_dims, args.audit, args.exact)
+        job = compile_variant
+        context = multiprocessing.get_context("spawn")  # each process its own CUDA context
     with context.Pool(args.processes) as pool:
-        for variant, seconds in pool.imap_unordered(compile_variant, todo):
+        for variant, seconds in pool.imap_unordered(job, todo):
             print(f"compiled {variant} in {seconds:.1f} s", flush=True)
     print(f"{len(todo)} variants in {time.perf_counter() - start:.1f} s", flush=True)
     return 0

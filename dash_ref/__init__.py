@@ -57,6 +57,9 @@ from .schedules import (
     resolve_name,
 )
 
+#: the version of the whole distribution (dash_ref, dash_cuda, verify), read by the build
+__version__ = "0.2.0"
+
 # module paths before the split into schedules/, model/ and arithmetic/
 alias_modules({
     f"dash_ref.{old}": f"dash_ref.{new}" for old, new in (
@@ -73,6 +76,7 @@ alias_modules({
 })
 
 __all__ = [
+    "__version__",
     "ARITHMETICS",
     "DAG",
     "DETERMINISTIC",

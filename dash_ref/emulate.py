@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import attention_inputs
 from .arithmetic import steps
 from .arithmetic.steps import ARITHMETICS, EXACT, IEEE, Arithmetic, dq_add, epilogue
+from .cpu import single_threaded
 from .schedules.problem import Problem
 from .schedules.schedule import Chain, Schedule
 
@@ -43,7 +45,7 @@ __all__ = ["ARITHMETICS", "BackwardResult", "ForwardResult", "backward", "dq_add
 def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, block_n: int
                ) -> Problem:
     """The :class:`Problem` of ``(B, S, H, d)`` tensors ``q`` and ``k``."""
-    _check_rank(q=q, k=k)
+    attention_inputs(q, k, k)
     b, s_q, h, d = q.shape
     return Problem(b, h, k.shape[2], s_q, k.shape[1], d, "causal" if causal else "full",
                    block_m, block_n)
@@ -58,19 +60,10 @@ def visible(p: Problem, rows: range, cols: range) -> torch.Tensor:
     return c <= r + p.causal_offset
 
 
-def _check_rank(**tensors: torch.Tensor) -> None:
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have 4 dims (B, S, H, d), got shape "
-                             f"{tuple(x.shape)}")
-
-
 def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   **more: torch.Tensor) -> None:
     """Dtypes and shapes of the inputs against the problem; a message that names them."""
-    _check_rank(q=q, k=k, v=v, **{n: x for n, x in more.items() if n != "lse2"})
+    attention_inputs(q, k, v, **{n: x for n, x in more.items() if n != "lse2"})
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
     for name, x in {"k": k, "v": v, **more}.items():
@@ -99,6 +92,7 @@ class ForwardResult:
     lse2: torch.Tensor  # (B, S_q, H) fp32, base 2; -inf where a row sees no key
 
 
+@single_threaded
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, block_m: int = 64, block_n: int = 64
             ) -> ForwardResult:
@@ -160,6 +154,7 @@ def visit_index(schedule: Schedule) -> dict[tuple[int, int, int, int], int]:
     return index
 
 
+@single_threaded
 def replay(schedule: Schedule, partials: torch.Tensor,
            arrival: dict[tuple[int, int, int], tuple[int, ...]] | None = None,
            flush_subnormals: bool = False) -> torch.Tensor:
@@ -233,6 +228,7 @@ def _operand(a: Arithmetic, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
     return x.to(dtype) if a.tensor_cores else steps.round_operand(x, dtype)
 
 
+@single_threaded
 def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor,
              softmax_scale: float | None = None, return_partials: bool = False,

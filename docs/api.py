@@ -154,8 +154,23 @@ def _entry(module: str, name: str, obj: object) -> list[str]:
         lines += [f"### `{module}.{name}`", "", "```python", _signature(name, obj), "```", "",
                   _doc(obj), ""]
     else:
-        lines += [f"### `{module}.{name}`", "", "```python", f"{name} = {obj!r}", "```", ""]
+        lines += [f"### `{module}.{name}`", "", "```python", f"{name} = {_value(obj)}", "```",
+                  ""]
     return lines
+
+
+def _value(obj: object) -> str:
+    """A constant as the reference shows it: its repr, or a dict's keys when that is long.
+
+    Nothing machine-specific (an object's address, a path) may reach the page: it must be
+    the same wherever it is generated.
+    """
+    text = repr(obj)
+    if isinstance(obj, dict) and (len(text) > 200 or " at 0x" in text):
+        return "{" + ", ".join(f"{k!r}: ..." for k in obj) + "}"
+    if " at 0x" in text:
+        raise ValueError(f"the repr of {text[:60]}... names a memory address")
+    return text
 
 
 def _first_line(obj: object) -> str:

@@ -38,8 +38,8 @@ def fingerprint_table(emulate_bits: bool = False) -> tuple[dict, str]:
     p = FP_PROBLEM
     numbers: dict = {}
     head = f"{'schedule':<17}" + "".join(f"{'W=' + str(w):<19}" for w in FP_WORKERS)
-    lines = [f"full mask, S = {p.seqlen_q}, BM = BN = {p.block_m} (n_q = n_kv = {p.n_q}), "
-             f"{p.heads} heads: fingerprint per worker count W", head]
+    lines = [f"full mask, S = {p.seqlen_q}, d = {p.head_dim}, BM = BN = {p.block_m} "
+             f"(n_q = n_kv = {p.n_q}), {p.heads} heads: fingerprint per worker count W", head]
     inputs = random_inputs(p, torch.bfloat16, 0) if emulate_bits else None
     for name in DETERMINISTIC:
         row, fps, first = f"{name:<17}", [], None

@@ -82,7 +82,8 @@ def test_cli_audit_writes_json(tmp_path, capsys):
                  "--head-dim", "16", "--trials", "3", "--json", str(out)])
     assert code == 0
     data = json.loads(out.read_text())
-    assert data["deterministic"] is True and data["trials"] == 3
+    assert data["exit_code"] == 0 and data["command"] == "audit"
+    assert data["result"]["deterministic"] is True and data["result"]["trials"] == 3
     assert "DETERMINISTIC" in capsys.readouterr().out
 
 

@@ -34,8 +34,10 @@ def problem(mask: str = "full", seqlen_q: int = 64, seqlen_k: int = 48) -> Probl
 def test_schedule_json(run, name: str, mask: str) -> None:
     rc, out, _ = run("schedule", "--name", name, "--mask", mask, *SHAPE, "--json")
     assert rc == 0
-    doc = json.loads(out)  # exactly one JSON object, nothing else on stdout
-    assert set(doc) == {"chains", "dq_order", "fingerprint"}
+    envelope = json.loads(out)  # exactly one JSON object, nothing else on stdout
+    assert envelope["command"] == "schedule" and envelope["exit_code"] == 0
+    doc = envelope["result"]
+    assert set(doc) == {"name", "num_workers", "chains", "dq_order", "fingerprint"}
     s = build_schedule(problem(mask), name, 3)
     assert doc["fingerprint"] == s.fingerprint()
     # chains in each worker's run order: [w, b, h, j, [i...]]
@@ -55,7 +57,7 @@ def test_schedule_json(run, name: str, mask: str) -> None:
 
 def test_schedule_json_atomic_has_null_orders(run) -> None:
     rc, out, _ = run("schedule", "--name", "atomic", *SHAPE, "--json")
-    doc = json.loads(out)
+    doc = json.loads(out)["result"]
     assert rc == 0 and doc["fingerprint"] == "nondeterministic"
     assert doc["dq_order"] and all(row[3] is None for row in doc["dq_order"])
     assert all(len(row) == 5 for row in doc["chains"])
@@ -73,12 +75,13 @@ def test_schedule_defaults_and_gqa(run) -> None:
                      "--seqlen-q", "256", "--workers", "2", "--json")
     assert rc == 0
     s = build_schedule(Problem(1, 4, 2, 256, 256, 128, "full", 128, 128), "naive", 2)
-    assert json.loads(out)["fingerprint"] == s.fingerprint()
+    assert json.loads(out)["result"]["fingerprint"] == s.fingerprint()
 
 
 def test_schedule_bad_shape_is_an_error(run) -> None:
     rc, out, err = run("schedule", "--heads", "3", "--heads-kv", "2", "--json")
-    assert rc == 2 and out == "" and "multiple of heads_kv" in err
+    assert rc == 2 and "multiple of Problem.heads_kv" in err and len(err.splitlines()) == 1
+    assert json.loads(out)["exit_code"] == 2 and "error" in json.loads(out)
 
 
 def test_simulate_json_closed_forms(run) -> None:
@@ -88,10 +91,11 @@ def test_simulate_json_closed_forms(run) -> None:
                      "--block-n", "16", "--heads", str(m), "--workers", str(n),
                      "--cost-compute", str(c), "--cost-reduce", str(r), "--json")
     assert rc == 0
-    doc = json.loads(out)
+    doc = json.loads(out)["result"]
     assert set(doc) == set(NAMES)
     for v in doc.values():
-        assert set(v) == {"makespan", "idle_fraction"}
+        assert set(v) == {"makespan", "critical_path", "idle_fraction"}
+        assert v["critical_path"] == v["makespan"]  # two methods, one model
         assert 0.0 <= v["idle_fraction"] <= 1.0
     assert doc["naive"]["makespan"] == m * n * (c + r) + (n - 1) * r
     assert doc["shift"]["makespan"] == m * n * (c + r)
@@ -106,13 +110,13 @@ def test_simulate_one_name_causal_async_partial(run) -> None:
             "--seqlen-q", str(16 * n), "--block-m", "16", "--block-n", "16", "--heads", str(m),
             "--workers", str(n), "--cost-compute", "1", "--cost-reduce", "0.5", "--json"]
     rc, out, _ = run(*args)
-    doc = json.loads(out)
+    doc = json.loads(out)["result"]
     assert list(doc) == ["symmetric_shift"]
     assert doc["symmetric_shift"]["makespan"] == m * (n + 1) * 1.5 / 2
     rc, out, _ = run(*args, "--partial")
-    assert json.loads(out)["symmetric_shift"]["makespan"] < m * (n + 1) * 1.5 / 2
+    assert json.loads(out)["result"]["symmetric_shift"]["makespan"] < m * (n + 1) * 1.5 / 2
     rc, out, _ = run(*args, "--model", "async")
-    assert json.loads(out)["symmetric_shift"]["makespan"] <= m * (n + 1) * 1.5 / 2
+    assert json.loads(out)["result"]["symmetric_shift"]["makespan"] <= m * (n + 1) * 1.5 / 2
 
 
 def test_simulate_text_and_timeline(run) -> None:
@@ -127,7 +131,7 @@ def test_simulate_text_and_timeline(run) -> None:
 
 def test_simulate_json_with_timeline_keeps_stdout_json(run) -> None:
     rc, out, err = run("simulate", *SHAPE, "--json", "--timeline")
-    assert rc == 0 and set(json.loads(out)) == set(NAMES)
+    assert rc == 0 and set(json.loads(out)["result"]) == set(NAMES)
     assert "makespan" in err and "|" in err
 
 
@@ -144,4 +148,4 @@ def test_full_cli_registers_these_commands(capsys) -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     assert list(sub.choices) == ["schedule", "simulate", "demo", "audit", "fuzz", "check"]
     assert cli.main(["schedule", "--name", "naive", "--seqlen-q", "256", "--json"]) == 0
-    assert "fingerprint" in json.loads(capsys.readouterr().out)
+    assert "fingerprint" in json.loads(capsys.readouterr().out)["result"]

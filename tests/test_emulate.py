@@ -140,7 +140,7 @@ def test_emulator_rejects_bad_inputs():
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         emulate(sched, q.float(), k.float(), v.float(), do)
     with pytest.raises(ValueError, match=r"q has shape \(1, 8, 2, 8\), the problem needs"):
-        emulate(sched, q[:, :8], k, v, do)
+        emulate(sched, q[:, :8], k, v, do[:, :8])
 
 
 @settings(max_examples=25, deadline=None)

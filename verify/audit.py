@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dash_ref import Problem
+from dash_ref._checks import choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
 from dash_ref.arithmetic.steps import resolve_scale
-from verify.impls import Impl, get_impl
+from verify.impls import Impl, Unavailable, get_impl
 from verify.progress import progress_bar
-from verify.strategies import Case
+from verify.strategies import DTYPES, Case
 
 OUTPUTS = ("O", "dQ", "dK", "dV")
 
@@ -39,7 +40,8 @@ class OutputAudit:
 
     name: str
     distinct: int = 1
-    max_ulp_spread: int = 0
+    max_ulp_spread: int = 0  # over differing elements where neither value is a NaN
+    nan_differences: int = 0  # differing elements where either value is a NaN
     first_trial: int | None = None  # first trial whose bits differ from trial 0
     first_index: tuple[int, ...] | None = None
     first_values: tuple[float, float] | None = None
@@ -74,17 +76,21 @@ class AuditReport:
             f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
             f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} dtype={self.dtype}",
-            f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}; "
-            f"median {self.median_ms:.3f} ms per forward+backward",
+            f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",
             f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference",
         ]
         for o in self.outputs.values():
             where = ("-" if o.first_trial is None else
                      f"trial {o.first_trial} at (b, s, h, d) = {o.first_index}: "
                      f"{o.first_values[0]!r} vs {o.first_values[1]!r}")
-            lines.append(f"  {o.name:<7}{o.distinct:>9}{o.max_ulp_spread:>9}  {where}")
+            spread = f"{o.max_ulp_spread}{'+NaN' if o.nan_differences else ''}"
+            lines.append(f"  {o.name:<7}{o.distinct:>9}{spread:>9}  {where}")
         lines.append(f"  verdict: {verdict}")
         return "\n".join(lines)
+
+    def timing(self) -> str:
+        """How long the trials took (kept out of :meth:`summary`, which repeats exactly)."""
+        return f"median {self.median_ms:.3f} ms per forward+backward over {self.trials} trials"
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -157,13 +163,21 @@ class _Perturber:
 def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool = True,
           dtype: str = "bf16", seed: int = 0, softmax_scale: float | None = None,
           device: str | None = None, progress: bool = True) -> AuditReport:
-    """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied."""
+    """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied.
+
+    Raises :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
+    ``ValueError``/``TypeError`` for bad arguments, before any trial runs.
+    """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a dash_ref.Problem, got {type(problem).__name__}")
+    integer("trials", trials, minimum=2)
+    choice("dtype", dtype, DTYPES)
+    integer("seed", seed)
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"{impl.name} needs a CUDA device, and none is available")
-    if trials < 2:
-        raise ValueError("an audit needs at least 2 trials")
+        raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
+    impl.require()
     scale = resolve_scale(softmax_scale, problem.head_dim)
     inputs = Case(problem, dtype, seed=seed).tensors(dev)
     causal = problem.mask == "causal"
@@ -203,8 +217,12 @@ def _record_difference(out: OutputAudit, trial: int, ref: torch.Tensor, x: torch
     differ = ref.contiguous().view(bits) != x.contiguous().view(bits)
     if not differ.any():
         return
-    spread = int(ulp_distance(ref[differ], x[differ], x.dtype).max())
-    out.max_ulp_spread = max(out.max_ulp_spread, spread)
+    a, b = ref[differ], x[differ]
+    with_nan = a.isnan() | b.isnan()
+    out.nan_differences += int(with_nan.sum())
+    if not with_nan.all():
+        spread = int(ulp_distance(a[~with_nan], b[~with_nan], x.dtype).max())
+        out.max_ulp_spread = max(out.max_ulp_spread, spread)
     if out.first_trial is None:
         idx = tuple(int(i) for i in differ.nonzero()[0])
         out.first_trial, out.first_index = trial, idx

@@ -26,9 +26,10 @@ class TensorDiff:
     dtype: torch.dtype
     total: int
     differing: int
-    max_ulp: int
+    max_ulp: int | None  # over the differing pairs without a NaN; None if every pair has one
     first_index: tuple[int, ...] | None = None
     first_values: tuple[float, float] | None = None
+    nan: int = 0  # differing pairs in which either value is a NaN
 
     @property
     def equal(self) -> bool:
@@ -38,9 +39,12 @@ class TensorDiff:
         if self.equal:
             return f"{self.name}: bitwise equal ({self.total} elements)"
         a, b = self.first_values or (float("nan"), float("nan"))
-        return (f"{self.name}: {self.differing} of {self.total} elements differ, largest "
-                f"distance {self.max_ulp} ulp ({_short(self.dtype)}); first at "
-                f"(b, s, h, d) = {self.first_index}: {a!r} vs {b!r}")
+        nan = f", {self.nan} of them with a NaN" if self.nan else ""
+        distance = ("NaN (no pair without one)" if self.max_ulp is None
+                    else f"{self.max_ulp} ulp ({_short(self.dtype)})")
+        return (f"{self.name}: {self.differing} of {self.total} elements differ{nan}, "
+                f"largest distance {distance}; first at (b, s, h, d) = "
+                f"{self.first_index}: {a!r} vs {b!r}")
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -64,9 +68,15 @@ def compare(name: str, a: torch.Tensor, b: torch.Tensor) -> TensorDiff:
     if count == 0:
         return TensorDiff(name, a.dtype, a.numel(), 0, 0)
     first = tuple(int(x) for x in differ.nonzero()[0])
-    dist = ulp_distance(a[differ], b[differ], a.dtype)
-    return TensorDiff(name, a.dtype, a.numel(), count, int(dist.max()), first,
-                      (float(a[first]), float(b[first])))
+    x, y = a[differ], b[differ]
+    with_nan = x.isnan() | y.isnan()
+    if a.dtype == torch.float64:  # no ulp model for float64: the distance is left out
+        largest = None
+    else:
+        finite_pairs = ulp_distance(x[~with_nan], y[~with_nan], a.dtype)
+        largest = int(finite_pairs.max()) if finite_pairs.numel() else None
+    return TensorDiff(name, a.dtype, a.numel(), count, largest, first,
+                      (float(a[first]), float(b[first])), int(with_nan.sum()))
 
 
 @dataclass

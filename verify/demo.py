@@ -18,6 +18,7 @@ import torch
 
 from dash_ref import NAMES, Problem, build_schedule
 from dash_ref.arithmetic.numerics import ulp
+from dash_ref.cpu import single_threaded
 from dash_ref.emulate import emulate
 from verify.compare import compare, dq_divergence, first_dq_mismatch
 from verify.highprec import grad_error_reports, reference_grads
@@ -46,6 +47,7 @@ def random_inputs(p: Problem, dtype: torch.dtype, seed: int) -> tuple[torch.Tens
             draw(p.seqlen_k, p.heads_kv), draw(p.seqlen_q, p.heads))
 
 
+@single_threaded
 def run_demo(seqlen: int = 256, head_dim: int = 32, block: int = 32, heads: int = 4,
              heads_kv: int = 2, workers: int = 4, seed: int = 0,
              dtype: torch.dtype = torch.bfloat16, log=print) -> dict:

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from hypothesis import HealthCheck, given, seed, settings
 
+from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
 from verify.audit import OUTPUTS
 from verify.impls import Impl, get_impl
 from verify.progress import progress_bar
 from verify.reference import attention_f64, grad_checks
 from verify.strategies import Case, cases
+
+#: the smallest memory budget a fuzzing run accepts: q, k, v, dO of one head of d = 128
+MIN_ELEMENTS = 4 * 128
 
 
 @dataclass
@@ -37,13 +42,28 @@ class CheckFailure(AssertionError):
 
 
 def check(impl: Impl | str, case: Case) -> CheckResult:
-    """Run one case and hold every output to the float64 reference and its bound."""
+    """Run one case and hold every output to the float64 reference and its bound.
+
+    A crash of the implementation is a finding (``ok`` false, the message says what it
+    raised); an implementation that cannot run here raises
+    :class:`~verify.impls.Unavailable` instead.
+    """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    if not isinstance(case, Case):
+        raise TypeError(f"case must be a verify.strategies.Case, got {type(case).__name__}")
+    impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
-    got = impl(q, k, v, do, case.causal, scale)
+    try:
+        got = tuple(impl(q, k, v, do, case.causal, scale))
+        problems = impl.bitwise(q, k, v, do, case.causal, scale) if impl.bitwise else []
+    except Exception as exc:  # noqa: BLE001 - a crash on a valid case is a finding
+        return CheckResult(case, False, {}, f"raised {type(exc).__name__}: {exc}")
+    if len(got) != len(OUTPUTS) or not all(isinstance(x, torch.Tensor) for x in got):
+        return CheckResult(case, False, {}, "returned something other than the tensors "
+                           f"{', '.join(OUTPUTS)}")
     ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
-    errors, problems = {}, []
+    errors = {}
     outputs = {}
     for name, x, want in zip(OUTPUTS, got, (ref.o, ref.dq, ref.dk, ref.dv)):
         if tuple(x.shape) != tuple(want.shape) or x.dtype != case.torch_dtype:
@@ -51,8 +71,6 @@ def check(impl: Impl | str, case: Case) -> CheckResult:
                             f"{tuple(want.shape)} {case.torch_dtype}")
         else:
             outputs[name.lower()] = x.detach().cpu()
-    if impl.bitwise is not None:
-        problems += impl.bitwise(q, k, v, do, case.causal, scale)
     for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
         errors[name] = c.normwise
         if not c.finite:
@@ -82,8 +100,17 @@ class FuzzResult:
 
 def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_seed: int = 0,
          progress: bool = True, **case_kwargs) -> FuzzResult:
-    """Draw up to ``budget`` cases; on a failure, shrink it and return the smallest one."""
+    """Draw up to ``budget`` cases; on a failure, shrink it and return the smallest one.
+
+    ``max_elements`` bounds the numbers in ``q, k, v, dO`` together (at least
+    :data:`MIN_ELEMENTS`, one small head). An implementation that cannot run here raises
+    :class:`~verify.impls.Unavailable` before any case is drawn.
+    """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    integer("budget", budget, minimum=1)
+    integer("max_elements", max_elements, minimum=MIN_ELEMENTS)
+    integer("rng_seed", rng_seed)
+    impl.require()
     # the implementation fixes the schedule; record that one with every case
     kind, _, named = impl.name.partition(":")
     case_kwargs.setdefault("schedules", (named if kind in ("emulator", "dash") else "naive",))

@@ -108,6 +108,7 @@ import numpy as np
 import torch
 
 from dash_ref.arithmetic.numerics import ulp_error, unit_roundoff
+from dash_ref.cpu import single_threaded
 
 __all__ = [
     "GRADS",
@@ -238,6 +239,7 @@ def _visible(causal: bool, s_q: int, s_k: int) -> list[range]:
     return [range(min(s_k, max(0, r + s_k - s_q + 1))) for r in range(s_q)]
 
 
+@single_threaded
 def reference_grads(
     q: torch.Tensor,
     k: torch.Tensor,

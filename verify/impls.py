@@ -7,26 +7,34 @@ over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-ri
 =====================  =====================================================================
 name                   what runs
 =====================  =====================================================================
-``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME (CPU, 16 x 16 tiles,
-                       4 workers); with ``atomic``, each call draws a fresh arrival order,
-                       like real atomics
+``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME or ``auto`` (CPU,
+                       16 x 16 tiles, 4 workers); with ``atomic``, each call draws a fresh
+                       arrival order, like real atomics (from a seeded stream, so a whole
+                       audit repeats)
 ``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
                        ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
                        ``torch.use_deterministic_algorithms(True)``
 ``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
-                       non-deterministic peer); deterministic ones also carry an L1 check
-                       (audit mode against ``dash_ref.emulate.replay``)
+                       non-deterministic peer) on the backend ``auto`` picks; deterministic
+                       ones also carry an L1 check (audit mode against
+                       ``dash_ref.emulate.replay``); ``dash-triton:NAME`` and
+                       ``dash-cute:NAME`` pin the backend
 ``dash-exact:NAME``    the same with ``exact=True``, checked at L1 and at L2 (the CPU
                        emulation ``arithmetic="exact"`` against every output bit)
 ``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
                        ``deterministic=True``
 ``module:function``    any importable user callable with the signature above
 =====================  =====================================================================
+
+:meth:`Impl.unavailable` says why an implementation cannot run on this machine (no CUDA
+device, a missing package); the audit, the fuzzer and the one-case check refuse to start
+then (``dash-verify`` exits 2), rather than report the failure as a finding.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,18 +57,43 @@ class Impl:
     # and L2 in exact mode): returns what disagrees, if anything
     bitwise: Callable[..., list[str]] | None = None
 
+    # what this implementation needs that a machine may lack: a package to import
+    needs: tuple[str, ...] = ()
+
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
         return self.fn(q, k, v, do, causal, softmax_scale)
+
+    def unavailable(self) -> str | None:
+        """Why this implementation cannot run here, or None when it can."""
+        if self.device == "cuda" and not torch.cuda.is_available():
+            return f"{self.name} needs a CUDA device, and none is available"
+        missing = [m for m in self.needs if importlib.util.find_spec(m) is None]
+        if missing:
+            return (f"{self.name} needs {', '.join(missing)}, which is not installed "
+                    "(pip install 'dash-attention[gpu]')")
+        return None
+
+    def require(self) -> None:
+        """Raise :class:`Unavailable` when this implementation cannot run here."""
+        reason = self.unavailable()
+        if reason:
+            raise Unavailable(reason)
+
+
+class Unavailable(RuntimeError):
+    """An implementation cannot run on this machine (no CUDA device, a missing package)."""
 
 
 def _emulator(schedule: str, workers: int = 4) -> AttentionFn:
     from dash_ref import build_schedule
     from dash_ref.emulate import emulate, problem_of
 
+    arrivals = random.Random(0)  # atomics: a fresh arrival order per call, the same per run
+
     def run(q, k, v, do, causal, softmax_scale):
         p = problem_of(q, k, causal, 16, 16)
         sched = build_schedule(p, schedule, workers)
-        seed = random.SystemRandom().randrange(2**31) if schedule == "atomic" else None
+        seed = arrivals.randrange(2**31) if schedule == "atomic" else None
         fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
         return fwd.o, bwd.dq, bwd.dk, bwd.dv
 
@@ -95,31 +128,34 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
     return run
 
 
-def _dash(schedule: str, exact: bool = False) -> AttentionFn:
+def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> AttentionFn:
     import dash_cuda
 
     def run(q, k, v, do, causal, softmax_scale):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         o = dash_cuda.attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale,
                                 schedule="naive" if schedule == "atomic" else schedule,
-                                deterministic=schedule != "atomic", exact=exact)
+                                deterministic=schedule != "atomic", exact=exact,
+                                backend=backend)
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
 
     return run
 
 
-def _dash_bitwise(schedule: str, exact: bool = False) -> Callable[..., list[str]]:
+def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
+                  ) -> Callable[..., list[str]]:
     """L1 (and with ``exact``, L2) checks of one audited backward against ``dash_ref``."""
     import dash_cuda
     from dash_ref.emulate import epilogue, replay
     from verify.l2 import record_steps
 
     def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
-        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                             backend=backend)
         dq, dk, dv, rec = dash_cuda.attention_backward(
             q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
-            schedule=schedule, audit=True, exact=exact)
+            schedule=schedule, audit=True, exact=exact, backend=backend)
         acc = replay(rec.schedule, rec.partials.cpu(), flush_subnormals=rec.flush_subnormals)
         found = []
         if not torch.equal(rec.dq_acc.cpu(), acc):
@@ -153,7 +189,8 @@ def load_fa4() -> Callable | None:
 def _fa4(deterministic: bool) -> AttentionFn:
     fa = load_fa4()
     if fa is None:
-        raise RuntimeError("FlashAttention-4 is not importable here")
+        raise Unavailable("FlashAttention-4 is not importable here (scripts/fa4_bundle.sh "
+                          "packs it for the GPU machine)")
 
     def run(q, k, v, do, causal, softmax_scale):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
@@ -166,32 +203,58 @@ def _fa4(deterministic: bool) -> AttentionFn:
     return run
 
 
+SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
+KINDS = ("emulator:NAME, dash[-triton|-cute]:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
+         "fa4[-det], module:function")
+DASH_KINDS = {"dash": ("auto", False), "dash-triton": ("triton", False),
+              "dash-cute": ("cute", False), "dash-exact": ("auto", True)}
+
+
+def _schedule_name(name: str, schedule: str) -> str:
+    from dash_ref import NAMES
+
+    if schedule != "auto" and schedule not in NAMES:
+        raise ValueError(f"unknown schedule {schedule!r} in implementation {name!r}; choose "
+                         f"from auto, {', '.join(NAMES)}")
+    return schedule
+
+
 def get_impl(name: str) -> Impl:
-    """Resolve an implementation name (see the module docstring)."""
-    kind, _, arg = name.partition(":")
+    """Resolve an implementation name (see the module docstring); ``ValueError`` if unknown."""
+    if not isinstance(name, str):
+        raise TypeError(f"an implementation name must be a str, got {type(name).__name__}")
+    kind, colon, arg = name.partition(":")
     if kind == "emulator":
-        from dash_ref import NAMES
-        if arg not in NAMES:
-            raise ValueError(f"unknown schedule {arg!r} for the emulator; choose from {NAMES}")
-        return Impl(name, _emulator(arg), "cpu", "tile-level emulation on the CPU")
-    if kind in ("dash", "dash-exact"):
-        schedule, exact = arg or "auto", kind == "dash-exact"
+        schedule = _schedule_name(name, arg)
+        return Impl(name, _emulator(schedule), "cpu", "tile-level emulation on the CPU")
+    if kind in DASH_KINDS:
+        backend, exact = DASH_KINDS[kind]
+        schedule = _schedule_name(name, arg or "auto")
         if exact and schedule == "atomic":
             raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
-        return Impl(name, _dash(schedule, exact), "cuda",
-                    bitwise=None if schedule == "atomic" else _dash_bitwise(schedule, exact))
+        needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
+        return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
+                    bitwise=None if schedule == "atomic"
+                    else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):
         parts = name.split("-")
         backend, det = parts[1], parts[-1] == "det"
-        if backend not in ("math", "efficient", "flash", "cudnn"):
-            raise ValueError(f"unknown SDPA backend {backend!r}")
+        if backend not in SDPA_BACKENDS or len(parts) > 3 or (len(parts) == 3 and not det):
+            raise ValueError(f"unknown SDPA implementation {name!r}: use sdpa-BACKEND or "
+                             f"sdpa-BACKEND-det with BACKEND in {', '.join(SDPA_BACKENDS)}")
         device = "cpu" if backend == "math" and not torch.cuda.is_available() else "cuda"
         note = "use_deterministic_algorithms(True)" if det else ""
         return Impl(name, _sdpa(backend, det), device, note)
     if name in ("fa4", "fa4-det"):
         return Impl(name, _fa4(name == "fa4-det"), "cuda")
-    if arg:
-        fn = getattr(importlib.import_module(kind), arg)
+    if colon and kind and arg:
+        try:
+            module = importlib.import_module(kind)
+        except ImportError as exc:
+            raise ValueError(f"implementation {name!r}: cannot import module {kind!r} "
+                             f"({exc})") from exc
+        fn = getattr(module, arg, None)
+        if not callable(fn):
+            raise ValueError(f"implementation {name!r}: module {kind!r} has no callable {arg!r}")
         return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable")
-    raise ValueError(f"unknown implementation {name!r}: use emulator:NAME, sdpa-BACKEND[-det], "
-                     "dash:NAME, dash-exact:NAME, fa4[-det] or module:function")
+    raise ValueError(f"unknown implementation {name!r}: use {KINDS}")

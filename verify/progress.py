@@ -14,8 +14,12 @@ class _NoBar:
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm progress bar on stderr (which leaves stdout to the report), or a silent one."""
-    if not enabled:
+    """A tqdm progress bar on stderr (which leaves stdout to the report), or a silent one.
+
+    The bar shows on a terminal only: in a log (stderr redirected) it would be a stream of
+    carriage returns.
+    """
+    if not enabled or not sys.stderr.isatty():
         return _NoBar()
     from tqdm import tqdm
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dash_ref._checks import attention_inputs
 from dash_ref.arithmetic.steps import resolve_scale
+from dash_ref.cpu import single_threaded
 from verify.highprec import add_rounding_magnitudes, error_bound
 
 
@@ -36,21 +38,29 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu"
     return c <= r + seqlen_k - seqlen_q
 
 
+@single_threaded
 def attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                   causal: bool = False, softmax_scale: float | None = None) -> Grads:
     """Output and gradients in float64 for ``(B, S, H, d)`` inputs (GQA by head repetition).
 
-    Rows that see no key give ``O = 0`` and zero gradients.
+    Rows that see no key give ``O = 0`` and zero gradients. NaN and infinity propagate as in
+    PyTorch's SDPA: a NaN or an infinite score in a row makes that row's output NaN.
     """
+    attention_inputs(q, k, v, do=do)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     do64 = do.detach().double()
     group = q.shape[2] // k.shape[2]
     kk, vv = k64.repeat_interleave(group, 2), v64.repeat_interleave(group, 2)
     s = torch.einsum("bqhd,bkhd->bhqk", q64, kk) * scale
+    seen = torch.ones(q.shape[1], 1, dtype=torch.bool, device=q.device)
     if causal:
-        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1], q.device), -math.inf)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        mask = causal_mask(q.shape[1], k.shape[1], q.device)
+        s = s.masked_fill(~mask, -math.inf)
+        seen = mask.any(-1, keepdim=True)
+    # a row that sees no key is 0 by convention; only such rows are kept out of the softmax,
+    # so a NaN or infinity in the inputs still reaches the outputs
+    p = torch.where(seen, torch.softmax(torch.where(seen, s, 0.0), dim=-1), 0.0)
     o = torch.einsum("bhqk,bkhd->bqhd", p, vv)
     o.backward(do64)
     with torch.no_grad():

@@ -22,6 +22,7 @@ import torch
 from hypothesis import strategies as st
 
 from dash_ref import NAMES, Problem
+from dash_ref._checks import choice, integer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,6 +35,14 @@ class Case:
     dtype: str = "bf16"
     schedule: str = "naive"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.problem, Problem):
+            raise TypeError(f"Case.problem must be a dash_ref.Problem, got "
+                            f"{type(self.problem).__name__}")
+        choice("Case.dtype", self.dtype, DTYPES)
+        choice("Case.schedule", self.schedule, ("auto", *NAMES))
+        integer("Case.seed", self.seed, minimum=0)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -20,9 +20,9 @@ import torch
 
 from dash_ref import Problem
 
-#: backends by name, in the order ``"auto"`` tries them
-PREFERENCE = ("triton",)
-BACKENDS = PREFERENCE
+#: backends by name, in the order ``"auto"`` tries them: the fastest that can run a call
+PREFERENCE = ("cute", "triton")
+BACKENDS = ("triton", "cute")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,19 @@ class Instruction:
     def text(self, arithmetic: str) -> str:
         """The instructions of the ``"fast"`` or ``"exact"`` arithmetic."""
         return self.same or getattr(self, arithmetic)
+
+
+#: the steps the shared launch computes for every backend (:mod:`dash_cuda.prepost`)
+SHARED_STEPS: dict[str, Instruction] = {
+    "delta": Instruction(
+        fast="`mul.f32` of exact upcasts summed by `tl.sum` (per-thread adds, then a shuffle "
+             "tree: an order of its own; the compiler fuses some products into FFMAs), "
+             "`dash_delta_kernel`",
+        exact="`mul.f32`, then `add.f32` level by level of the pairwise tree "
+              "(`_rowsum_pairwise`, built with fp fusion off), `dash_delta_kernel`"),
+    "gqa_sum": Instruction("`add.f32` in ascending query head from +0, subnormals kept "
+                           "(`dash_gqa_kernel`)"),
+}
 
 
 @dataclass
@@ -107,6 +120,19 @@ class Backend(Protocol):
     def forward(self, q, k, v, causal: bool, softmax_scale: float, poison: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)."""
+
+    def new_dq_acc(self, problem: Problem, device: torch.device) -> torch.Tensor:
+        """The zeroed fp32 dQ accumulator, in the layout this backend's kernel adds into."""
+
+    def dq_acc_rows(self, dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
+        """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (a view where possible)."""
+
+    def new_partials(self, num_visits: int, problem: Problem, device: torch.device
+                     ) -> torch.Tensor:
+        """Room for every fp32 dQ partial of an audit, in this backend's layout."""
+
+    def partials_rows(self, partials: torch.Tensor, problem: Problem) -> torch.Tensor:
+        """The audit's partials as ``(V, BM, d)`` in table order (``dash_ref.emulate.replay``)."""
 
     def max_workers(self, launch: Launch) -> int:
         """How many programs of this launch's backward kernel fit on the device at once."""

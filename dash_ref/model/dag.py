@@ -67,6 +67,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from .._checks import choice, number
 from ..schedules.problem import Problem
 from ..schedules.schedule import Schedule, ScheduleError
 
@@ -218,10 +219,11 @@ def build_dag(
     active tile costs ``cost_compute`` (the idealized model). ``dq_edges=False`` leaves out
     the dQ-order edges (each worker is then an independent chain; used for the lemma).
     Node ``2k`` is the compute and ``2k + 1`` the reduce of the ``k``-th visit, visits
-    numbered worker by worker in program order.
+    numbered worker by worker in program order. Costs are finite and non-negative.
     """
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    choice("model", model, MODELS)
+    cost_compute = number("cost_compute", cost_compute, minimum=0)
+    cost_reduce = number("cost_reduce", cost_reduce, minimum=0)
     p = schedule.problem
     tasks: list[Task] = []
     edges: list[tuple[int, int]] = []

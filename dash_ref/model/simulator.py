@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from .._checks import choice, number
 from ..schedules.schedule import Schedule, ScheduleError
 from .dag import COMPUTE, MODELS, REDUCE, compute_cost
 
@@ -86,9 +87,15 @@ def simulate(
     partial: bool = False,
     handoff_latency: float = 0.0,
 ) -> SimResult:
-    """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock.
+
+    Costs and the hand-off latency are finite and non-negative (a ``ValueError`` says which
+    is not).
+    """
+    choice("model", model, MODELS)
+    cost_compute = number("cost_compute", cost_compute, minimum=0)
+    cost_reduce = number("cost_reduce", cost_reduce, minimum=0)
+    handoff_latency = number("handoff_latency", handoff_latency, minimum=0)
     p = schedule.problem
     W = schedule.num_workers
     progs = [[(c.b, c.h, i, c.j) for c in chains for i in c.visits] for chains in schedule.workers]

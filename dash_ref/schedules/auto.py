@@ -35,9 +35,17 @@ def load_table(path: str | None = None) -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text())["entries"])
 
 
-def auto_schedule(mask: str, head_dim: int, seqlen: int) -> str:
-    """The schedule ``auto`` resolves to for this shape (see the module docstring)."""
+def auto_schedule(mask: str, head_dim: int, seqlen: int, backend: str | None = None) -> str:
+    """The schedule ``auto`` resolves to for this shape (see the module docstring).
+
+    Entries may name the kernel backend they were measured on (``"backend"``); with
+    ``backend`` given, that backend's entries are used where it has any.
+    """
     entries = [e for e in load_table() if e["mask"] == mask]
+    measured = list(dict.fromkeys(e["backend"] for e in entries if "backend" in e))
+    if backend not in measured:  # no entries of its own: those of the first backend listed
+        backend = measured[0] if measured else None
+    entries = [e for e in entries if e.get("backend") == backend]
     if not entries:
         return paper_advice(mask, head_dim)
 

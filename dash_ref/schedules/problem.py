@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .._checks import choice, integer
+
 MASKS = ("full", "causal")
 
 
@@ -30,17 +32,15 @@ class Problem:
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "heads_kv", "head_dim", "block_m", "block_n"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"Problem.{name} must be >= 1, got {getattr(self, name)}")
+            integer(f"Problem.{name}", getattr(self, name), minimum=1)
         for name in ("seqlen_q", "seqlen_k"):
-            if int(getattr(self, name)) < 0:
-                raise ValueError(f"Problem.{name} must be >= 0, got {getattr(self, name)}")
+            integer(f"Problem.{name}", getattr(self, name), minimum=0)
         if self.heads % self.heads_kv:
             raise ValueError(
-                f"heads ({self.heads}) must be a multiple of heads_kv ({self.heads_kv})"
+                f"Problem.heads ({self.heads}) must be a multiple of Problem.heads_kv "
+                f"({self.heads_kv})"
             )
-        if self.mask not in MASKS:
-            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+        choice("Problem.mask", self.mask, MASKS)
 
     # -- tiling -------------------------------------------------------------------------
     @property

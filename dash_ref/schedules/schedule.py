@@ -58,6 +58,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .._checks import integer
 from .auto import auto_schedule
 from .problem import Problem
 
@@ -558,26 +559,29 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
 }
 
 
-def default_schedule(mask: str, head_dim: int, seqlen: int = 4096) -> str:
+def default_schedule(mask: str, head_dim: int, seqlen: int = 4096,
+                     backend: str | None = None) -> str:
     """What ``auto`` resolves to: the measured table of :mod:`dash_ref.schedules.auto`."""
-    return auto_schedule(mask, head_dim, seqlen)
+    return auto_schedule(mask, head_dim, seqlen, backend)
 
 
-def resolve_name(name: str, problem: Problem) -> str:
+def resolve_name(name: str, problem: Problem, backend: str | None = None) -> str:
     """The schedule ``name`` stands for on ``problem``: itself, or what ``auto`` picks.
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
-    the two sequence lengths). Unknown names raise a ``ValueError`` that lists the known ones.
+    the two sequence lengths, with the entries measured on ``backend`` where there are).
+    Unknown names raise a ``ValueError`` that lists the known ones.
     """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
     if name == "auto":
         return default_schedule(problem.mask, problem.head_dim,
-                                max(problem.seqlen_q, problem.seqlen_k))
-    if name not in BUILDERS:
+                                max(problem.seqlen_q, problem.seqlen_k), backend)
+    if not isinstance(name, str) or name not in BUILDERS:
         raise ValueError(f"unknown schedule {name!r}; choose from 'auto', {', '.join(NAMES)}")
     return name
 
 
-@lru_cache(maxsize=256)
 def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Schedule:
     """Build the schedule ``name`` for ``problem`` on ``num_workers`` persistent workers.
 
@@ -586,6 +590,9 @@ def build_schedule(problem: Problem, name: str, num_workers: int = 132) -> Sched
     :func:`resolve_name`. Results are cached per (problem, name, workers).
     """
     name = resolve_name(name, problem)
-    if int(num_workers) < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    return BUILDERS[name](problem, int(num_workers))
+    return _build(problem, name, integer("num_workers", num_workers, minimum=1))
+
+
+@lru_cache(maxsize=256)
+def _build(problem: Problem, name: str, num_workers: int) -> Schedule:
+    return BUILDERS[name](problem, num_workers)

@@ -63,3 +63,15 @@ def reference(q, k, v, do, causal: bool):
         s = s.masked_fill(~(c <= r + k.shape[1] - q.shape[1])[None, :, None, :], -math.inf)
     lse2 = torch.logsumexp(s, dim=-1) / math.log(2)
     return ref, lse2
+
+
+def need(backend: str, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+         exact: bool = False, deterministic: bool = True) -> None:
+    """Skip the calling test where ``backend`` does not run this case (say why)."""
+    import pytest
+
+    from dash_cuda.backends import Case, get_backend
+
+    reason = get_backend(backend).unsupported(Case(head_dim, dtype, exact, deterministic))
+    if reason:
+        pytest.skip(f"backend {backend!r}: {reason}")

@@ -27,21 +27,22 @@ AUDIT_SHAPES = [  # (B, H, H_kv, S_q, S_k), d, dtype
 ]
 
 
-def audited(shape, d, dtype, causal, schedule, num_workers, seed):
+def audited(backend, shape, d, dtype, causal, schedule, num_workers, seed):
     q, k, v, do = inputs(shape, d, dtype, seed)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
     return dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal, schedule=schedule,
-                                        num_workers=num_workers, audit=True), (q, k, v, o,
-                                                                               lse, do)
+                                        num_workers=num_workers, audit=True,
+                                        backend=backend), (q, k, v, o, lse, do)
 
 
 @pytest.mark.parametrize("schedule", DETERMINISTIC)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape, d, dtype", AUDIT_SHAPES)
 @pytest.mark.parametrize("num_workers", [None, 5])
-def test_dq_accumulator_equals_replay(schedule, causal, shape, d, dtype, num_workers):
-    (dq, dk, dv, record), args = audited(shape, d, dtype, causal, schedule, num_workers,
-                                         seed=31)
+def test_dq_accumulator_equals_replay(backend, schedule, causal, shape, d, dtype, num_workers):
+    (dq, dk, dv, record), args = audited(backend, shape, d, dtype, causal, schedule,
+                                         num_workers, seed=31)
+    assert record.backend == backend
     sched = record.schedule
     assert sched.name == schedule
     assert record.partials.shape == (len(sched.to_tables().visit_q), sched.problem.block_m, d)
@@ -56,15 +57,16 @@ def test_dq_accumulator_equals_replay(schedule, causal, shape, d, dtype, num_wor
     # audit mode computes the same bits as the normal path
     q, k, v, o, lse, do = args
     plain = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
-                                         schedule=schedule, num_workers=num_workers)
+                                         schedule=schedule, num_workers=num_workers,
+                                         backend=backend)
     for a, b in zip(plain, (dq, dk, dv)):
         assert torch.equal(a, b)
 
 
-def test_replay_detects_a_different_order():
+def test_replay_detects_a_different_order(backend):
     # guard against a vacuous pass: the same partials in naive and in reverse order differ
-    (dq, _, _, record), _ = audited((1, 2, 2, 256, 4096), 64, torch.bfloat16, False, "naive",
-                                    None, seed=32)
+    (dq, _, _, record), _ = audited(backend, (1, 2, 2, 256, 4096), 64, torch.bfloat16, False,
+                                    "naive", None, seed=32)
     p = record.schedule.problem
     reverse = type(record.schedule)(
         problem=p, name="naive", num_workers=record.schedule.num_workers,
@@ -77,24 +79,25 @@ def test_replay_detects_a_different_order():
                            record.dq_acc.cpu())
 
 
-def test_atomic_audit_rounds_its_accumulator():
+def test_atomic_audit_rounds_its_accumulator(backend):
     q, k, v, do = inputs((1, 2, 1, 300, 200), 64, torch.bfloat16, seed=33)
-    o, lse = dash_cuda.attention_forward(q, k, v)
+    o, lse = dash_cuda.attention_forward(q, k, v, backend=backend)
     dq, _, _, record = dash_cuda.attention_backward(q, k, v, o, lse, do, deterministic=False,
-                                                    audit=True)
+                                                    audit=True, backend=backend)
     assert torch.equal(dq.cpu(), epilogue(record.dq_acc.cpu(), 1.0 / math.sqrt(64), torch.bfloat16))
 
 
 @pytest.mark.parametrize("schedule", ["naive", "shift", "symmetric_shift"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_dq_adds_treat_subnormals_as_the_record_says(schedule, causal):
+def test_dq_adds_treat_subnormals_as_the_record_says(backend, schedule, causal):
     """Tiny dO makes many partials subnormal: the record's flag is what replay must use."""
     shape, d, dtype = AUDIT_SHAPES[0]
     q, k, v, do = inputs(shape, d, dtype, seed=34)
     do = (do.float() * 2.0**-118).to(dtype)  # partials near and below 2**-126
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
     dq, _, _, record = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
-                                                    schedule=schedule, audit=True)
+                                                    schedule=schedule, audit=True,
+                                                    backend=backend)
     partials = record.partials.cpu()
     tiny = (partials != 0) & (partials.abs() < 2.0**-126)
     assert tiny.sum() > 100  # the check below is not vacuous

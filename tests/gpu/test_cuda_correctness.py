@@ -1,4 +1,4 @@
-"""dash_cuda against float64: every schedule, mask, dtype, head dim, GQA ratio, odd shapes."""
+"""dash_cuda against float64: every backend, schedule, mask, dtype, head dim, GQA, odd shapes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from gpu_cases import DTYPES, SHAPES, bound, inputs, normwise, reference
+from gpu_cases import DTYPES, SHAPES, bound, inputs, need, normwise, reference
 
 import dash_cuda
 from dash_ref import NAMES
@@ -19,13 +19,14 @@ CASES = [
 ]
 
 
-def check_against_float64(shape, d, dtype, causal, schedule, seed, **kw):
+def check_against_float64(backend, shape, d, dtype, causal, schedule, seed, **kw):
+    kw.setdefault("deterministic", schedule != "atomic")
+    need(backend, d, dtype, kw.get("exact", False), kw["deterministic"])
     q, k, v, do = inputs(shape, d, dtype, seed)
     ref, lse_ref = reference(q, k, v, do, causal)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
-    kw.setdefault("deterministic", schedule != "atomic")
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
     dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
-                                              schedule=schedule, **kw)
+                                              schedule=schedule, backend=backend, **kw)
     for name, x, exact in (("o", o, ref.o), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
                            ("dv", dv, ref.dv)):
         assert x.dtype == dtype and x.shape == exact.shape
@@ -40,63 +41,64 @@ def check_against_float64(shape, d, dtype, causal, schedule, seed, **kw):
 
 
 @pytest.mark.parametrize("schedule, causal, dtype, d, shape", CASES)
-def test_schedule_matches_float64(schedule, causal, dtype, d, shape):
-    check_against_float64(shape, d, dtype, causal, schedule, seed=len(shape) * d + causal)
+def test_schedule_matches_float64(backend, schedule, causal, dtype, d, shape):
+    check_against_float64(backend, shape, d, dtype, causal, schedule, seed=len(shape) * d + causal)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("d", [16, 32])
 @pytest.mark.parametrize("causal", [False, True])
-def test_small_head_dims(shape, d, causal):
-    check_against_float64(shape, d, torch.bfloat16, causal, "auto", seed=d + 3 * causal)
+def test_small_head_dims(backend, shape, d, causal):
+    check_against_float64(backend, shape, d, torch.bfloat16, causal, "auto", seed=d + 3 * causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [16, 64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_exact_arithmetic_matches_float64(dtype, d, causal):
+def test_exact_arithmetic_matches_float64(backend, dtype, d, causal):
     """``exact=True`` (software exp2, pinned D order) is held to the same bound."""
     shape = SHAPES[(d + causal) % len(SHAPES)]
-    check_against_float64(shape, d, dtype, causal, "auto", seed=d + 5 * causal, exact=True)
+    check_against_float64(backend, shape, d, dtype, causal, "auto", seed=d + 5 * causal, exact=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_pinned_workers(causal):
-    check_against_float64((2, 4, 2, 515, 515), 64, torch.bfloat16, causal, "shift", seed=5,
+def test_pinned_workers(backend, causal):
+    check_against_float64(backend, (2, 4, 2, 515, 515), 64, torch.bfloat16, causal, "shift", seed=5,
                           num_workers=7)
 
 
-def test_autograd_matches_attention_backward_bit_for_bit():
+def test_autograd_matches_attention_backward_bit_for_bit(backend):
     q, k, v, do = inputs((2, 4, 2, 300, 300), 64, torch.bfloat16, seed=11)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = dash_cuda.attention(*leaves, causal=True, schedule="descending")
+    out = dash_cuda.attention(*leaves, causal=True, schedule="descending", backend=backend)
     out.backward(do)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=True)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True, backend=backend)
     grads = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True,
-                                         schedule="descending")
+                                         schedule="descending", backend=backend)
     assert torch.equal(out, o)
     for leaf, g in zip(leaves, grads):
         assert torch.equal(leaf.grad, g)
 
 
-def test_bhsd_layout_gives_the_same_bits():
+def test_bhsd_layout_gives_the_same_bits(backend):
     q, k, v, do = inputs((2, 6, 2, 190, 333), 128, torch.float16, seed=12)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=True)
-    grads = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True, backend=backend)
+    grads = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True, backend=backend)
     t = [x.transpose(1, 2).contiguous() for x in (q, k, v, do)]
-    o_t, lse_t = dash_cuda.attention_forward(*t[:3], causal=True, layout="bhsd")
+    o_t, lse_t = dash_cuda.attention_forward(*t[:3], causal=True, layout="bhsd",
+                                             backend=backend)
     grads_t = dash_cuda.attention_backward(*t[:3], o_t, lse_t, t[3], causal=True,
-                                           layout="bhsd")
+                                           layout="bhsd", backend=backend)
     assert o_t.shape == t[0].shape and lse_t.shape == (2, 6, 190)
     assert torch.equal(o_t.transpose(1, 2), o) and torch.equal(lse_t.transpose(1, 2), lse)
     for g, g_t in zip(grads, grads_t):
         assert torch.equal(g_t.transpose(1, 2), g)
 
 
-def test_sdpa_layout_through_autograd():
+def test_sdpa_layout_through_autograd(backend):
     q, k, v, do = inputs((1, 8, 2, 257, 257), 64, torch.bfloat16, seed=13)
     leaves = [x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
-    out = dash_cuda.attention(*leaves, causal=True, layout="bhsd")
+    out = dash_cuda.attention(*leaves, causal=True, layout="bhsd", backend=backend)
     out.backward(do.transpose(1, 2))
     ref, _ = reference(q, k, v, do, True)
     for leaf, exact, name in zip(leaves, (ref.dq, ref.dk, ref.dv), ("dq", "dk", "dv")):
@@ -104,17 +106,17 @@ def test_sdpa_layout_through_autograd():
             torch.bfloat16, name, (1, 8, 2, 257, 257), 64)
 
 
-def test_deterministic_false_runs_the_atomic_peer():
-    check_against_float64((1, 4, 4, 512, 2048), 64, torch.bfloat16, False, "naive", seed=14,
-                          deterministic=False)
+def test_deterministic_false_runs_the_atomic_peer(backend):
+    check_against_float64(backend, (1, 4, 4, 512, 2048), 64, torch.bfloat16, False, "naive",
+                          seed=14, deterministic=False)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 0, 50), (2, 4, 2, 50, 0), (0, 4, 2, 50, 50)])
-def test_empty_sequences(shape, causal):
+def test_empty_sequences(backend, shape, causal):
     q, k, v, do = inputs(shape, 64, torch.bfloat16, seed=15)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = dash_cuda.attention(*leaves, causal=causal)
+    out = dash_cuda.attention(*leaves, causal=causal, backend=backend)
     assert out.shape == q.shape
     assert (out == 0).all()
     out.backward(do)
@@ -128,15 +130,16 @@ def test_empty_sequences(shape, causal):
 @pytest.mark.parametrize("schedule", NAMES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 6, 1, 333, 190), (1, 4, 2, 200, 333)])
-def test_poisoned_outputs_are_all_written(schedule, causal, shape):
+def test_poisoned_outputs_are_all_written(backend, schedule, causal, shape):
     q, k, v, do = inputs(shape, 64, torch.bfloat16, seed=16)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, _poison=True)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, _poison=True,
+                                         backend=backend)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     for audit in (False, True) if schedule != "atomic" else (False,):
         out = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
                                            schedule=schedule,
                                            deterministic=schedule != "atomic",
-                                           audit=audit, _poison=True)
+                                           audit=audit, _poison=True, backend=backend)
         for g in out[:3]:
             assert not torch.isnan(g).any()
         if audit:
@@ -144,9 +147,20 @@ def test_poisoned_outputs_are_all_written(schedule, causal, shape):
                 assert not torch.isnan(t).any()
 
 
-def test_num_workers_larger_than_resident_is_refused():
+def test_num_workers_larger_than_resident_is_refused(backend):
     q, k, v, do = inputs((1, 2, 2, 128, 128), 64, torch.bfloat16, seed=17)
-    o, lse = dash_cuda.attention_forward(q, k, v)
+    o, lse = dash_cuda.attention_forward(q, k, v, backend=backend)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with pytest.raises(ValueError, match="resident"):
-        dash_cuda.attention_backward(q, k, v, o, lse, do, num_workers=64 * sms)
+        dash_cuda.attention_backward(q, k, v, o, lse, do, num_workers=64 * sms,
+                                     backend=backend)
+
+
+def test_auto_takes_the_first_backend_that_runs_the_call():
+    from dash_cuda.backends import PREFERENCE, Case, choose_backend, get_backend
+
+    for d, exact in ((64, False), (128, False), (32, False), (64, True)):
+        chosen = choose_backend("auto", Case(d, torch.bfloat16, exact, True)).name
+        first = next(n for n in PREFERENCE if not get_backend(n).missing()
+                     and not get_backend(n).unsupported(Case(d, torch.bfloat16, exact, True)))
+        assert chosen == first

@@ -48,10 +48,10 @@ def run_trials(args, kwargs, trials: int, busy: BusyStream | None):
 @pytest.mark.parametrize("schedule", DETERMINISTIC)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d, heads", [(64, (8, 8)), (128, (8, 2))])
-def test_deterministic_schedules_repeat_bit_for_bit(schedule, causal, d, heads):
+def test_deterministic_schedules_repeat_bit_for_bit(backend, schedule, causal, d, heads):
     q, k, v, do = inputs((2, *heads, 1536, 1536), d, torch.bfloat16, seed=21)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
-    kwargs = dict(causal=causal, schedule=schedule)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
+    kwargs = dict(causal=causal, schedule=schedule, backend=backend)
     quiet, differing = run_trials((q, k, v, o, lse, do), kwargs, TRIALS, None)
     assert differing == 0
     busy, differing = run_trials((q, k, v, o, lse, do), kwargs, TRIALS, BusyStream(22))
@@ -60,17 +60,18 @@ def test_deterministic_schedules_repeat_bit_for_bit(schedule, causal, d, heads):
         assert torch.equal(a, b)
 
 
-def test_atomic_peer_is_not_repeatable():
+def test_atomic_peer_is_not_repeatable(backend):
     # 128 KV tiles add into every dQ tile: the order atomics arrive in changes run to run
     q, k, v, do = inputs((1, 4, 4, 512, 16384), 64, torch.bfloat16, seed=23)
-    o, lse = dash_cuda.attention_forward(q, k, v)
+    o, lse = dash_cuda.attention_forward(q, k, v, backend=backend)
     patterns = set()
     dkdv = None
     busy = BusyStream(24)
     for trial in range(20):
         if trial % 2:
             busy.kick()
-        dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, deterministic=False)
+        dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, deterministic=False,
+                                                  backend=backend)
         patterns.add(hashlib.sha256(dq.view(torch.int16).cpu().numpy().tobytes()).hexdigest())
         if dkdv is None:
             dkdv = (dk, dv)
@@ -78,5 +79,6 @@ def test_atomic_peer_is_not_repeatable():
             assert torch.equal(dkdv[0], dk) and torch.equal(dkdv[1], dv)
     assert len(patterns) > 1, "atomic dQ gave one bit pattern in 20 runs"
     # the same shape under a deterministic schedule: one pattern
-    first, differing = run_trials((q, k, v, o, lse, do), dict(schedule="shift"), 20, busy)
+    first, differing = run_trials((q, k, v, o, lse, do),
+                                  dict(schedule="shift", backend=backend), 20, busy)
     assert differing == 0

@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("schedule", ["shift", "symmetric_shift"])
-def test_fuzz_finds_nothing_in_the_kernels(schedule):
-    result = fuzz(f"dash:{schedule}", budget=25, max_elements=60_000, progress=False,
-                  head_dims=(64, 128))
+def test_fuzz_finds_nothing_in_the_kernels(backend, schedule):
+    result = fuzz(f"dash-{backend}:{schedule}", budget=25, max_elements=60_000,
+                  progress=False, head_dims=(64, 128))
     assert result.ok, result.failure and (result.failure.message, result.reproducer())
     assert result.examples == 25
 
@@ -30,8 +30,8 @@ def test_fuzz_finds_nothing_in_the_exact_kernels():
     assert result.examples == 8
 
 
-def test_check_runs_the_l1_replay():
-    impl = get_impl("dash:descending")
+def test_check_runs_the_l1_replay(backend):
+    impl = get_impl(f"dash-{backend}:descending")
     assert impl.bitwise is not None
     case = Case(Problem(1, 4, 2, 200, 333, 64, "causal", 64, 128), "bf16", "descending", 7)
     assert check(impl, case).ok

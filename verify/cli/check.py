@@ -3,29 +3,44 @@
 from __future__ import annotations
 
 import argparse
+from typing import TextIO
 
-from verify.cli.args import add_shape_args, problem_from_args
+from .args import (
+    EXIT_FINDING,
+    EXIT_OK,
+    SCHEDULES,
+    Outcome,
+    add_impl_args,
+    add_shape_args,
+    problem_from_args,
+)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="check one shape of an implementation against float64")
-    p.add_argument("--impl", required=True)
-    add_shape_args(p)
-    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--schedule", default="naive",
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "check", help="check one shape of an implementation against float64",
+        description="Run one case and hold O, dQ, dK, dV to the float64 reference within "
+                    "the bound of verify.highprec (and to L1/L2 where the implementation "
+                    "has an audit mode). Exit 0 if it passes, 1 if not.")
+    add_impl_args(p)
+    add_shape_args(p, workers=False)
+    p.add_argument("--schedule", choices=SCHEDULES, default="naive",
                    help="recorded with the case only: the implementation name picks the "
                         "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
+    return p
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import check
     from verify.strategies import Case
 
     result = check(args.impl, Case(problem_from_args(args), args.dtype, args.schedule,
                                    args.seed))
     errs = ", ".join(f"{k} {v:.2e}" for k, v in result.errors.items())
-    print(f"{'PASS' if result.ok else 'FAIL'} {args.impl}: normwise errors {errs}"
-          f"{'' if result.ok else '; ' + result.message}")
-    return 0 if result.ok else 1
+    verdict = "PASS" if result.ok else "FAIL"
+    print(f"{verdict} {args.impl}: normwise errors {errs or '-'}"
+          f"{'' if result.ok else '; ' + result.message}", file=out)
+    data = {"ok": result.ok, "errors": result.errors, "message": result.message,
+            "case": result.case.flags()}
+    return Outcome(EXIT_OK if result.ok else EXIT_FINDING,
+                   f"{args.impl}: {verdict}{'' if result.ok else ': ' + result.message}", data)

@@ -3,27 +3,43 @@
 from __future__ import annotations
 
 import argparse
+from typing import TextIO
+
+from .args import EXIT_FINDING, EXIT_OK, Outcome, at_least, nonnegative_int
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fuzz", help="fuzz an implementation over shapes")
-    p.add_argument("--impl", required=True)
-    p.add_argument("--budget", type=int, default=100, help="cases to draw at most")
-    p.add_argument("--max-elements", type=int, default=20_000,
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from verify.fuzz import MIN_ELEMENTS
+
+    p = subparsers.add_parser(
+        "fuzz", help="fuzz an implementation over shapes",
+        description="Draw shapes that break kernels (lengths of 1, off-tile lengths, S_q != "
+                    "S_k, GQA/MQA), hold each to float64 within its bound (and to L1/L2 "
+                    "where the implementation has an audit mode); on a failure, shrink it "
+                    "and print a one-line reproducer. Exit 0 if every case passed, 1 if "
+                    "one failed.")
+    p.add_argument("--impl", required=True,
+                   help="emulator:NAME, dash:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
+                        "fa4[-det] or module:function")
+    p.add_argument("--budget", type=at_least(1), default=100, help="cases to draw at most")
+    p.add_argument("--max-elements", type=at_least(MIN_ELEMENTS), default=20_000,
                    help="memory budget: numbers in q, k, v, dO together")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="hypothesis seed")
+    return p
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import fuzz
 
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
                   rng_seed=args.seed)
+    data = {"examples": result.examples, "ok": result.ok}
     if result.ok:
-        print(f"PASS {args.impl}: {result.examples} cases, no failure")
-        return 0
-    print(f"FAIL {args.impl}: {result.failure.message}")
-    print(f"smallest failing case (after shrinking): {result.failure.case}")
-    print(f"reproduce: {result.reproducer()}")
-    return 1
+        print(f"PASS {args.impl}: {result.examples} cases, no failure", file=out)
+        return Outcome(EXIT_OK, f"{args.impl}: {result.examples} cases passed", data)
+    print(f"FAIL {args.impl}: {result.failure.message}", file=out)
+    print(f"smallest failing case (after shrinking): {result.failure.case}", file=out)
+    print(f"reproduce: {result.reproducer()}", file=out)
+    data.update(message=result.failure.message, case=result.failure.case.flags(),
+                reproducer=result.reproducer())
+    return Outcome(EXIT_FINDING, f"{args.impl}: {result.failure.message}", data)

@@ -49,6 +49,21 @@ class TritonBackend:
 
         return run_forward(q, k, v, causal, softmax_scale, poison)
 
+    def new_dq_acc(self, problem, device):
+        p = problem
+        return torch.zeros((p.batch, p.seqlen_q, p.heads, p.head_dim), device=device,
+                           dtype=torch.float32)
+
+    def dq_acc_rows(self, dq_acc, problem):
+        return dq_acc
+
+    def new_partials(self, num_visits, problem, device):
+        return torch.empty((num_visits, problem.block_m, problem.head_dim), device=device,
+                           dtype=torch.float32)
+
+    def partials_rows(self, partials, problem):
+        return partials
+
     def max_workers(self, launch) -> int:
         from .launch import max_workers
 

@@ -13,7 +13,7 @@ reproduced bit for bit on the CPU: its column says how it differs from the IEEE 
 
 from __future__ import annotations
 
-from dash_cuda.backends import Instruction
+from dash_cuda.backends import SHARED_STEPS, Instruction
 
 BACKEND = "triton"
 
@@ -33,11 +33,6 @@ CONTRACT: dict[str, Instruction] = {
     "fwd_finish": Instruction("`div.full.f32` (approximate division), `lg2.approx.f32`, "
                               "`add.f32`; rows with l = 0 selected to O = 0, LSE2 = -inf"),
     # -- backward ----------------------------------------------------------------------------
-    "delta": Instruction(
-        fast="`mul.f32` of exact upcasts summed by `tl.sum` (per-thread adds, then a shuffle "
-             "tree: an order of its own; the compiler fuses some products into FFMAs)",
-        exact="`mul.f32`, then `add.f32` level by level of the pairwise tree "
-              "(`_rowsum_pairwise`, built with fp fusion off)"),
     "qk": Instruction("`wgmma.mma_async ... f32.bf16.bf16` (HGMMA), fresh accumulator, "
                       "computed as S^T = K_j Q_i^T"),
     "softmax_p": Instruction(
@@ -57,8 +52,7 @@ CONTRACT: dict[str, Instruction] = {
                           "inputs and results flushed), performed at the L2 cache, under the "
                           "tile's semaphore in rank order (atomic peer: the same, in arrival "
                           "order); dQacc starts as +0 (memset)"),
-    "gqa_sum": Instruction("`add.f32` in ascending query head from +0, subnormals kept "
-                           "(`dash_gqa_kernel`)"),
+    **SHARED_STEPS,
     "epilogue": Instruction("`mul.f32` then `cvt.rn` (dQ in `dash_dq_kernel`; dK, dV in the "
                             "backward kernel with one query head per KV head, else in "
                             "`dash_gqa_kernel`)"),

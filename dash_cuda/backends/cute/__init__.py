@@ -1,0 +1,89 @@
+"""The CuTe backend: a warp-specialized Hopper backward in CuTe DSL (``nvidia-cutlass-dsl``).
+
+- :mod:`.bwd_kernel`: the persistent backward. A loader warp streams K/V per chain and
+  Q/dO/LSE2/D per visit through TMA and mbarrier pipelines; two MMA warpgroups compute
+  every step of a visit with wgmma; a dQ writer warp adds each staged partial into dQacc in
+  its tile's dQ order, overlapped with the next visit's MMAs;
+- :mod:`.launch`: compiled kernels (in memory, or exported ahead of time), buffers, launch;
+- :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
+- :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
+
+It runs the backward for head dims 64 and 128 in the fast arithmetic; the forward is the
+Triton backend's (the same ``O`` and ``LSE2`` convention). Importing this package imports
+no CuTe DSL; :data:`BACKEND` loads it on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ...backends import Case, Launch, get_backend
+
+HEAD_DIMS = (64, 128)
+
+
+class CuteBackend:
+    """The CuTe DSL kernels behind the :class:`dash_cuda.backends.Backend` interface."""
+
+    name = "cute"
+    #: the dQ hand-off is a TMA bulk reduce-add: RNE, subnormals kept (measured on an H200)
+    dq_add_flushes_subnormals = False
+
+    def missing(self) -> str | None:
+        for module in ("cutlass", "cuda.bindings"):
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                return (f"{module} is not importable: install nvidia-cutlass-dsl "
+                        "(pip install 'dash-attention[gpu]')")
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        if case.exact:
+            return "exact=True runs on the Triton backend only"
+        if case.head_dim not in HEAD_DIMS:
+            return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
+        if case.dtype not in (torch.bfloat16, torch.float16):
+            return f"dtype {case.dtype}"
+        return None
+
+    def backward_tiles(self, head_dim: int) -> tuple[int, int]:
+        from .bwd_kernel import TILES
+
+        cfg = TILES[head_dim]
+        return cfg.block_m, cfg.block_n
+
+    def forward(self, q, k, v, causal, softmax_scale, poison):
+        return get_backend("triton").forward(q, k, v, causal, softmax_scale, poison)
+
+    def new_dq_acc(self, problem, device):
+        from .launch import new_dq_acc
+
+        return new_dq_acc(problem, device)
+
+    def dq_acc_rows(self, dq_acc, problem):
+        from .launch import dq_acc_rows
+
+        return dq_acc_rows(dq_acc, problem)
+
+    def new_partials(self, num_visits, problem, device):
+        return torch.empty(num_visits, problem.block_m * problem.head_dim, device=device,
+                           dtype=torch.float32)
+
+    def partials_rows(self, partials, problem):
+        from .launch import tiles_to_rows
+
+        return tiles_to_rows(partials, problem.head_dim)
+
+    def max_workers(self, launch: Launch) -> int:
+        from .launch import max_workers
+
+        return max_workers(launch)
+
+    def run_schedule(self, launch: Launch) -> None:
+        from .launch import run_schedule
+
+        run_schedule(launch)
+
+
+BACKEND = CuteBackend()

@@ -1,0 +1,770 @@
+"""A warp-specialized, schedule-driven attention backward for Hopper (sm_90a) in CuTe DSL.
+
+The kernel reads the int32 tables of ``dash_ref.Schedule.to_tables()`` and runs them as they
+are: one persistent CTA per worker (``blockIdx.x``), which walks its chains in table order and,
+inside each chain, its visits in table order. Nothing about the order is re-derived here.
+
+Roles (384 threads, three warpgroups)::
+
+    warpgroup 0, warp 0   loader: TMA loads of K_j, V_j once per chain, and of Q_i, dO_i
+                          (tensor TMA) plus LSE2_i, D_i (1-D bulk copies) once per visit,
+                          through multi-stage mbarrier pipelines.
+    warpgroup 0, warp 1   dQ writer: takes each staged fp32 partial in visit order, waits for
+                          the tile's turn (deterministic), bulk-reduce-adds it into dQacc,
+                          waits for the add to complete, hands the tile to the next rank.
+    warpgroups 1 and 2    math: wgmma for S, dP, dV, dK and the dQ partial; each warpgroup
+                          owns 64 of the BN key rows of the chain (keys are the MMA rows).
+
+Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton kernel)::
+
+    [qk]          S^T  = K_j Q_i^T                    wgmma, fresh fp32 accumulator
+    [softmax_p]   P^T  = ex2.approx.ftz(fma.rn(S^T, scale_log2, -LSE2_i))
+                  masked elements are set to exactly 0 by a select
+    [dv_step]     dV_j += rnd(P^T) dO_i               wgmma, A from registers, dV_j accumulates
+    [dp]          dP^T = V_j dO_i^T                   wgmma, fresh fp32 accumulator
+    [ds]          dS^T = P^T * (dP^T - D_i)           sub.rn.f32 then mul.rn.f32
+    [dk_step]     dK_j += rnd(dS^T) Q_i               wgmma, A from registers, dK_j accumulates
+    [dq_partial]  dQ_ij = rnd(dS) K_j                 wgmma, fresh fp32 accumulator
+    [dq_add]      dQacc_i += dQ_ij                    cp.reduce.async.bulk .add.f32, in dQ order
+
+``rnd`` is cvt.rn to the input dtype (bf16 or fp16). The epilogue of a chain writes
+``rnd(dK_j * softmax_scale)`` and ``rnd(dV_j)`` (one query head per KV head, no audit) or
+the fp32 accumulators per query head into scratch (GQA or audit; a separate pass sums heads).
+
+Layouts the kernel expects (the launcher prepares them):
+
+* ``Q, dO``: (B, S_q, H, d); ``K, V``: (B, S_k, H_kv, d); any strides, last dim contiguous,
+  strides multiples of 16 bytes (TMA).
+* ``LSE2, D``: fp32, contiguous (B * H, n_q * BM): padded so that every Q tile's 1-D bulk
+  copy stays inside the buffer. Padded entries are never used (those rows are masked).
+* ``dQacc``: fp32, contiguous (B * H * n_q, BM * d): tile ``t = (b * H + h) * n_q + i`` is
+  one contiguous chunk, stored in *staging order* (see :func:`staging_coords`), which lets a
+  single 1-D bulk reduce-add move a whole tile without shared-memory bank conflicts.
+* ``partials`` (audit): fp32 (V, BM * d), also in staging order.
+* ``sem``: int32 (B * H * n_q,), zero before the launch; ends equal to ``dq_count``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+# ---------------------------------------------------------------------------------------------
+# Tile shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tiles and buffering of one head dim.
+
+    ``block_m`` (query rows per Q tile) and ``block_n`` (key rows per KV tile) are part of the
+    problem: the schedule's tables name tiles of exactly these sizes.
+    """
+
+    block_m: int
+    block_n: int
+    q_stages: int = 2  # Q/LSE and dO/D pipeline depth
+    dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
+
+
+# The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
+# 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
+# would make the tiling depend on the mask).
+TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128)}
+
+NUM_THREADS = 384
+MATH_THREADS = 256
+PRODUCER_REGS = 24
+MATH_REGS = 240
+# named barrier ids (0 is __syncthreads)
+BAR_DS_FREE = 1
+BAR_DS_FULL = 2
+
+
+def staging_coords(head_dim: int) -> list[tuple[int, int]]:
+    """(row, col) inside a BM x d tile of every fp32 position of a staged dQ partial.
+
+    A math thread ``t`` of warpgroup ``w`` holds its wgmma accumulator in registers
+    ``r = 0 .. 31``; it stores register ``r`` at position
+    ``w * (BM * d / 2) + (r // 4) * 512 + 4 * t + r % 4`` (16-byte stores, one warp writes
+    512 consecutive bytes: no bank conflicts). The register's coordinates are the wgmma
+    accumulator layout of an m64n64 tile: row ``16 * (t // 32) + (t % 32) // 4 + 8 * ((r // 2)
+    % 2)``, column ``8 * (r // 4) + 2 * (t % 4) + r % 2``; warpgroup ``w`` owns rows
+    ``64 w ..`` (d = 64, BM = 128) or columns ``64 w ..`` (d = 128, BM = 64).
+    """
+    cfg = TILES[head_dim]
+    half = cfg.block_m * head_dim // 2
+    out = [(0, 0)] * (2 * half)
+    for w in range(2):
+        for t in range(128):
+            warp, lane = divmod(t, 32)
+            for r in range(32):
+                row = 16 * warp + lane // 4 + 8 * ((r // 2) % 2)
+                col = 8 * (r // 4) + 2 * (lane % 4) + r % 2
+                if cfg.block_m == 128:
+                    row += 64 * w
+                else:
+                    col += 64 * w
+                out[w * half + (r // 4) * 512 + 4 * t + r % 4] = (row, col)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Instructions the contract names (inline PTX so that the instruction is the one written here)
+# ---------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def softmax_p(s: Float32, scale_log2: Float32, neg_lse2: Float32, *, loc=None, ip=None
+              ) -> Float32:
+    """[softmax_p] ``exp2(S * scale_log2 - LSE2)``: one fma.rn.f32, then ex2.approx.ftz.f32."""
+    return Float32(llvm.inline_asm(
+        Float32.mlir_type,
+        [Float32(s).ir_value(loc=loc, ip=ip), Float32(scale_log2).ir_value(loc=loc, ip=ip),
+         Float32(neg_lse2).ir_value(loc=loc, ip=ip)],
+        "{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
+        "=f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
+
+
+@dsl_user_op
+def ds_value(p: Float32, dp: Float32, delta: Float32, *, loc=None, ip=None) -> Float32:
+    """[ds] ``P * (dP - D)``: a subtraction then a multiplication, each rounded (never an fma)."""
+    return Float32(llvm.inline_asm(
+        Float32.mlir_type,
+        [Float32(p).ir_value(loc=loc, ip=ip), Float32(dp).ir_value(loc=loc, ip=ip),
+         Float32(delta).ir_value(loc=loc, ip=ip)],
+        "{ .reg .f32 x; sub.rn.f32 x, $2, $3; mul.rn.f32 $0, $1, x; }",
+        "=f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
+
+
+@dsl_user_op
+def bulk_load_1d(dst_smem: cute.Pointer, src_gmem: cute.Pointer, mbar: cute.Pointer,
+                 num_bytes: int, *, loc=None, ip=None) -> None:
+    """1-D bulk copy global -> shared that completes ``num_bytes`` transactions on ``mbar``."""
+    llvm.inline_asm(
+        None,
+        [dst_smem.toint(loc=loc, ip=ip).ir_value(), src_gmem.llvm_ptr,
+         mbar.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $3, [$2];",
+        "r,l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
+                        loc=None, ip=None) -> None:
+    """[dq_add] ``dst += src`` elementwise in fp32, performed by the TMA unit at L2.
+
+    SASS: UBLKRED.G.S.ADD.F32.RN. Measured on an H200: round-to-nearest-even, subnormal
+    inputs and results kept (``dash_ref.emulate.replay(..., flush_subnormals=False)``).
+    """
+    llvm.inline_asm(
+        None,
+        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def bulk_store_1d(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
+                  loc=None, ip=None) -> None:
+    """Audit: copy a staged partial to global memory as it is (1-D bulk store)."""
+    llvm.inline_asm(
+        None,
+        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Small layout helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
+    """A swizzled (rows, cols[, stages]) shared-memory layout that wgmma and TMA both accept.
+
+    Row-major tiles (``cols`` contiguous) use 128-byte-swizzled K-major atoms of 64 columns;
+    the columns are cut into 64-wide blocks that each hold every row. The same bytes then
+    also read as a valid MN-major operand of the transposed tile, which is how K, Q and dO
+    serve both as K-major operands (S, dP) and as MN-major ones (dQ, dK, dV).
+    ``mn_major`` makes ``rows`` the contiguous dimension instead (used for dS).
+    """
+    kind = (warpgroup.SmemLayoutAtomKind.MN_SW128 if mn_major
+            else warpgroup.SmemLayoutAtomKind.K_SW128)
+    atom = warpgroup.make_smem_layout_atom(kind, dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+def transposed(t: cute.Tensor) -> cute.Tensor:
+    """View of ``t`` with its first two modes swapped (same memory)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def acc_as_operand_a(acc: cute.Tensor, dtype) -> tuple[cute.Tensor, cute.Tensor]:
+    """A 16-bit register A operand that aliases an fp32 accumulator's element order.
+
+    For wgmma, the A fragment of an m64 x k16 block held in registers has the same
+    thread/element map as the fp32 accumulator of an m64 x n16 block, so the accumulator
+    ((2, 2, N / 8), 1, 1) re-read as ((2, 2, 2), 1, N / 16) is the operand. Returns
+    (operand, operand viewed with the accumulator's layout) so that the caller can fill it.
+    """
+    n8 = acc.shape[0][2]
+    op = cute.make_rmem_tensor(((2, 2, 2), 1, n8 // 2), dtype)
+    return op, cute.make_tensor(op.iterator, acc.layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------
+
+
+class DashBackwardSm90:
+    """Compile-time configuration of one kernel variant; ``__call__`` is the host launcher.
+
+    ``dtype``: cutlass.BFloat16 or cutlass.Float16. ``per_head``: dK/dV go to fp32 per query
+    head scratch (GQA or audit); otherwise to the rounded outputs. ``deterministic``: dQ adds
+    wait for their rank; otherwise they run in arrival order. ``audit``: every partial is also
+    copied to ``partials``.
+    """
+
+    def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
+                 per_head: bool):
+        if head_dim not in TILES:
+            raise ValueError(f"head_dim {head_dim} not supported (have {sorted(TILES)})")
+        self.dtype = dtype
+        self.d = head_dim
+        cfg = TILES[head_dim]
+        self.bm, self.bn = cfg.block_m, cfg.block_n
+        self.q_stages, self.dq_stages = cfg.q_stages, cfg.dq_stages
+        self.causal = causal
+        self.deterministic = deterministic
+        self.audit = audit
+        self.per_head = per_head
+        self.dq_tile_elems = self.bm * head_dim
+        self.dq_tile_bytes = self.dq_tile_elems * 4
+        # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
+        self.dq_regs = self.dq_tile_elems // MATH_THREADS
+        assert self.dq_regs == 32
+
+    # -- MMAs ----------------------------------------------------------------------------------
+    def _tiled_mmas(self):
+        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        # S^T = K Q^T and dP^T = V dO^T: (BN x BM), warpgroup w takes key rows 64w ..
+        mma_sdp = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, Float32, (2, 1, 1), (64, self.bm))
+        # dV += P^T dO, dK += dS^T Q: (BN x d), A (P^T, dS^T) straight from registers
+        mma_dkv = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, Float32, (2, 1, 1), (64, self.d),
+            a_source=warpgroup.OperandSource.RMEM)
+        # dQ_ij = dS K: (BM x d) from shared dS (MN-major) and K (MN-major as d x BN)
+        if self.bm == 128:  # two warpgroups split the query rows
+            mma_dq = sm90.make_trivial_tiled_mma(
+                self.dtype, self.dtype, mn_major, mn_major, Float32, (2, 1, 1), (64, self.d))
+        else:  # BM = 64: two warpgroups split the head dim
+            mma_dq = sm90.make_trivial_tiled_mma(
+                self.dtype, self.dtype, mn_major, mn_major, Float32, (1, 2, 1), (64, self.d // 2))
+        return mma_sdp, mma_dkv, mma_dq
+
+    # -- host side -----------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, do_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer, delta_ptr: cute.Pointer, dqacc_ptr: cute.Pointer,
+        dk_ptr: cute.Pointer, dv_ptr: cute.Pointer, sem_ptr: cute.Pointer,
+        partials_ptr: cute.Pointer,
+        worker_offsets_ptr: cute.Pointer, chain_bhj_ptr: cute.Pointer,
+        chain_offsets_ptr: cute.Pointer, visit_q_ptr: cute.Pointer, visit_rank_ptr: cute.Pointer,
+        batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
+        n_q: Int32, num_chains: Int32, num_visits: Int32, num_workers: Int32,
+        q_strides: tuple, k_strides: tuple, v_strides: tuple, do_strides: tuple,
+        dk_strides: tuple, dv_strides: tuple,
+        scale_log2: Float32, softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        d, bm, bn = self.d, self.bm, self.bn
+
+        def bshd_as_sdhb(ptr, seqlen, nheads, strides):
+            # (B, S, H, d) with strides (b, s, h, 1) viewed as (S, d, H, B) for TMA tiling
+            return cute.make_tensor(ptr, cute.make_layout(
+                (seqlen, d, nheads, batch), stride=(strides[1], 1, strides[2], strides[0])))
+
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, q_strides)
+        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, do_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, v_strides)
+        out_heads = heads if const_expr(self.per_head) else heads_kv
+        mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, dk_strides)
+        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, dv_strides)
+        rows_pad = n_q * bm
+        mLSE = cute.make_tensor(lse_ptr, cute.make_layout((rows_pad, batch * heads),
+                                                          stride=(1, rows_pad)))
+        mDelta = cute.make_tensor(delta_ptr, cute.make_layout((rows_pad, batch * heads),
+                                                              stride=(1, rows_pad)))
+        num_tiles = batch * heads * n_q
+        mDQacc = cute.make_tensor(dqacc_ptr, cute.make_layout(
+            (self.dq_tile_elems, num_tiles), stride=(1, self.dq_tile_elems)))
+        mPartials = cute.make_tensor(partials_ptr, cute.make_layout(
+            (self.dq_tile_elems, num_visits), stride=(1, self.dq_tile_elems)))
+        mSem = cute.make_tensor(sem_ptr, cute.make_layout(num_tiles))
+        tables = (
+            cute.make_tensor(worker_offsets_ptr, cute.make_layout(num_workers + 1)),
+            cute.make_tensor(chain_bhj_ptr, cute.make_layout((3, num_chains), stride=(1, 3))),
+            cute.make_tensor(chain_offsets_ptr, cute.make_layout(num_chains + 1)),
+            cute.make_tensor(visit_q_ptr, cute.make_layout(num_visits)),
+            cute.make_tensor(visit_rank_ptr, cute.make_layout(num_visits)),
+        )
+
+        sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
+        sK_layout = smem_layout(self.dtype, bn, d, None)
+        sdS_layout = smem_layout(self.dtype, bm, bn, None, mn_major=True)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, (None, None, 0)),
+                                                (bm, d))
+        tma_do, tdO = cpasync.make_tiled_tma_atom(load, mdO,
+                                                  cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
+        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (bn, d))
+
+        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
+
+        @cute.struct
+        class Storage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
+            mbar_dq: cute.struct.MemRange[cutlass.Int64, 2 * self.dq_stages]
+            s_lse: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
+            s_delta: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)],
+                                   1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)],
+                                   1024]
+            s_dq: cute.struct.Align[
+                cute.struct.MemRange[Float32, self.dq_tile_elems * self.dq_stages], 1024]
+
+        self.kernel(
+            tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v,
+            mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
+            mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout,
+            heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, Storage,
+        ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+                 min_blocks_per_mp=1)
+
+    # -- device side ---------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tQ: cute.Tensor, tdO: cute.Tensor, tK: cute.Tensor, tV: cute.Tensor,
+        tma_q: cute.CopyAtom, tma_do: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
+        mLSE: cute.Tensor, mDelta: cute.Tensor, mDQacc: cute.Tensor, mPartials: cute.Tensor,
+        mSem: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tables: tuple,
+        mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
+        scale_log2: Float32, softmax_scale: Float32,
+        Storage: cutlass.Constexpr,
+    ):
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp == 0:
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        bm, d = self.bm, self.d
+
+        # Pipelines. Loads: one TMA-issuing thread produces, the eight math warps consume
+        # (one arrival per warp). Staged dQ partials: the 256 math threads produce, the 32
+        # threads of the dQ writer consume.
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
+        q_tile_bytes = bm * d * self.dtype.width // 8
+        kv_tile_bytes = self.bn * d * self.dtype.width // 8
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=math_warps, tx_count=2 * kv_tile_bytes, defer_sync=True)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_q.data_ptr(), num_stages=self.q_stages,
+            producer_group=one_thread, consumer_group=math_warps,
+            tx_count=q_tile_bytes + bm * 4, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_do.data_ptr(), num_stages=self.q_stages,
+            producer_group=one_thread, consumer_group=math_warps,
+            tx_count=q_tile_bytes + bm * 4, defer_sync=True)
+        pipe_dq = pipeline.PipelineAsync.create(
+            barrier_storage=st.mbar_dq.data_ptr(), num_stages=self.dq_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+            defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sLSE = st.s_lse.get_tensor(cute.make_layout((bm, self.q_stages)))
+        sDelta = st.s_delta.get_tensor(cute.make_layout((bm, self.q_stages)))
+        # staged partials: [v, t, g, w, stage] holds register 4 g + v of math thread t of
+        # warpgroup w (see staging_coords)
+        half = self.dq_tile_elems // 2
+        s_dq = st.s_dq.get_tensor(cute.make_layout(
+            (4, 128, self.dq_regs // 4, 2, self.dq_stages),
+            stride=(1, 4, 512, half, self.dq_tile_elems)))
+
+        if warp < 4:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == 0:
+                self.loader(tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
+                            sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
+                            heads_kv, heads)
+            if warp == 1:
+                self.dq_writer(s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q)
+        else:
+            cute.arch.setmaxregister_increase(MATH_REGS)
+            self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
+                      sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
+                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale)
+
+    # -- table walking -------------------------------------------------------------------------
+    @cute.jit
+    def chain_range(self, tables: tuple):
+        """Chains of this CTA's worker: ``worker_offsets[w] : worker_offsets[w + 1]``."""
+        w, _, _ = cute.arch.block_idx()
+        return tables[0][w], tables[0][w + 1]
+
+    # -- loader warp ---------------------------------------------------------------------------
+    @cute.jit
+    def loader(self, tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
+               sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
+               heads_kv, heads):
+        """K_j, V_j once per chain, then Q_i/LSE2_i and dO_i/D_i for every visit, in order."""
+        bm, bn, d = self.bm, self.bn, self.d
+        _, chain_bhj, chain_offsets, visit_q, _ = tables
+        group = heads // heads_kv
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
+            b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
+            h_kv = h // group
+            gK = cute.local_tile(tK[None, None, h_kv, b], (bn, d), (j, 0))
+            gV = cute.local_tile(tV[None, None, h_kv, b], (bn, d), (j, 0))
+            sK_t, gK_t = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            sV_t, gV_t = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            # K and V have one buffer: the previous chain's math must be done with them before
+            # they are replaced (its release is the empty barrier waited on here). The next
+            # chain's Q/dO loads therefore start only after that chain's last MMA.
+            pipe_kv.producer_acquire(kv_state)
+            bar = pipe_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_k, gK_t, sK_t, tma_bar_ptr=bar)
+            cute.copy(tma_v, gV_t, sV_t, tma_bar_ptr=bar)
+            kv_state.advance()
+
+            gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
+            gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
+            sQ_t, gQ_t = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            sdO_t, gdO_t = cpasync.tma_partition(tma_do, 0, cute.make_layout(1),
+                                                 cute.group_modes(sdO, 0, 2),
+                                                 cute.group_modes(gdO, 0, 2))
+            row_base = (b * heads + h)
+            for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+                i = visit_q[vis]
+                stage = q_state.index
+                pipe_q.producer_acquire(q_state)
+                bar_q = pipe_q.producer_get_barrier(q_state)
+                cute.copy(tma_q, gQ_t[None, i], sQ_t[None, stage], tma_bar_ptr=bar_q)
+                with cute.arch.elect_one():
+                    bulk_load_1d(sLSE[None, stage].iterator,
+                                 mLSE[None, row_base].iterator + i * bm, bar_q, bm * 4)
+                pipe_do.producer_acquire(q_state)
+                bar_do = pipe_do.producer_get_barrier(q_state)
+                cute.copy(tma_do, gdO_t[None, i], sdO_t[None, stage], tma_bar_ptr=bar_do)
+                with cute.arch.elect_one():
+                    bulk_load_1d(sDelta[None, stage].iterator,
+                                 mDelta[None, row_base].iterator + i * bm, bar_do, bm * 4)
+                q_state.advance()
+
+    # -- dQ writer warp ------------------------------------------------------------------------
+    @cute.jit
+    def dq_writer(self, s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q):
+        """Adds staged partials into dQacc in table order; deterministic: in dQ order."""
+        _, chain_bhj, chain_offsets, visit_q, visit_rank = tables
+        lane = cute.arch.lane_idx()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.dq_stages)
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
+            b, h = chain_bhj[0, c], chain_bhj[1, c]
+            tile_base = (b * heads + h) * n_q
+            for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+                t = tile_base + visit_q[vis]
+                pipe_dq.consumer_wait(state)
+                if lane == 0:
+                    staged = s_dq[None, None, None, None, state.index].iterator
+                    if const_expr(self.deterministic):
+                        rank = visit_rank[vis]
+                        self.wait_turn(mSem.iterator + t, rank)
+                    bulk_reduce_add_f32(mDQacc[None, t].iterator, staged, self.dq_tile_bytes)
+                    if const_expr(self.audit):
+                        bulk_store_1d(mPartials[None, vis].iterator, staged, self.dq_tile_bytes)
+                    cute.arch.cp_async_bulk_commit_group()
+                    if const_expr(self.deterministic):
+                        # the add must have completed in global memory, not merely have read
+                        # shared memory, before the next rank may start its own
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        self.pass_turn(mSem.iterator + t, rank)
+                    else:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                pipe_dq.consumer_release(state)
+                state.advance()
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def wait_turn(self, sem: cute.Pointer, rank: Int32):
+        """Spin (one thread) until the tile's semaphore equals ``rank``; acquire at GPU scope.
+
+        The fence afterwards orders the following bulk add (async proxy) after the acquire.
+        """
+        seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+        while seen != rank:
+            seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+        cute.arch.fence_proxy("async.global")
+
+    @cute.jit
+    def pass_turn(self, sem: cute.Pointer, rank: Int32):
+        """Hand the tile to the next rank: proxy fence, then a release store of ``rank + 1``."""
+        cute.arch.fence_proxy("async.global")
+        cute.arch.store(sem, rank + 1, sem="release", scope="gpu")
+
+    # -- math warpgroups -----------------------------------------------------------------------
+    @cute.jit
+    def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
+             pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
+             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale):
+        bm, bn, d = self.bm, self.bn, self.d
+        _, chain_bhj, chain_offsets, visit_q, _ = tables
+        group = heads // heads_kv
+        wg = tid // 128
+        wg_leader = wg * 128
+
+        # Operand fragments (shared-memory descriptors are per warpgroup).
+        thr_sdp = mma_sdp.get_slice(tid)
+        wg_sdp = mma_sdp.get_slice(wg_leader)
+        wg_dkv = mma_dkv.get_slice(wg_leader)
+        thr_dkv = mma_dkv.get_slice(tid)
+        wg_dq = mma_dq.get_slice(wg_leader)
+        thr_dq = mma_dq.get_slice(tid)
+        a_k = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        a_v = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        b_q = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        b_do = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        b_qt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sQ)))
+        b_dot = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sdO)))
+        a_ds = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        b_kt = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+
+        acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), Float32)
+        acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), Float32)
+        # (key, query) coordinates of this thread's score elements, and its dS^T slots in smem
+        score_coords = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
+        ds_slots = thr_sdp.partition_C(transposed(sdS))
+        dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
+        my_dq_slots = s_dq[None, tid % 128, None, wg, None]
+
+        ds_free = pipeline.NamedBarrier(barrier_id=BAR_DS_FREE, num_threads=MATH_THREADS)
+        ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        dq_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                self.dq_stages)
+        causal_offset = seqlen_k - seqlen_q
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
+            b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
+            acc_dk.fill(0.0)
+            acc_dv.fill(0.0)
+            pipe_kv.consumer_wait(kv_state)
+            for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+                i = visit_q[vis]
+                stage = q_state.index
+                # [qk] S^T = K_j Q_i^T
+                pipe_q.consumer_wait(q_state)
+                acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
+                self.mma(mma_sdp, acc_s, a_k, b_q[None, None, None, stage], zero_init=True)
+                # [dp] dP^T = V_j dO_i^T
+                pipe_do.consumer_wait(q_state)
+                acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
+                self.mma(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
+                warpgroup.wait_group(1)
+                # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i)
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[e] = softmax_p(acc_s[e], scale_log2, -sLSE[score_coords[e][1], stage])
+                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn, seqlen_q - i * bm,
+                                 i * bm + causal_offset - j * bn)
+                p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
+                p_op_acc.store(acc_s.load().to(self.dtype))
+                # [ds] dS^T = P^T (dP^T - D_i)
+                warpgroup.wait_group(0)
+                for e in cutlass.range_constexpr(cute.size(acc_dp)):
+                    col = score_coords[e][1]
+                    acc_dp[e] = ds_value(acc_s[e], acc_dp[e], sDelta[col, stage])
+                ds_op, ds_op_acc = acc_as_operand_a(acc_dp, self.dtype)
+                ds_op_acc.store(acc_dp.load().to(self.dtype))
+                # [dv_step] dV_j += rnd(P^T) dO_i and [dk_step] dK_j += rnd(dS^T) Q_i; both
+                # operands A come straight from registers. Issued only now, once S and dP are
+                # dead, so that in-flight MMAs never compete with them for registers.
+                self.mma(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
+                self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage], zero_init=False)
+                # dS to shared memory for the partial (both warpgroups' key rows are needed)
+                ds_free.arrive_and_wait()
+                cute.autovec_copy(ds_op_acc, ds_slots)
+                cute.arch.fence_view_async_shared()
+                ds_full.arrive_and_wait()
+                # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
+                acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
+                self.mma(mma_dq, acc_dq, a_ds, b_kt, zero_init=True)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                pipe_do.consumer_release(q_state)
+                q_state.advance()
+                # stage the partial for the dQ writer
+                pipe_dq.producer_acquire(dq_state)
+                cute.autovec_copy(
+                    cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
+                    my_dq_slots[None, None, dq_state.index])
+                cute.arch.fence_view_async_shared()
+                pipe_dq.producer_commit(dq_state)
+                dq_state.advance()
+            pipe_kv.consumer_release(kv_state)
+            kv_state.advance()
+            self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h // group, h, j,
+                           seqlen_k, softmax_scale)
+
+    @cute.jit
+    def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal):
+        """[softmax_p] masked elements of P^T become exactly 0 (a select, not a multiply).
+
+        In tile-local coordinates (key row ``r``, query column ``c``) an element is visible
+        iff ``r < keys_left`` (key < S_k), ``c < rows_left`` (query < S_q) and, causal,
+        ``r - c <= diagonal`` (key <= query + S_k - S_q). Tiles that need none of the three
+        tests skip the selects entirely.
+        """
+        bm, bn = self.bm, self.bn
+        ragged = (keys_left < bn) | (rows_left < bm)
+        if const_expr(self.causal):
+            ragged = ragged | (diagonal < bn - 1)
+        if ragged:
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r, c = coords[e][0], coords[e][1]
+                visible = (r < keys_left) & (c < rows_left)
+                if const_expr(self.causal):
+                    visible = visible & (r - c <= diagonal)
+                acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(0.0))
+
+    @cute.jit
+    def mma(self, tiled_mma, acc, a_frag, b_frag, zero_init: cutlass.Constexpr[bool]):
+        """One warpgroup GEMM over the K blocks of the fragments (issued, not waited for)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
+            cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def store_dkv(self, acc_dk, acc_dv, coords, mdK, mdV, b, h_kv, h, j, seqlen_k,
+                  softmax_scale):
+        """Chain epilogue: rows past S_k are never written.
+
+        One query head per KV head: dK = rnd(dK_j * softmax_scale), dV = rnd(dV_j) into the
+        outputs (KV head h_kv). Otherwise the fp32 accumulators of query head h go to scratch
+        (unscaled); the GQA pass sums them.
+
+        A thread's accumulator covers two key rows (wgmma layout: registers 0 and 2 start
+        them) and d / 4 columns of each; addresses are formed per row so that no per-element
+        64-bit offset is kept live across the chain loop.
+        """
+        out_head = h if const_expr(self.per_head) else h_kv
+        per_row = cute.size(acc_dk) // 2
+        for half in cutlass.range_constexpr(2):
+            key = j * self.bn + coords[2 * half][0]
+            if key < seqlen_k:
+                row_dk = mdK[key, None, out_head, b]
+                row_dv = mdV[key, None, out_head, b]
+                for n in cutlass.range_constexpr(per_row):
+                    e = (n % 2) + 2 * half + 4 * (n // 2)
+                    col = coords[e][1]
+                    if const_expr(self.per_head):
+                        row_dk[col] = acc_dk[e]
+                        row_dv[col] = acc_dv[e]
+                    else:
+                        row_dk[col] = (acc_dk[e] * softmax_scale).to(self.dtype)
+                        row_dv[col] = acc_dv[e].to(self.dtype)
+
+
+def shared_bytes(head_dim: int, element_bytes: int = 2) -> int:
+    """Shared memory of one CTA, as ``Storage`` in :meth:`DashBackwardSm90.__call__` lays it out.
+
+    194 KiB at d = 64, 208 KiB at d = 128: more than half of an sm_90 SM's 228 KiB, so one
+    CTA per SM (the launcher reads the device's limit and checks).
+    """
+    cfg = TILES[head_dim]
+    bm, bn, d = cfg.block_m, cfg.block_n, head_dim
+    parts = [  # (bytes, alignment) in declaration order
+        (2 * 8, 8), (2 * cfg.q_stages * 8, 8), (2 * cfg.q_stages * 8, 8),
+        (2 * cfg.dq_stages * 8, 8),
+        (bm * cfg.q_stages * 4, 128), (bm * cfg.q_stages * 4, 128),
+        (bn * d * element_bytes, 1024), (bn * d * element_bytes, 1024),
+        (bm * d * cfg.q_stages * element_bytes, 1024),
+        (bm * d * cfg.q_stages * element_bytes, 1024),
+        (bm * bn * element_bytes, 1024), (bm * d * 4 * cfg.dq_stages, 1024),
+    ]
+    offset = 0
+    for size, align in parts:
+        offset = -(-offset // align) * align + size
+    return offset
+
+
+__all__ = ["DashBackwardSm90", "TILES", "TileConfig", "shared_bytes", "staging_coords"]

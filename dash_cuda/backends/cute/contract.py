@@ -1,0 +1,53 @@
+"""Which sm_90a instruction each step of the arithmetic contract becomes in the CuTe kernels.
+
+One entry per step of :data:`dash_ref.arithmetic.steps.STEPS`; the function of the same
+name mirrors it on the CPU. The CuTe backend runs the fast arithmetic only (``exact=True``
+runs on the Triton backend), so each entry holds one text. Read off the PTX and SASS of the
+compiled kernels; ``python -m dash_cuda.backends.cute.inspect_ptx`` compiles every variant for
+sm_90a on any machine and checks the PTX facts (``tests/test_cute_ptx.py`` runs it where
+``nvidia-cutlass-dsl`` is installed). The forward is the Triton backend's.
+"""
+
+from __future__ import annotations
+
+from dash_cuda.backends import SHARED_STEPS, Instruction
+
+BACKEND = "cute"
+
+_FORWARD = ("fwd_scores", "fwd_max", "fwd_probs", "fwd_accumulate", "fwd_finish")
+
+CONTRACT: dict[str, Instruction] = {
+    "scale_log2": Instruction("host: the float64 product rounded to fp32 (a Float32 argument)"),
+    "round_operand": Instruction("`cvt.rn.bf16x2.f32` / `cvt.rn.f16x2.f32` "
+                                 "(F2FP.BF16.F32.PACK_AB)"),
+    **{name: Instruction("the Triton backend's forward (its column)") for name in _FORWARD},
+    **SHARED_STEPS,
+    "qk": Instruction("`wgmma.mma_async ... f32.bf16.bf16`, A = K and B = Q from shared "
+                      "memory, first k-block without accumulator (HGMMA.64xBMx16 ... RZ), "
+                      "computed as S^T = K_j Q_i^T"),
+    "softmax_p": Instruction("`fma.rn.f32` then `ex2.approx.ftz.f32` in one inline block per "
+                             "element (FFMA, MUFU.EX2: approximate, subnormals flushed); "
+                             "masked: `selp.f32` 0 (FSEL), only in tiles that touch S_q, S_k "
+                             "or the causal diagonal"),
+    "dv_step": Instruction("`wgmma.mma_async` with A = rnd(P^T) in registers, B = dO^T from "
+                           "shared memory, dV_j as its accumulator (k = BM)"),
+    "dp": Instruction("`wgmma.mma_async`, fresh accumulator, computed as dP^T = V_j dO_i^T "
+                      "(k = d)"),
+    "ds": Instruction("`sub.rn.f32` then `mul.rn.f32` in one inline block (FADD, FMUL: never "
+                      "contracted)"),
+    "dk_step": Instruction("`wgmma.mma_async` with A = rnd(dS^T) in registers, B = Q^T from "
+                           "shared memory, dK_j as its accumulator (k = BM)"),
+    "dq_partial": Instruction("`wgmma.mma_async`, A = rnd(dS) and B = K^T from shared memory, "
+                              "fresh accumulator (k = BN), staged in shared memory for the "
+                              "dQ writer warp"),
+    "dq_add": Instruction("`cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` of "
+                          "the whole tile (UBLKRED.G.S.ADD.F32.RN: RNE, subnormals kept, "
+                          "measured on an H200), under the tile's semaphore in rank order: "
+                          "`ld.acquire.gpu` spin, `fence.proxy.async.global`, the reduce, "
+                          "`cp.async.bulk.wait_group 0` (completed, not `.read`), "
+                          "`fence.proxy.async.global`, `st.release.gpu` (atomic peer: the "
+                          "same reduce, in arrival order); dQacc starts as +0 (memset)"),
+    "epilogue": Instruction("dK, dV: `mul.f32` then `cvt.rn` in the kernel with one query head "
+                            "per KV head (else the shared `dash_gqa_kernel`); dQ: `mul.f32` "
+                            "then `cvt.rn` in the shared `dash_dq_kernel`"),
+}

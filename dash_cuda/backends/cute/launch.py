@@ -1,0 +1,242 @@
+"""Host side of the CuTe backward: compiled kernels, the buffers it reads, the launch.
+
+Kernels are specialized on (dtype, head dim, causal, deterministic, audit, per-head) only;
+shapes and strides are run-time values. A compiled kernel is kept per variant in memory;
+``DASH_CUTE_AOT_DIR`` names a folder of kernels exported ahead of time
+(:func:`export_kernels`, ``python -m dash_cuda.backends.cute.inspect_ptx --export DIR``), which
+load in milliseconds instead of compiling for a second or two.
+
+Layouts the kernel reads (:mod:`.bwd_kernel` says why):
+
+* ``LSE2`` and ``D`` as padded contiguous fp32 ``(B * H, n_q * BM)`` (:func:`pad_row_stats`);
+* ``dQacc`` as fp32 ``(B * H * n_q, BM * d)``, each tile one contiguous chunk in staging
+  order (:func:`dq_acc_rows` turns it into ``(B, S_q, H, d)``); audit partials likewise
+  ``(V, BM * d)`` (:func:`tiles_to_rows`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper, with or without a GPU
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32  # noqa: E402
+from cutlass.cute.runtime import make_ptr  # noqa: E402
+
+from dash_cuda.backends import Launch  # noqa: E402
+from dash_ref import Problem  # noqa: E402
+from dash_ref.arithmetic.steps import scale_log2  # noqa: E402
+
+from .bwd_kernel import TILES, DashBackwardSm90, shared_bytes, staging_coords  # noqa: E402
+
+TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
+_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+#: registers per thread at launch (ptxas -v, every variant), before setmaxnreg rebalances
+REGISTERS_AT_LAUNCH = 168
+THREADS = 384
+
+
+# -- variants and compiled kernels ------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    """Everything a compiled kernel is specialized on (shapes and strides are run-time)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    deterministic: bool
+    audit: bool
+    per_head: bool
+
+    @property
+    def name(self) -> str:
+        flags = ["bf16" if self.dtype == torch.bfloat16 else "fp16", f"d{self.head_dim}",
+                 "causal" if self.causal else "full",
+                 "det" if self.deterministic else "atomic"]
+        flags += ["audit"] if self.audit else []
+        flags += ["perhead"] if self.per_head else []
+        return "dash_bwd_" + "_".join(flags)
+
+    def kernel_object(self) -> DashBackwardSm90:
+        return DashBackwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
+                                deterministic=self.deterministic, audit=self.audit,
+                                per_head=self.per_head)
+
+    @classmethod
+    def of(cls, launch: Launch) -> Variant:
+        p = launch.problem
+        return cls(launch.q.dtype, p.head_dim, p.mask == "causal", launch.deterministic,
+                   launch.audit, launch.per_head)
+
+
+def _ptr(dtype, address: int = 16):
+    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
+
+
+def _placeholder_args(v: Variant) -> list:
+    """Arguments of the right types for ``cute.compile`` (their values are never used)."""
+    dt = _DTYPES[v.dtype]
+    out = Float32 if v.per_head else dt
+    ptrs = [_ptr(dt)] * 4 + [_ptr(Float32)] * 3 + [_ptr(out)] * 2 + [_ptr(Int32), _ptr(Float32)]
+    ptrs += [_ptr(Int32)] * len(TABLE_NAMES)
+    ints = [Int32(1)] * 9
+    strides = [(Int32(1), Int32(1), Int32(1))] * 6
+    return [*ptrs, *ints, *strides, Float32(1.0), Float32(1.0), cuda.CUstream(0)]
+
+
+def compile_kernel(v: Variant, options: str = ""):
+    """``cute.compile`` one variant for sm_90a (no GPU needed); ``options`` as CuTe DSL's
+    (``"--keep-ptx --dump-dir=DIR"`` keeps the PTX)."""
+    return cute.compile(v.kernel_object(), *_placeholder_args(v),
+                        options=f"--gpu-arch=sm_90a {options}".strip())
+
+
+_cache: dict[Variant, object] = {}
+_lock = threading.Lock()
+
+
+def get_kernel(v: Variant):
+    """The compiled kernel of ``v``: from memory, from ``$DASH_CUTE_AOT_DIR``, or compiled."""
+    with _lock:
+        hit = _cache.get(v)
+    if hit is not None:
+        return hit
+    kernel = None
+    folder = os.environ.get("DASH_CUTE_AOT_DIR")
+    if folder and os.path.exists(os.path.join(folder, v.name + ".o")):
+        try:
+            kernel = load_exported(folder, v)
+        except Exception as exc:  # noqa: BLE001 - an unloadable object: compile instead
+            warnings.warn(f"could not load {v.name} from {folder} ({exc}); compiling it",
+                          stacklevel=2)
+    if kernel is None:
+        kernel = compile_kernel(v)
+    with _lock:
+        _cache[v] = kernel
+    return kernel
+
+
+def export_kernels(variants, folder: str) -> list[str]:
+    """Compile ``variants`` and write each as ``FOLDER/<name>.o`` and ``.h``; their names."""
+    os.makedirs(folder, exist_ok=True)
+    for v in variants:
+        get_kernel(v).export_to_c(folder, v.name, v.name)
+    return [v.name for v in variants]
+
+
+def load_exported(folder: str, v: Variant):
+    """An exported kernel loaded back as a callable (the arguments of a compiled one)."""
+    from cutlass.cute.runtime import load_module
+
+    return getattr(load_module(os.path.join(folder, v.name + ".o")), v.name)
+
+
+# -- buffers ------------------------------------------------------------------------------------
+def pad_row_stats(x: torch.Tensor, block_m: int) -> torch.Tensor:
+    """A ``(B, S_q, H)`` fp32 row statistic (``LSE2`` or ``D``) as the kernel reads it.
+
+    A contiguous ``(B * H, n_q * block_m)`` copy, zero past ``S_q``: every Q tile's 1-D bulk
+    copy stays inside the buffer (those rows are masked).
+    """
+    batch, seqlen_q, heads = x.shape
+    n_q = -(-seqlen_q // block_m)
+    out = torch.zeros(batch, heads, n_q * block_m, device=x.device, dtype=torch.float32)
+    out[:, :, :seqlen_q] = x.permute(0, 2, 1)
+    return out.reshape(batch * heads, n_q * block_m)
+
+
+def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
+    """The zeroed fp32 accumulator: tile ``t = (b * H + h) * n_q + i`` is row ``t``."""
+    p = problem
+    return torch.zeros(p.batch * p.heads * p.n_q, p.block_m * p.head_dim, device=device,
+                       dtype=torch.float32)
+
+
+_perm: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _tile_permutation(head_dim: int, device: torch.device) -> torch.Tensor:
+    """``perm[row * d + col]``: the staging position that holds (row, col) of a tile."""
+    key = (head_dim, str(device))
+    if key not in _perm:
+        perm = torch.empty(TILES[head_dim].block_m * head_dim, dtype=torch.long)
+        for pos, (row, col) in enumerate(staging_coords(head_dim)):
+            perm[row * head_dim + col] = pos
+        _perm[key] = perm.to(device)
+    return _perm[key]
+
+
+def tiles_to_rows(tiles: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``(N, BM * d)`` tiles in staging order as ``(N, BM, d)`` row-major (a copy)."""
+    perm = _tile_permutation(head_dim, tiles.device)
+    return tiles[:, perm].reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
+
+
+def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (rows past ``S_q`` dropped)."""
+    p = problem
+    rows = tiles_to_rows(dq_acc, p.head_dim).reshape(p.batch, p.heads, -1, p.head_dim)
+    return rows[:, :, :p.seqlen_q].permute(0, 2, 1, 3).contiguous()
+
+
+# -- residency and launch -------------------------------------------------------------------------
+def ctas_per_sm(launch: Launch) -> int:
+    """CTAs that fit on one SM at once: shared memory, registers and threads decide."""
+    props = torch.cuda.get_device_properties(launch.q.device)
+    smem = shared_bytes(launch.problem.head_dim, launch.q.element_size())
+    by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (REGISTERS_AT_LAUNCH * THREADS)
+    by_threads = props.max_threads_per_multi_processor // THREADS
+    return max(0, min(by_smem, by_regs, by_threads))
+
+
+def max_workers(launch: Launch) -> int:
+    """Persistent CTAs that are all resident at once on the launch's device."""
+    props = torch.cuda.get_device_properties(launch.q.device)
+    return props.multi_processor_count * ctas_per_sm(launch)
+
+
+def run_schedule(launch: Launch) -> None:
+    """Launch the persistent backward: one CTA per worker of the schedule's tables."""
+    p = launch.problem
+    q, k, v, do = launch.q, launch.k, launch.v, launch.do
+    for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+            raise ValueError(f"the CuTe backend needs {name} 16-byte aligned with strides that "
+                             f"are multiples of 8 elements (TMA), got strides {t.stride()}")
+    lse2 = pad_row_stats(launch.lse2, p.block_m)
+    delta = pad_row_stats(launch.delta, p.block_m)
+    tables = [launch.tables[n] for n in TABLE_NAMES]
+    variant = Variant.of(launch)
+    kernel = get_kernel(variant)
+    dt = _DTYPES[q.dtype]
+    out_dt = Float32 if launch.per_head else dt
+
+    def ptr(t, dtype):
+        return _ptr(dtype, t.data_ptr())
+
+    def strides(t):
+        return tuple(Int32(s) for s in t.stride()[:3])
+
+    kernel(
+        ptr(q, dt), ptr(k, dt), ptr(v, dt), ptr(do, dt),
+        ptr(lse2, Float32), ptr(delta, Float32), ptr(launch.dq_acc, Float32),
+        ptr(launch.dk_out, out_dt), ptr(launch.dv_out, out_dt), ptr(launch.sem, Int32),
+        ptr(launch.partials, Float32),
+        *(ptr(t, Int32) for t in tables),
+        Int32(p.batch), Int32(p.heads), Int32(p.heads_kv), Int32(p.seqlen_q),
+        Int32(p.seqlen_k), Int32(p.n_q), Int32(tables[2].numel() - 1),
+        Int32(tables[3].numel()), Int32(launch.num_workers),
+        strides(q), strides(k), strides(v), strides(do), strides(launch.dk_out),
+        strides(launch.dv_out),
+        Float32(float(scale_log2(launch.softmax_scale))), Float32(launch.softmax_scale),
+        cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
+    )
