@@ -162,14 +162,13 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
 
     backend.run_schedule(launch)
 
-    dq_rows = backend.dq_acc_rows(dq_acc, problem)
-    prepost.finish_dq(dq_rows, dq, softmax_scale, problem.block_m)
+    backend.finish_dq(dq_acc, dq, problem, softmax_scale)
     if per_head:
         prepost.finish_dk_dv(dk_out, dv_out, dk, dv, softmax_scale)
     record = None
     if audit:
         record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),
-                               dq_rows, dk_out, dv_out, delta,
+                               backend.dq_acc_rows(dq_acc, problem), dk_out, dv_out, delta,
                                flush_subnormals=backend.dq_add_flushes_subnormals,
                                exact=exact, backend=backend.name)
     return dq, dk, dv, record

@@ -127,6 +127,10 @@ class Backend(Protocol):
     def dq_acc_rows(self, dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
         """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (a view where possible)."""
 
+    def finish_dq(self, dq_acc: torch.Tensor, dq: torch.Tensor, problem: Problem,
+                  softmax_scale: float) -> None:
+        """Step ``epilogue`` of dQ: ``dq = rnd(dQacc * scale)`` from this backend's layout."""
+
     def new_partials(self, num_visits: int, problem: Problem, device: torch.device
                      ) -> torch.Tensor:
         """Room for every fp32 dQ partial of an audit, in this backend's layout."""

@@ -49,5 +49,6 @@ CONTRACT: dict[str, Instruction] = {
                           "same reduce, in arrival order); dQacc starts as +0 (memset)"),
     "epilogue": Instruction("dK, dV: `mul.f32` then `cvt.rn` in the kernel with one query head "
                             "per KV head (else the shared `dash_gqa_kernel`); dQ: `mul.f32` "
-                            "then `cvt.rn` in the shared `dash_dq_kernel`"),
+                            "then `cvt.rn` in the shared `dash_dq_tiles_kernel`, which reads "
+                            "the staged tiles"),
 }

@@ -161,6 +161,17 @@ def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
 
 
 _perm: dict[tuple[int, str], torch.Tensor] = {}
+_positions: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def tile_positions(head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 ``(rows, cols)``: the element of its tile that staged value ``p`` is."""
+    key = (head_dim, str(device))
+    if key not in _positions:
+        coords = torch.tensor(staging_coords(head_dim), dtype=torch.int32)
+        _positions[key] = (coords[:, 0].contiguous().to(device),
+                           coords[:, 1].contiguous().to(device))
+    return _positions[key]
 
 
 def _tile_permutation(head_dim: int, device: torch.device) -> torch.Tensor:

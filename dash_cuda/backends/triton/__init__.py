@@ -57,6 +57,11 @@ class TritonBackend:
     def dq_acc_rows(self, dq_acc, problem):
         return dq_acc
 
+    def finish_dq(self, dq_acc, dq, problem, softmax_scale):
+        from dash_cuda.prepost import finish_dq
+
+        finish_dq(dq_acc, dq, softmax_scale, problem.block_m)
+
     def new_partials(self, num_visits, problem, device):
         return torch.empty((num_visits, problem.block_m, problem.head_dim), device=device,
                            dtype=torch.float32)
