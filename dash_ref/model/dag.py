@@ -205,6 +205,13 @@ def _name(t: Task) -> str:
     return f"{t.kind}(b={t.b},h={t.h},i={t.i},j={t.j}) on w{t.worker}"
 
 
+def checked_costs(model: str, cost_compute: float, cost_reduce: float) -> tuple[float, float]:
+    """The costs as floats, once the worker model is known and both are finite and >= 0."""
+    choice("model", model, MODELS)
+    return (number("cost_compute", cost_compute, minimum=0),
+            number("cost_reduce", cost_reduce, minimum=0))
+
+
 def build_dag(
     schedule: Schedule,
     model: str = "sync",
@@ -221,9 +228,7 @@ def build_dag(
     Node ``2k`` is the compute and ``2k + 1`` the reduce of the ``k``-th visit, visits
     numbered worker by worker in program order. Costs are finite and non-negative.
     """
-    choice("model", model, MODELS)
-    cost_compute = number("cost_compute", cost_compute, minimum=0)
-    cost_reduce = number("cost_reduce", cost_reduce, minimum=0)
+    cost_compute, cost_reduce = checked_costs(model, cost_compute, cost_reduce)
     p = schedule.problem
     tasks: list[Task] = []
     edges: list[tuple[int, int]] = []

@@ -24,9 +24,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .._checks import choice, number
+from .._checks import number
 from ..schedules.schedule import Schedule, ScheduleError
-from .dag import COMPUTE, MODELS, REDUCE, compute_cost
+from .dag import COMPUTE, REDUCE, checked_costs, compute_cost
 
 WAIT = "wait"
 RELEASE = "release"
@@ -92,9 +92,7 @@ def simulate(
     Costs and the hand-off latency are finite and non-negative (a ``ValueError`` says which
     is not).
     """
-    choice("model", model, MODELS)
-    cost_compute = number("cost_compute", cost_compute, minimum=0)
-    cost_reduce = number("cost_reduce", cost_reduce, minimum=0)
+    cost_compute, cost_reduce = checked_costs(model, cost_compute, cost_reduce)
     handoff_latency = number("handoff_latency", handoff_latency, minimum=0)
     p = schedule.problem
     W = schedule.num_workers
