@@ -230,6 +230,10 @@ def plot(report: dict, path: Path) -> None:
     rows = [r for r in report["results"] if "bwd_tflops" in r]
     panels = sorted({(r["d"], r["mask"]) for r in rows})
     impls = list(dict.fromkeys(r["impl"] for r in rows))
+    # colour = schedule (or peer), line = backend: solid CuTe, dash-dot Triton, dotted peers
+    names = list(dict.fromkeys(i.split(":")[-1] for i in impls))
+    colours = {n: plt.get_cmap("tab10")(k % 10) for k, n in enumerate(names)}
+    lines = {"cute": "-", "triton": "-."}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), sharey=True,
                              squeeze=False)
     for ax, (d, mask) in zip(axes[0], panels):
@@ -238,16 +242,19 @@ def plot(report: dict, path: Path) -> None:
                          if (r["d"], r["mask"], r["impl"]) == (d, mask, impl))
             if not pts:
                 continue
-            style = "-" if deterministic(impl) else "--"
-            ax.plot(*zip(*pts), style, marker="o", ms=3, label=impl)
+            backend, _, name = impl.rpartition(":")
+            ax.plot(*zip(*pts), lines.get(backend, ":"), color=colours[name],
+                    marker="o" if backend == "cute" else ("s" if backend else "^"), ms=3,
+                    lw=2 if backend == "cute" else 1, label=impl)
         ax.set_xscale("log", base=2)
         ax.set_title(f"d = {d}, {mask}")
         ax.set_xlabel("sequence length (batch = 16384 / S)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("backward TFLOP/s")
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Backward on {report['environment']['gpu']} (solid: deterministic "
-                 "dash_cuda schedules; dashed: non-deterministic or peers)", fontsize=9)
+    fig.suptitle(f"Backward on {report['environment']['gpu']} (colour: schedule or peer; "
+                 "solid: CuTe backend, dash-dot: Triton backend, dotted: peers; `atomic` and "
+                 "the peers other than fa4-det are not deterministic)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
