@@ -33,20 +33,6 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def at_least(minimum: int):
     """An integer type with a lower bound."""
 
@@ -58,6 +44,10 @@ def at_least(minimum: int):
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+positive_int = at_least(1)
+nonnegative_int = at_least(0)
 
 
 def cost(text: str) -> float:

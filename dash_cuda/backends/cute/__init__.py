@@ -33,7 +33,7 @@ class CuteBackend:
 
     def missing(self) -> str | None:
         for module in ("cutlass", "cuda.bindings"):
-            if importlib.util.find_spec(module.split(".")[0]) is None:
+            if importlib.util.find_spec(module) is None:
                 return (f"{module} is not importable: install nvidia-cutlass-dsl "
                         "(pip install 'dash-attention[gpu]')")
         return None

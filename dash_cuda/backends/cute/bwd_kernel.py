@@ -125,31 +125,28 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _f32_asm(asm: str, a, b, c, loc, ip) -> Float32:
+    """The fp32 result ``$0`` of a pure PTX block over three fp32 operands ``$1 .. $3``."""
+    return Float32(llvm.inline_asm(
+        Float32.mlir_type, [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c)],
+        asm, "=f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
+
+
 @dsl_user_op
 def softmax_p(s: Float32, scale_log2: Float32, neg_lse2: Float32, *, loc=None, ip=None
               ) -> Float32:
     """[softmax_p] ``exp2(S * scale_log2 - LSE2)``: one fma.rn.f32, then ex2.approx.ftz.f32."""
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type,
-        [Float32(s).ir_value(loc=loc, ip=ip), Float32(scale_log2).ir_value(loc=loc, ip=ip),
-         Float32(neg_lse2).ir_value(loc=loc, ip=ip)],
-        "{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
-        "=f,f,f,f", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
+    return _f32_asm("{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
+                    s, scale_log2, neg_lse2, loc, ip)
 
 
 @dsl_user_op
 def ds_value(p: Float32, dp: Float32, delta: Float32, *, loc=None, ip=None) -> Float32:
     """[ds] ``P * (dP - D)``: a subtraction then a multiplication, each rounded (never an fma)."""
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type,
-        [Float32(p).ir_value(loc=loc, ip=ip), Float32(dp).ir_value(loc=loc, ip=ip),
-         Float32(delta).ir_value(loc=loc, ip=ip)],
-        "{ .reg .f32 x; sub.rn.f32 x, $2, $3; mul.rn.f32 $0, $1, x; }",
-        "=f,f,f,f", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
+    return _f32_asm("{ .reg .f32 x; sub.rn.f32 x, $2, $3; mul.rn.f32 $0, $1, x; }",
+                    p, dp, delta, loc, ip)
 
 
 @dsl_user_op

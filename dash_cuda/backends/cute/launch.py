@@ -160,7 +160,6 @@ def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
                        dtype=torch.float32)
 
 
-_perm: dict[tuple[int, str], torch.Tensor] = {}
 _positions: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -174,21 +173,12 @@ def tile_positions(head_dim: int, device: torch.device) -> tuple[torch.Tensor, t
     return _positions[key]
 
 
-def _tile_permutation(head_dim: int, device: torch.device) -> torch.Tensor:
-    """``perm[row * d + col]``: the staging position that holds (row, col) of a tile."""
-    key = (head_dim, str(device))
-    if key not in _perm:
-        perm = torch.empty(TILES[head_dim].block_m * head_dim, dtype=torch.long)
-        for pos, (row, col) in enumerate(staging_coords(head_dim)):
-            perm[row * head_dim + col] = pos
-        _perm[key] = perm.to(device)
-    return _perm[key]
-
-
 def tiles_to_rows(tiles: torch.Tensor, head_dim: int) -> torch.Tensor:
     """``(N, BM * d)`` tiles in staging order as ``(N, BM, d)`` row-major (a copy)."""
-    perm = _tile_permutation(head_dim, tiles.device)
-    return tiles[:, perm].reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
+    rows, cols = tile_positions(head_dim, tiles.device)
+    out = torch.empty_like(tiles)
+    out[:, rows.long() * head_dim + cols.long()] = tiles
+    return out.reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
 
 
 def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
