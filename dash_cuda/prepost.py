@@ -8,8 +8,8 @@ nothing), each with its launcher:
   tree of :func:`dash_ref.arithmetic.steps.delta` (:func:`_rowsum_pairwise`).
 * :func:`finish_dq` (:func:`dash_dq_kernel`) -- step ``epilogue``,
   ``dQ = rnd(dQacc * scale)``: one fp32 multiply, one RNE cast; :func:`finish_dq_tiles`
-  (:func:`dash_dq_tiles_kernel`) the same from an accumulator kept as tiles whose elements a
-  position table places.
+  (:func:`dash_dq_tiles_kernel`) the same from an accumulator kept as tiles whose elements an
+  index table places.
 * :func:`finish_dk_dv` (:func:`dash_gqa_kernel`) -- steps ``gqa_sum`` and ``epilogue``:
   dK/dV of a KV head from the per-query-head fp32 accumulators, summed in ascending query
   head from ``+0.0`` (when a KV head has several query heads), then ``dK = rnd(sum *
@@ -90,22 +90,27 @@ def dash_dq_kernel(
 
 @triton.jit(do_not_specialize=["H", "S_Q", "N_Q"])
 def dash_dq_tiles_kernel(
-    DQ_ACC, ROWS, COLS, DQ,
+    DQ_ACC, STAGED, DQ,
     stride_dqb, stride_dqs, stride_dqh,
     H, S_Q, N_Q, softmax_scale,
-    BM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+    BM: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """``dQ = rnd(dQacc * scale)`` from tiles: tile ``t = (b * H + h) * N_Q + i`` is ``TILE``
-    contiguous fp32 values, value ``p`` being element (``ROWS[p]``, ``COLS[p]``) of the tile."""
+    """``dQ = rnd(dQacc * scale)`` from tiles: tile ``t = (b * H + h) * N_Q + i`` is
+    ``BM * HEAD_DIM`` contiguous fp32 values, element ``(r, c)`` at ``STAGED[r * HEAD_DIM + c]``.
+
+    Each program gathers ``ROWS`` whole rows of one tile (the reads stay inside the tile's
+    chunk) so that its bf16/fp16 writes are contiguous rows of dQ.
+    """
     t = tl.program_id(0)
-    pos = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.load(DQ_ACC + t.to(tl.int64) * TILE + pos)
-    rows = (t % N_Q) * BM + tl.load(ROWS + pos)
+    r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, HEAD_DIM)
+    where = tl.load(STAGED + r[:, None] * HEAD_DIM + c[None, :])
+    acc = tl.load(DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM) + where)
     bh = (t // N_Q).to(tl.int64)
     b, h = bh // H, bh % H
-    ptrs = DQ + b * stride_dqb + h * stride_dqh + rows.to(tl.int64) * stride_dqs + tl.load(
-        COLS + pos)
-    tl.store(ptrs, (acc * softmax_scale).to(DQ.dtype.element_ty), mask=rows < S_Q)
+    rows = (t % N_Q) * BM + r
+    dq = (acc * softmax_scale).to(DQ.dtype.element_ty)  # one fp32 multiply, one RNE cast
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
 
 
 @triton.jit(do_not_specialize=["H_KV", "S_K"])
@@ -172,20 +177,19 @@ def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, bloc
     )
 
 
-def finish_dq_tiles(dq_acc: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                    dq: torch.Tensor, softmax_scale: float, block_m: int) -> None:
+def finish_dq_tiles(dq_acc: torch.Tensor, staged: torch.Tensor, dq: torch.Tensor,
+                    softmax_scale: float, block_m: int) -> None:
     """``dQ = rnd(dQacc * scale)`` from ``(B * H * n_q, BM * d)`` tiles.
 
-    ``rows[p]``, ``cols[p]`` (int32, ``BM * d``) say which element of its tile value ``p`` of
-    every tile is; rows past ``S_q`` are not written.
+    ``staged[r * d + c]`` (int32, ``BM * d``) is where element ``(r, c)`` of every tile sits;
+    rows past ``S_q`` are not written.
     """
-    batch, seqlen_q, heads, _ = dq.shape
-    tile = dq_acc.shape[1]
-    block = min(1024, tile)
-    dash_dq_tiles_kernel[(dq_acc.shape[0], tile // block)](
-        dq_acc, rows, cols, dq, dq.stride(0), dq.stride(1), dq.stride(2),
+    batch, seqlen_q, heads, head_dim = dq.shape
+    rows = max(1, min(block_m, 2048 // head_dim))
+    dash_dq_tiles_kernel[(dq_acc.shape[0], block_m // rows)](
+        dq_acc, staged, dq, dq.stride(0), dq.stride(1), dq.stride(2),
         heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale,
-        BM=block_m, TILE=tile, BLOCK=block,
+        BM=block_m, HEAD_DIM=head_dim, ROWS=rows,
     )
 
 

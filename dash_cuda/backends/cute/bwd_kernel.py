@@ -74,7 +74,7 @@ class TileConfig:
 
     block_m: int
     block_n: int
-    q_stages: int = 2  # Q/LSE and dO/D pipeline depth
+    q_stages: int = 2  # Q/LSE and dO/D pipeline depth; also the dS buffers (one per Q stage)
     dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
 
 
@@ -87,9 +87,8 @@ NUM_THREADS = 384
 MATH_THREADS = 256
 PRODUCER_REGS = 24
 MATH_REGS = 240
-# named barrier ids (0 is __syncthreads)
-BAR_DS_FREE = 1
-BAR_DS_FULL = 2
+# named barrier id (0 is __syncthreads)
+BAR_DS_FULL = 1
 
 
 def staging_coords(head_dim: int) -> list[tuple[int, int]]:
@@ -195,6 +194,24 @@ def bulk_store_1d(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int
     )
 
 
+@dsl_user_op
+def sm_clock(*, loc=None, ip=None) -> Int32:
+    """The SM's 32-bit cycle counter (``%clock``), for the timing probe."""
+    return Int32(llvm.inline_asm(
+        Int32.mlir_type, [], "mov.u32 $0, %clock;", "=r", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
+
+
+# Timing probe (``probe=True``, a diagnostic variant): int32 cycle stamps written over the
+# ``partials`` buffer, PROBE_VISIT_SLOTS per visit (table order), then PROBE_CHAIN_SLOTS per
+# chain. Visit slots, math thread 0 unless noted: 0 visit start, 1 Q and dO ready, 2 S and dP
+# done, 3 dS barrier passed, 4 staging buffer free, 5 visit end; dQ writer: 6 turn acquired,
+# 7 add complete (deterministic). Chain slots (math thread 0): 0 chain start, 1 K/V ready,
+# 2 last visit done, 3 dK/dV stored.
+PROBE_VISIT_SLOTS = 8
+PROBE_CHAIN_SLOTS = 4
+
 # ---------------------------------------------------------------------------------------------
 # Small layout helpers
 # ---------------------------------------------------------------------------------------------
@@ -248,11 +265,15 @@ class DashBackwardSm90:
     ``dtype``: cutlass.BFloat16 or cutlass.Float16. ``per_head``: dK/dV go to fp32 per query
     head scratch (GQA or audit); otherwise to the rounded outputs. ``deterministic``: dQ adds
     wait for their rank; otherwise they run in arrival order. ``audit``: every partial is also
-    copied to ``partials``.
+    copied to ``partials``. ``probe``: a diagnostic variant that writes cycle stamps over
+    ``partials`` instead (see ``PROBE_VISIT_SLOTS``); its gradients are those of the plain
+    variant.
     """
 
     def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool):
+                 per_head: bool, probe: bool = False):
+        if probe and audit:
+            raise ValueError("probe and audit both use the partials buffer")
         if head_dim not in TILES:
             raise ValueError(f"head_dim {head_dim} not supported (have {sorted(TILES)})")
         self.dtype = dtype
@@ -264,6 +285,7 @@ class DashBackwardSm90:
         self.deterministic = deterministic
         self.audit = audit
         self.per_head = per_head
+        self.probe = probe
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
@@ -330,6 +352,11 @@ class DashBackwardSm90:
             (self.dq_tile_elems, num_tiles), stride=(1, self.dq_tile_elems)))
         mPartials = cute.make_tensor(partials_ptr, cute.make_layout(
             (self.dq_tile_elems, num_visits), stride=(1, self.dq_tile_elems)))
+        if const_expr(self.probe):
+            mPartials = cute.make_tensor(
+                cute.recast_ptr(partials_ptr, dtype=Int32),
+                cute.make_layout(num_visits * PROBE_VISIT_SLOTS
+                                 + num_chains * PROBE_CHAIN_SLOTS))
         mSem = cute.make_tensor(sem_ptr, cute.make_layout(num_tiles))
         tables = (
             cute.make_tensor(worker_offsets_ptr, cute.make_layout(num_workers + 1)),
@@ -341,7 +368,7 @@ class DashBackwardSm90:
 
         sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
         sK_layout = smem_layout(self.dtype, bn, d, None)
-        sdS_layout = smem_layout(self.dtype, bm, bn, None, mn_major=True)
+        sdS_layout = smem_layout(self.dtype, bm, bn, self.q_stages, mn_major=True)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, (None, None, 0)),
                                                 (bm, d))
@@ -352,14 +379,10 @@ class DashBackwardSm90:
 
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
+        # The 1024-byte-aligned tiles first, the small buffers last: no padding between
+        # them, which keeps d = 64 within the 227 KiB a CTA may use.
         @cute.struct
         class Storage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            mbar_dq: cute.struct.MemRange[cutlass.Int64, 2 * self.dq_stages]
-            s_lse: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
-            s_delta: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -369,6 +392,12 @@ class DashBackwardSm90:
                                    1024]
             s_dq: cute.struct.Align[
                 cute.struct.MemRange[Float32, self.dq_tile_elems * self.dq_stages], 1024]
+            s_lse: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
+            s_delta: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
+            mbar_dq: cute.struct.MemRange[cutlass.Int64, 2 * self.dq_stages]
 
         self.kernel(
             tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v,
@@ -455,7 +484,20 @@ class DashBackwardSm90:
             cute.arch.setmaxregister_increase(MATH_REGS)
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale)
+                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials)
+
+    # -- timing probe --------------------------------------------------------------------------
+    @cute.jit
+    def stamp(self, mProbe: cute.Tensor, slot, enabled):
+        """Probe variant only: ``mProbe[slot] = %clock`` where ``enabled``; nothing otherwise."""
+        if const_expr(self.probe):  # noqa: SIM102 - a compile-time test, then a run-time one
+            if enabled:
+                mProbe[slot] = sm_clock()
+
+    @cute.jit
+    def chain_slot(self, tables: tuple, c, k: int):
+        """Index of chain ``c``'s probe slot ``k`` (after every visit's slots)."""
+        return (cute.size(tables[3]) * PROBE_VISIT_SLOTS + c * PROBE_CHAIN_SLOTS + k)
 
     # -- table walking -------------------------------------------------------------------------
     @cute.jit
@@ -487,15 +529,6 @@ class DashBackwardSm90:
             sV_t, gV_t = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                cute.group_modes(sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
-            # K and V have one buffer: the previous chain's math must be done with them before
-            # they are replaced (its release is the empty barrier waited on here). The next
-            # chain's Q/dO loads therefore start only after that chain's last MMA.
-            pipe_kv.producer_acquire(kv_state)
-            bar = pipe_kv.producer_get_barrier(kv_state)
-            cute.copy(tma_k, gK_t, sK_t, tma_bar_ptr=bar)
-            cute.copy(tma_v, gV_t, sV_t, tma_bar_ptr=bar)
-            kv_state.advance()
-
             gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
             gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
             sQ_t, gQ_t = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
@@ -505,7 +538,8 @@ class DashBackwardSm90:
                                                  cute.group_modes(sdO, 0, 2),
                                                  cute.group_modes(gdO, 0, 2))
             row_base = (b * heads + h)
-            for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+            first = chain_offsets[c]
+            for vis in cutlass.range(first, chain_offsets[c + 1], unroll=1):
                 i = visit_q[vis]
                 stage = q_state.index
                 pipe_q.producer_acquire(q_state)
@@ -521,6 +555,17 @@ class DashBackwardSm90:
                     bulk_load_1d(sDelta[None, stage].iterator,
                                  mDelta[None, row_base].iterator + i * bm, bar_do, bm * 4)
                 q_state.advance()
+                if vis == first:
+                    # K and V have one buffer: the previous chain's math must be done with
+                    # them before they are replaced (its release is the empty barrier waited
+                    # on here). The chain's first Q/dO went out before this wait, so that they
+                    # arrive while the previous chain finishes.
+                    # (A chain without visits loads nothing; the math skips its K/V too.)
+                    pipe_kv.producer_acquire(kv_state)
+                    bar = pipe_kv.producer_get_barrier(kv_state)
+                    cute.copy(tma_k, gK_t, sK_t, tma_bar_ptr=bar)
+                    cute.copy(tma_v, gV_t, sV_t, tma_bar_ptr=bar)
+                    kv_state.advance()
 
     # -- dQ writer warp ------------------------------------------------------------------------
     @cute.jit
@@ -541,6 +586,7 @@ class DashBackwardSm90:
                     if const_expr(self.deterministic):
                         rank = visit_rank[vis]
                         self.wait_turn(mSem.iterator + t, rank)
+                    self.stamp(mPartials, vis * PROBE_VISIT_SLOTS + 6, True)
                     bulk_reduce_add_f32(mDQacc[None, t].iterator, staged, self.dq_tile_bytes)
                     if const_expr(self.audit):
                         bulk_store_1d(mPartials[None, vis].iterator, staged, self.dq_tile_bytes)
@@ -549,6 +595,7 @@ class DashBackwardSm90:
                         # the add must have completed in global memory, not merely have read
                         # shared memory, before the next rank may start its own
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        self.stamp(mPartials, vis * PROBE_VISIT_SLOTS + 7, True)
                         self.pass_turn(mSem.iterator + t, rank)
                     else:
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -579,7 +626,7 @@ class DashBackwardSm90:
     @cute.jit
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale):
+             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe):
         bm, bn, d = self.bm, self.bn, self.d
         _, chain_bhj, chain_offsets, visit_q, _ = tables
         group = heads // heads_kv
@@ -610,7 +657,6 @@ class DashBackwardSm90:
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
 
-        ds_free = pipeline.NamedBarrier(barrier_id=BAR_DS_FREE, num_threads=MATH_THREADS)
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -618,13 +664,20 @@ class DashBackwardSm90:
         dq_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.dq_stages)
         causal_offset = seqlen_k - seqlen_q
+        lead = tid == 0  # the probe's clock reader
         c_begin, c_end = self.chain_range(tables)
         for c in cutlass.range(c_begin, c_end, unroll=1):
+            self.stamp(mProbe, self.chain_slot(tables, c, 0), lead)
             b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
             acc_dk.fill(0.0)
             acc_dv.fill(0.0)
-            pipe_kv.consumer_wait(kv_state)
+            has_visits = chain_offsets[c + 1] > chain_offsets[c]
+            if has_visits:
+                pipe_kv.consumer_wait(kv_state)
+            self.stamp(mProbe, self.chain_slot(tables, c, 1), lead)
             for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+                slot = vis * PROBE_VISIT_SLOTS
+                self.stamp(mProbe, slot, lead)
                 i = visit_q[vis]
                 stage = q_state.index
                 # [qk] S^T = K_j Q_i^T
@@ -634,6 +687,7 @@ class DashBackwardSm90:
                 # [dp] dP^T = V_j dO_i^T
                 pipe_do.consumer_wait(q_state)
                 acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
+                self.stamp(mProbe, slot + 1, lead)
                 self.mma(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
                 # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i)
@@ -645,40 +699,51 @@ class DashBackwardSm90:
                 p_op_acc.store(acc_s.load().to(self.dtype))
                 # [ds] dS^T = P^T (dP^T - D_i)
                 warpgroup.wait_group(0)
+                self.stamp(mProbe, slot + 2, lead)
                 for e in cutlass.range_constexpr(cute.size(acc_dp)):
                     col = score_coords[e][1]
                     acc_dp[e] = ds_value(acc_s[e], acc_dp[e], sDelta[col, stage])
                 ds_op, ds_op_acc = acc_as_operand_a(acc_dp, self.dtype)
                 ds_op_acc.store(acc_dp.load().to(self.dtype))
-                # [dv_step] dV_j += rnd(P^T) dO_i and [dk_step] dK_j += rnd(dS^T) Q_i; both
-                # operands A come straight from registers. Issued only now, once S and dP are
-                # dead, so that in-flight MMAs never compete with them for registers.
+                # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
+                # once S and dP are dead, so that it never competes with them for registers.
                 self.mma(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
-                self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage], zero_init=False)
-                # dS to shared memory for the partial (both warpgroups' key rows are needed)
-                ds_free.arrive_and_wait()
-                cute.autovec_copy(ds_op_acc, ds_slots)
+                # dS to shared memory for the partial (both warpgroups' key rows are needed).
+                # One buffer per Q stage: the buffer written here was last read by the dQ MMAs
+                # of two visits ago, which both warpgroups waited for before the previous
+                # visit's barrier, so the barrier below is the only one a visit needs.
+                cute.autovec_copy(ds_op_acc, ds_slots[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 ds_full.arrive_and_wait()
+                self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
-                self.mma(mma_dq, acc_dq, a_ds, b_kt, zero_init=True)
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(q_state)
+                self.mma(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
+                # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers
+                self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage], zero_init=False)
+                # dV and the partial are done (groups retire in order); dK still runs while
+                # the partial is staged for the dQ writer
+                warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
-                q_state.advance()
-                # stage the partial for the dQ writer
                 pipe_dq.producer_acquire(dq_state)
+                self.stamp(mProbe, slot + 4, lead)
                 cute.autovec_copy(
                     cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
                     my_dq_slots[None, None, dq_state.index])
                 cute.arch.fence_view_async_shared()
                 pipe_dq.producer_commit(dq_state)
                 dq_state.advance()
-            pipe_kv.consumer_release(kv_state)
-            kv_state.advance()
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+                self.stamp(mProbe, slot + 5, lead)
+            if has_visits:
+                pipe_kv.consumer_release(kv_state)
+                kv_state.advance()
+            self.stamp(mProbe, self.chain_slot(tables, c, 2), lead)
             self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h // group, h, j,
                            seqlen_k, softmax_scale)
+            self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
 
     @cute.jit
     def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal):
@@ -744,19 +809,19 @@ class DashBackwardSm90:
 def shared_bytes(head_dim: int, element_bytes: int = 2) -> int:
     """Shared memory of one CTA, as ``Storage`` in :meth:`DashBackwardSm90.__call__` lays it out.
 
-    194 KiB at d = 64, 208 KiB at d = 128: more than half of an sm_90 SM's 228 KiB, so one
-    CTA per SM (the launcher reads the device's limit and checks).
+    226 KiB at d = 64, 224 KiB at d = 128: one CTA per SM, within the 227 KiB an sm_90 CTA may
+    use (the launcher reads the device's limits and checks).
     """
     cfg = TILES[head_dim]
     bm, bn, d = cfg.block_m, cfg.block_n, head_dim
     parts = [  # (bytes, alignment) in declaration order
-        (2 * 8, 8), (2 * cfg.q_stages * 8, 8), (2 * cfg.q_stages * 8, 8),
-        (2 * cfg.dq_stages * 8, 8),
-        (bm * cfg.q_stages * 4, 128), (bm * cfg.q_stages * 4, 128),
         (bn * d * element_bytes, 1024), (bn * d * element_bytes, 1024),
         (bm * d * cfg.q_stages * element_bytes, 1024),
         (bm * d * cfg.q_stages * element_bytes, 1024),
-        (bm * bn * element_bytes, 1024), (bm * d * 4 * cfg.dq_stages, 1024),
+        (bm * bn * cfg.q_stages * element_bytes, 1024), (bm * d * 4 * cfg.dq_stages, 1024),
+        (bm * cfg.q_stages * 4, 128), (bm * cfg.q_stages * 4, 128),
+        (2 * 8, 8), (2 * cfg.q_stages * 8, 8), (2 * cfg.q_stages * 8, 8),
+        (2 * cfg.dq_stages * 8, 8),
     ]
     offset = 0
     for size, align in parts:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,7 +37,14 @@ from dash_cuda.backends import Launch  # noqa: E402
 from dash_ref import Problem  # noqa: E402
 from dash_ref.arithmetic.steps import scale_log2  # noqa: E402
 
-from .bwd_kernel import TILES, DashBackwardSm90, shared_bytes, staging_coords  # noqa: E402
+from .bwd_kernel import (  # noqa: E402
+    PROBE_CHAIN_SLOTS,
+    PROBE_VISIT_SLOTS,
+    TILES,
+    DashBackwardSm90,
+    shared_bytes,
+    staging_coords,
+)
 
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -55,6 +64,7 @@ class Variant:
     deterministic: bool
     audit: bool
     per_head: bool
+    probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
 
     @property
     def name(self) -> str:
@@ -63,12 +73,13 @@ class Variant:
                  "det" if self.deterministic else "atomic"]
         flags += ["audit"] if self.audit else []
         flags += ["perhead"] if self.per_head else []
+        flags += ["probe"] if self.probe else []
         return "dash_bwd_" + "_".join(flags)
 
     def kernel_object(self) -> DashBackwardSm90:
         return DashBackwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
                                 deterministic=self.deterministic, audit=self.audit,
-                                per_head=self.per_head)
+                                per_head=self.per_head, probe=self.probe)
 
     @classmethod
     def of(cls, launch: Launch) -> Variant:
@@ -160,25 +171,29 @@ def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
                        dtype=torch.float32)
 
 
-_positions: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_staged: dict[tuple[int, str], torch.Tensor] = {}
 
 
-def tile_positions(head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 ``(rows, cols)``: the element of its tile that staged value ``p`` is."""
+def staged_index(head_dim: int, device: torch.device) -> torch.Tensor:
+    """int32 ``(BM * d,)``: at ``r * d + c``, where element ``(r, c)`` of a tile is staged.
+
+    The inverse of :func:`.bwd_kernel.staging_coords`; reading a tile through it gives the
+    row-major tile (a gather, so that writes of the result are contiguous).
+    """
     key = (head_dim, str(device))
-    if key not in _positions:
-        coords = torch.tensor(staging_coords(head_dim), dtype=torch.int32)
-        _positions[key] = (coords[:, 0].contiguous().to(device),
-                           coords[:, 1].contiguous().to(device))
-    return _positions[key]
+    if key not in _staged:
+        coords = torch.tensor(staging_coords(head_dim), dtype=torch.int64)
+        index = torch.empty(len(coords), dtype=torch.int32)
+        index[coords[:, 0] * head_dim + coords[:, 1]] = torch.arange(len(coords),
+                                                                    dtype=torch.int32)
+        _staged[key] = index.to(device)
+    return _staged[key]
 
 
 def tiles_to_rows(tiles: torch.Tensor, head_dim: int) -> torch.Tensor:
     """``(N, BM * d)`` tiles in staging order as ``(N, BM, d)`` row-major (a copy)."""
-    rows, cols = tile_positions(head_dim, tiles.device)
-    out = torch.empty_like(tiles)
-    out[:, rows.long() * head_dim + cols.long()] = tiles
-    return out.reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
+    index = staged_index(head_dim, tiles.device).long()
+    return tiles[:, index].reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
 
 
 def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
@@ -205,6 +220,26 @@ def max_workers(launch: Launch) -> int:
     return props.multi_processor_count * ctas_per_sm(launch)
 
 
+_probe = threading.local()
+
+
+@contextmanager
+def probing(stamps: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Diagnostics: backwards launched in this block (this thread) run the probe variant.
+
+    It computes the same gradients and writes int32 ``%clock`` stamps into ``stamps`` (at
+    least ``V * PROBE_VISIT_SLOTS + C * PROBE_CHAIN_SLOTS`` elements, on the GPU; the slots
+    are listed in :mod:`.bwd_kernel`). ``benchmarks/probe_backward.py`` reads them.
+    """
+    if stamps.dtype != torch.int32 or not stamps.is_cuda or not stamps.is_contiguous():
+        raise ValueError("stamps must be a contiguous int32 CUDA tensor")
+    _probe.stamps = stamps
+    try:
+        yield stamps
+    finally:
+        _probe.stamps = None
+
+
 def run_schedule(launch: Launch) -> None:
     """Launch the persistent backward: one CTA per worker of the schedule's tables."""
     p = launch.problem
@@ -217,6 +252,14 @@ def run_schedule(launch: Launch) -> None:
     delta = pad_row_stats(launch.delta, p.block_m)
     tables = [launch.tables[n] for n in TABLE_NAMES]
     variant = Variant.of(launch)
+    partials = launch.partials
+    stamps = getattr(_probe, "stamps", None)
+    if stamps is not None:
+        need = (launch.tables["visit_q"].numel() * PROBE_VISIT_SLOTS
+                + (launch.tables["chain_offsets"].numel() - 1) * PROBE_CHAIN_SLOTS)
+        if launch.audit or stamps.numel() < need:
+            raise ValueError(f"probing needs audit=False and {need} stamps")
+        variant, partials = replace(variant, probe=True), stamps
     kernel = get_kernel(variant)
     dt = _DTYPES[q.dtype]
     out_dt = Float32 if launch.per_head else dt
@@ -231,7 +274,7 @@ def run_schedule(launch: Launch) -> None:
         ptr(q, dt), ptr(k, dt), ptr(v, dt), ptr(do, dt),
         ptr(lse2, Float32), ptr(delta, Float32), ptr(launch.dq_acc, Float32),
         ptr(launch.dk_out, out_dt), ptr(launch.dv_out, out_dt), ptr(launch.sem, Int32),
-        ptr(launch.partials, Float32),
+        ptr(partials, Float32),
         *(ptr(t, Int32) for t in tables),
         Int32(p.batch), Int32(p.heads), Int32(p.heads_kv), Int32(p.seqlen_q),
         Int32(p.seqlen_k), Int32(p.n_q), Int32(tables[2].numel() - 1),

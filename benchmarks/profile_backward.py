@@ -1,0 +1,133 @@
+"""Where a backward's time goes: every GPU kernel of one backward call, ours beside FA4's.
+
+For each cell of the paper's grid named on the command line, each implementation runs its
+backward ``--reps`` times under ``torch.profiler``; the report lists, per implementation, the
+mean GPU time per call of every kernel it launched (the main kernel, the pre- and
+post-processing passes, memsets and copies) and their sum. Comparing the main kernels alone
+with the whole calls separates the schedule-driven kernel from the fixed cost around it.
+Writes ``<tag>.json`` and ``<tag>.md`` to ``--out``::
+
+    PYTHONPATH=. python benchmarks/profile_backward.py --out benchmarks/results \
+        --cells 64:full:512 128:full:512 --impls cute:shift cute:atomic fa4-det
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from report import save_report
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def _backward_closure(impl: str, q, k, v, do, causal: bool):
+    """A no-argument backward of ``impl`` (``BACKEND:SCHEDULE``, ``fa4`` or ``fa4-det``)."""
+    import torch
+
+    if ":" in impl:
+        import dash_cuda
+
+        backend, name = impl.split(":")
+        det = name != "atomic"
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
+        return lambda: dash_cuda.attention_backward(
+            q, k, v, o, lse, do, causal=causal, schedule=name if det else "auto",
+            deterministic=det, backend=backend)
+    from verify.impls import load_fa4
+
+    fa = load_fa4()
+    if fa is None:
+        raise RuntimeError("FlashAttention-4 is not importable")
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = fa(qg, kg, vg, causal=causal, deterministic=impl == "fa4-det")
+    out = out[0] if isinstance(out, tuple) else out
+    return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+
+def kernel_times(fn, reps: int) -> dict[str, float]:
+    """Mean GPU microseconds per call of every kernel (and memset/copy) ``fn`` launches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            total[evt.name[:90]] += evt.device_time / reps
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def parse_cell(text: str) -> tuple[int, str, int]:
+    d, mask, s = text.split(":")
+    if mask not in ("full", "causal"):
+        raise argparse.ArgumentTypeError(f"mask must be full or causal, got {mask!r}")
+    return int(d), mask, int(s)
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Kernels of one backward call ({report['environment']})", ""]
+    for cell in report["cells"]:
+        lines += [f"## d={cell['d']} {cell['mask']} S={cell['S']} (B={cell['B']}, "
+                  f"H={cell['H']})", "", "| impl | kernel | us per call |", "|---|---|---|"]
+        for impl, times in cell["kernels"].items():
+            if isinstance(times, str):
+                lines.append(f"| {impl} | FAILED: {times} | |")
+                continue
+            for name, us in times.items():
+                lines.append(f"| {impl} | `{name}` | {us:.1f} |")
+            lines.append(f"| {impl} | **all** | **{sum(times.values()):.1f}** |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tag", default="profile_backward")
+    ap.add_argument("--cells", type=parse_cell, nargs="+",
+                    default=[(64, "full", 512), (64, "full", 4096), (128, "full", 512),
+                             (128, "full", 4096)], help="D:MASK:S")
+    ap.add_argument("--impls", nargs="+", default=["cute:shift", "cute:atomic", "fa4-det",
+                                                   "fa4"])
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("profile_backward: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cells = []
+    for d, mask, s in args.cells:
+        h, b = HIDDEN // d, TOKENS // s
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                       for _ in range(4))
+        kernels: dict[str, object] = {}
+        for impl in args.impls:
+            try:
+                kernels[impl] = kernel_times(
+                    _backward_closure(impl, q, k, v, do, mask == "causal"), args.reps)
+                print(f"d={d} {mask} S={s} {impl}: {sum(kernels[impl].values()):.1f} us "
+                      f"({len(kernels[impl])} kernels)", flush=True)
+            except Exception as err:  # noqa: BLE001 - record, keep profiling
+                kernels[impl] = f"{type(err).__name__}: {str(err)[:200]}"
+                print(f"d={d} {mask} S={s} {impl}: FAILED {kernels[impl]}", flush=True)
+        cells.append({"d": d, "mask": mask, "S": s, "B": b, "H": h, "kernels": kernels})
+    env = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, mean of {args.reps}"
+    report = {"environment": env, "cells": cells}
+    save_report(args.out, args.tag, report, markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
