@@ -28,8 +28,9 @@ Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton 
     [dq_add]      dQacc_i += dQ_ij                    cp.reduce.async.bulk .add.f32, in dQ order
 
 ``rnd`` is cvt.rn to the input dtype (bf16 or fp16). The epilogue of a chain writes
-``rnd(dK_j * softmax_scale)`` and ``rnd(dV_j)`` (one query head per KV head, no audit) or
-the fp32 accumulators per query head into scratch (GQA or audit; a separate pass sums heads).
+``rnd(dK_j * softmax_scale)`` and ``rnd(dV_j)`` through shared memory (the dS buffers) by TMA
+stores (one query head per KV head, no audit), or the fp32 accumulators per query head into
+scratch from registers (GQA or audit; a separate pass sums heads).
 
 Layouts the kernel expects (the launcher prepares them):
 
@@ -87,8 +88,9 @@ NUM_THREADS = 384
 MATH_THREADS = 256
 PRODUCER_REGS = 24
 MATH_REGS = 240
-# named barrier id (0 is __syncthreads)
+# named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
+BAR_EPILOGUE = 2
 
 
 def staging_coords(head_dim: int) -> list[tuple[int, int]]:
@@ -291,6 +293,9 @@ class DashBackwardSm90:
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
         self.dq_regs = self.dq_tile_elems // MATH_THREADS
         assert self.dq_regs == 32
+        # (BN, d) output tiles the dS buffers hold at once: dK and dV together, or in turn
+        self.epilogue_slots = min(2, self.bm * self.q_stages // head_dim)
+        assert self.epilogue_slots >= 1
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
@@ -376,6 +381,14 @@ class DashBackwardSm90:
                                                   cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (bn, d))
         tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (bn, d))
+        # dK/dV leave through shared memory (the dS buffers, free at a chain's end) by TMA
+        # stores; built for the fp32 scratch too, which is written from registers instead
+        out_dtype = Float32 if const_expr(self.per_head) else self.dtype
+        sOut_layout = smem_layout(out_dtype, bn, d, None)
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_dk, tdK = cpasync.make_tiled_tma_atom(store, mdK, sOut_layout, (bn, d))
+        tma_dv, tdV = cpasync.make_tiled_tma_atom(store, mdV, sOut_layout, (bn, d))
+        sEpi_layout = smem_layout(self.dtype, bn, d, self.epilogue_slots)
 
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
@@ -400,9 +413,9 @@ class DashBackwardSm90:
             mbar_dq: cute.struct.MemRange[cutlass.Int64, 2 * self.dq_stages]
 
         self.kernel(
-            tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v,
+            tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, tdK, tdV, tma_dk, tma_dv,
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
-            mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout,
+            mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
             heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
@@ -413,11 +426,12 @@ class DashBackwardSm90:
         self,
         tQ: cute.Tensor, tdO: cute.Tensor, tK: cute.Tensor, tV: cute.Tensor,
         tma_q: cute.CopyAtom, tma_do: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
+        tdK: cute.Tensor, tdV: cute.Tensor, tma_dk: cute.CopyAtom, tma_dv: cute.CopyAtom,
         mLSE: cute.Tensor, mDelta: cute.Tensor, mDQacc: cute.Tensor, mPartials: cute.Tensor,
         mSem: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tables: tuple,
         mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-        sdS_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
         scale_log2: Float32, softmax_scale: Float32,
         Storage: cutlass.Constexpr,
@@ -425,7 +439,7 @@ class DashBackwardSm90:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv):
                 cpasync.prefetch_descriptor(atom)
 
         smem = utils.SmemAllocator()
@@ -463,6 +477,8 @@ class DashBackwardSm90:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        # the same bytes as (BN, d) output tiles for the chain epilogue
+        sEpi = st.sdS.get_tensor(sEpi_layout.outer, swizzle=sEpi_layout.inner)
         sLSE = st.s_lse.get_tensor(cute.make_layout((bm, self.q_stages)))
         sDelta = st.s_delta.get_tensor(cute.make_layout((bm, self.q_stages)))
         # staged partials: [v, t, g, w, stage] holds register 4 g + v of math thread t of
@@ -484,7 +500,8 @@ class DashBackwardSm90:
             cute.arch.setmaxregister_increase(MATH_REGS)
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials)
+                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
+                      (sEpi, tdK, tdV, tma_dk, tma_dv))
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -626,7 +643,7 @@ class DashBackwardSm90:
     @cute.jit
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe):
+             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out):
         bm, bn, d = self.bm, self.bn, self.d
         _, chain_bhj, chain_offsets, visit_q, _ = tables
         group = heads // heads_kv
@@ -655,9 +672,14 @@ class DashBackwardSm90:
         score_coords = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
         ds_slots = thr_sdp.partition_C(transposed(sdS))
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
+        # this thread's dV and dK slots in the epilogue tiles (see store_dkv_tma)
+        sEpi = out[0]
+        epi_slots = (thr_dkv.partition_C(sEpi[None, None, 0]),
+                     thr_dkv.partition_C(sEpi[None, None, self.epilogue_slots - 1]))
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
 
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
+        epi_bar = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=MATH_THREADS)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
@@ -741,9 +763,14 @@ class DashBackwardSm90:
                 pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
             self.stamp(mProbe, self.chain_slot(tables, c, 2), lead)
-            self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h // group, h, j,
-                           seqlen_k, softmax_scale)
+            if const_expr(self.per_head):
+                self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
+            else:
+                self.store_dkv_tma(acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h // group,
+                                   j, softmax_scale)
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
+        if tid < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal):
@@ -776,34 +803,87 @@ class DashBackwardSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def store_dkv(self, acc_dk, acc_dv, coords, mdK, mdV, b, h_kv, h, j, seqlen_k,
-                  softmax_scale):
-        """Chain epilogue: rows past S_k are never written.
+    def store_dkv_tma(self, acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h_kv, j,
+                      softmax_scale):
+        """[epilogue] of a chain, one query head per KV head: ``dK = rnd(dK_j * scale)`` and
+        ``dV = rnd(dV_j)`` into the outputs, through shared memory and TMA stores.
 
-        One query head per KV head: dK = rnd(dK_j * softmax_scale), dV = rnd(dV_j) into the
-        outputs (KV head h_kv). Otherwise the fp32 accumulators of query head h go to scratch
-        (unscaled); the GQA pass sums them.
+        The tiles go to the dS buffers: free once both warpgroups' last dQ MMA is done (the
+        first barrier) until the next chain writes dS (after the last barrier, by which the
+        stores have read them). TMA clips rows past S_k.
+        """
+        sEpi, tdK, tdV, tma_dk, tma_dv = out
+        bn, d = self.bn, self.d
+        gdK = cute.local_tile(tdK[None, None, h_kv, b], (bn, d), (j, 0))
+        gdV = cute.local_tile(tdV[None, None, h_kv, b], (bn, d), (j, 0))
+        dk_slot = self.epilogue_slots - 1  # 1: beside dV; 0: dV's, once dV has left
+        epi_bar.arrive_and_wait()
+        self.tile_to_smem(acc_dv, epi_slots[0], softmax_scale, False)
+        if const_expr(self.epilogue_slots == 1):
+            self.publish(epi_bar)
+            self.tma_store(tma_dv, sEpi[None, None, 0], gdV, tid)
+            self.drain(epi_bar, tid)
+        self.tile_to_smem(acc_dk, epi_slots[1], softmax_scale, True)
+        self.publish(epi_bar)
+        if const_expr(self.epilogue_slots == 2):
+            self.tma_store(tma_dv, sEpi[None, None, 0], gdV, tid)
+        self.tma_store(tma_dk, sEpi[None, None, dk_slot], gdK, tid)
+        self.drain(epi_bar, tid)
+
+    @cute.jit
+    def tile_to_smem(self, acc, slots, scale, scaled: cutlass.Constexpr[bool]):
+        """``rnd(acc * scale)`` (``rnd(acc)`` unless ``scaled``) into this thread's ``slots``."""
+        vals = cute.make_rmem_tensor_like(acc, self.dtype)
+        if const_expr(scaled):
+            vals.store((acc.load() * scale).to(self.dtype))  # one fp32 multiply, one RNE cast
+        else:
+            vals.store(acc.load().to(self.dtype))
+        cute.autovec_copy(vals, slots)
+
+    @cute.jit
+    def publish(self, bar):
+        """Make every math thread's shared-memory writes visible to the TMA unit."""
+        cute.arch.fence_view_async_shared()
+        bar.arrive_and_wait()
+
+    @cute.jit
+    def tma_store(self, tma, s_tile, g_tile, tid):
+        """Warp 0 of the math threads issues the TMA store of ``s_tile`` to ``g_tile``."""
+        if tid < 32:
+            s_t, g_t = cpasync.tma_partition(tma, 0, cute.make_layout(1),
+                                             cute.group_modes(s_tile, 0, 2),
+                                             cute.group_modes(g_tile, 0, 2))
+            cute.copy(tma, s_t, g_t)
+
+    @cute.jit
+    def drain(self, bar, tid):
+        """Every math thread waits until the issued stores have read shared memory."""
+        if tid < 32:
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        bar.arrive_and_wait()
+
+    @cute.jit
+    def store_dkv(self, acc_dk, acc_dv, coords, mdK, mdV, b, h, j, seqlen_k):
+        """Chain epilogue with several query heads per KV head (or audit): the fp32 accumulators
+        of query head h go to scratch (unscaled), from registers; the GQA pass sums them.
+        Rows past S_k are never written.
 
         A thread's accumulator covers two key rows (wgmma layout: registers 0 and 2 start
         them) and d / 4 columns of each; addresses are formed per row so that no per-element
         64-bit offset is kept live across the chain loop.
         """
-        out_head = h if const_expr(self.per_head) else h_kv
         per_row = cute.size(acc_dk) // 2
         for half in cutlass.range_constexpr(2):
             key = j * self.bn + coords[2 * half][0]
             if key < seqlen_k:
-                row_dk = mdK[key, None, out_head, b]
-                row_dv = mdV[key, None, out_head, b]
+                row_dk = mdK[key, None, h, b]
+                row_dv = mdV[key, None, h, b]
                 for n in cutlass.range_constexpr(per_row):
                     e = (n % 2) + 2 * half + 4 * (n // 2)
                     col = coords[e][1]
-                    if const_expr(self.per_head):
-                        row_dk[col] = acc_dk[e]
-                        row_dv[col] = acc_dv[e]
-                    else:
-                        row_dk[col] = (acc_dk[e] * softmax_scale).to(self.dtype)
-                        row_dv[col] = acc_dv[e].to(self.dtype)
+                    row_dk[col] = acc_dk[e]
+                    row_dv[col] = acc_dv[e]
 
 
 def shared_bytes(head_dim: int, element_bytes: int = 2) -> int:

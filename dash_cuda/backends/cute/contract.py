@@ -48,7 +48,8 @@ CONTRACT: dict[str, Instruction] = {
                           "`fence.proxy.async.global`, `st.release.gpu` (atomic peer: the "
                           "same reduce, in arrival order); dQacc starts as +0 (memset)"),
     "epilogue": Instruction("dK, dV: `mul.f32` then `cvt.rn` in the kernel with one query head "
-                            "per KV head (else the shared `dash_gqa_kernel`); dQ: `mul.f32` "
+                            "per KV head, to shared memory and out by TMA stores (else the "
+                            "shared `dash_gqa_kernel`); dQ: `mul.f32` "
                             "then `cvt.rn` in the shared `dash_dq_tiles_kernel`, which reads "
                             "the staged tiles"),
 }
