@@ -273,7 +273,7 @@ class DashBackwardSm90:
     """
 
     def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool, probe: bool = False):
+                 per_head: bool, probe: bool = False, early_dk: bool = True):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
         if head_dim not in TILES:
@@ -293,9 +293,14 @@ class DashBackwardSm90:
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
         self.dq_regs = self.dq_tile_elems // MATH_THREADS
         assert self.dq_regs == 32
-        # (BN, d) output tiles the dS buffers hold at once: dK and dV together, or in turn
-        self.epilogue_slots = min(2, self.bm * self.q_stages // head_dim)
-        assert self.epilogue_slots >= 1
+        # The chain epilogue's dK and dV tiles (BN x d each) go to the dS buffers. Where one
+        # dS buffer holds both (BM >= 2 d), they take the buffer the next visit does not
+        # write, and the stores drain while the next chain runs ("overlapped"); otherwise
+        # dV, then dK, each takes all the buffers, and the stores drain in between.
+        self.epilogue_overlapped = self.bm >= 2 * head_dim
+        self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
+        assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
+        self.early_dk = early_dk
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
@@ -673,9 +678,7 @@ class DashBackwardSm90:
         ds_slots = thr_sdp.partition_C(transposed(sdS))
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
         # this thread's dV and dK slots in the epilogue tiles (see store_dkv_tma)
-        sEpi = out[0]
-        epi_slots = (thr_dkv.partition_C(sEpi[None, None, 0]),
-                     thr_dkv.partition_C(sEpi[None, None, self.epilogue_slots - 1]))
+        epi_slots = thr_dkv.partition_C(out[0])
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
 
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
@@ -730,22 +733,35 @@ class DashBackwardSm90:
                 # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
                 # once S and dP are dead, so that it never competes with them for registers.
                 self.mma(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
+                if const_expr(self.early_dk):
+                    # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers: the tensor
+                    # cores work on it while dS goes to shared memory
+                    self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
+                             zero_init=False)
                 # dS to shared memory for the partial (both warpgroups' key rows are needed).
                 # One buffer per Q stage: the buffer written here was last read by the dQ MMAs
                 # of two visits ago, which both warpgroups waited for before the previous
                 # visit's barrier, so the barrier below is the only one a visit needs.
                 cute.autovec_copy(ds_op_acc, ds_slots[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
+                if const_expr(self.epilogue_overlapped):  # noqa: SIM102 - compile time, then run time
+                    # the previous chain's dK/dV stores have read the other buffer
+                    if tid < 32:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
                 ds_full.arrive_and_wait()
                 self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
                 self.mma(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
-                # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers
-                self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage], zero_init=False)
-                # dV and the partial are done (groups retire in order); dK still runs while
-                # the partial is staged for the dQ writer
-                warpgroup.wait_group(1)
+                if const_expr(self.early_dk):
+                    warpgroup.wait_group(0)  # dV, dK and the partial are done
+                else:
+                    # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers
+                    self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
+                             zero_init=False)
+                    # dV and the partial are done (groups retire in order); dK still runs
+                    # while the partial is staged for the dQ writer
+                    warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
                 pipe_dq.producer_acquire(dq_state)
                 self.stamp(mProbe, slot + 4, lead)
@@ -767,7 +783,7 @@ class DashBackwardSm90:
                 self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
             else:
                 self.store_dkv_tma(acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h // group,
-                                   j, softmax_scale)
+                                   j, softmax_scale, q_state.index)
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -804,31 +820,43 @@ class DashBackwardSm90:
 
     @cute.jit
     def store_dkv_tma(self, acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h_kv, j,
-                      softmax_scale):
+                      softmax_scale, next_stage):
         """[epilogue] of a chain, one query head per KV head: ``dK = rnd(dK_j * scale)`` and
         ``dV = rnd(dV_j)`` into the outputs, through shared memory and TMA stores.
 
-        The tiles go to the dS buffers: free once both warpgroups' last dQ MMA is done (the
-        first barrier) until the next chain writes dS (after the last barrier, by which the
-        stores have read them). TMA clips rows past S_k.
+        The tiles go to the dS buffers, free once both warpgroups' last dQ MMA is done (the
+        first barrier). Overlapped: both tiles in the buffer the next visit (``next_stage``)
+        does not write; the visit after it does, once warp 0 has seen the stores read it
+        (before the next visit's dS barrier). Otherwise dV, then dK, each drained before the
+        buffers are written again. TMA clips rows past S_k.
         """
         sEpi, tdK, tdV, tma_dk, tma_dv = out
         bn, d = self.bn, self.d
         gdK = cute.local_tile(tdK[None, None, h_kv, b], (bn, d), (j, 0))
         gdV = cute.local_tile(tdV[None, None, h_kv, b], (bn, d), (j, 0))
-        dk_slot = self.epilogue_slots - 1  # 1: beside dV; 0: dV's, once dV has left
-        epi_bar.arrive_and_wait()
-        self.tile_to_smem(acc_dv, epi_slots[0], softmax_scale, False)
-        if const_expr(self.epilogue_slots == 1):
+        if const_expr(self.epilogue_overlapped):
+            v_slot = 2 * (self.q_stages - 1 - next_stage)
+            k_slot = v_slot + 1
+            if tid < 32:  # (only matters after a chain without visits)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            epi_bar.arrive_and_wait()
+            self.tile_to_smem(acc_dv, epi_slots[None, None, None, v_slot], softmax_scale, False)
+            self.tile_to_smem(acc_dk, epi_slots[None, None, None, k_slot], softmax_scale, True)
+            self.publish(epi_bar)
+            self.tma_store(tma_dv, sEpi[None, None, v_slot], gdV, tid)
+            self.tma_store(tma_dk, sEpi[None, None, k_slot], gdK, tid)
+            if tid < 32:
+                cute.arch.cp_async_bulk_commit_group()
+        else:
+            epi_bar.arrive_and_wait()
+            self.tile_to_smem(acc_dv, epi_slots[None, None, None, 0], softmax_scale, False)
             self.publish(epi_bar)
             self.tma_store(tma_dv, sEpi[None, None, 0], gdV, tid)
             self.drain(epi_bar, tid)
-        self.tile_to_smem(acc_dk, epi_slots[1], softmax_scale, True)
-        self.publish(epi_bar)
-        if const_expr(self.epilogue_slots == 2):
-            self.tma_store(tma_dv, sEpi[None, None, 0], gdV, tid)
-        self.tma_store(tma_dk, sEpi[None, None, dk_slot], gdK, tid)
-        self.drain(epi_bar, tid)
+            self.tile_to_smem(acc_dk, epi_slots[None, None, None, 0], softmax_scale, True)
+            self.publish(epi_bar)
+            self.tma_store(tma_dk, sEpi[None, None, 0], gdK, tid)
+            self.drain(epi_bar, tid)
 
     @cute.jit
     def tile_to_smem(self, acc, slots, scale, scaled: cutlass.Constexpr[bool]):
