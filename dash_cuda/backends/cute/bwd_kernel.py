@@ -77,12 +77,16 @@ class TileConfig:
     block_n: int
     q_stages: int = 2  # Q/LSE and dO/D pipeline depth; also the dS buffers (one per Q stage)
     dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
+    # [dk_step] issued before the dS barrier (tensor cores busy while dS goes to shared
+    # memory), or after the partial's MMA (its staging overlaps dK). Chosen by measurement on
+    # an H200 (docs/performance.md): early at d = 64 (-10 to -19 %), late at d = 128 (-1 to -6 %).
+    early_dk: bool = True
 
 
 # The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
 # 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
 # would make the tiling depend on the mask).
-TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128)}
+TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, early_dk=False)}
 
 NUM_THREADS = 384
 MATH_THREADS = 256
@@ -273,7 +277,7 @@ class DashBackwardSm90:
     """
 
     def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool, probe: bool = False, early_dk: bool = True):
+                 per_head: bool, probe: bool = False):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
         if head_dim not in TILES:
@@ -300,7 +304,7 @@ class DashBackwardSm90:
         self.epilogue_overlapped = self.bm >= 2 * head_dim
         self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
         assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
-        self.early_dk = early_dk
+        self.early_dk = cfg.early_dk
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
@@ -452,8 +456,9 @@ class DashBackwardSm90:
         bm, d = self.bm, self.d
 
         # Pipelines. Loads: one TMA-issuing thread produces, the eight math warps consume
-        # (one arrival per warp). Staged dQ partials: the 256 math threads produce, the 32
-        # threads of the dQ writer consume.
+        # (one arrival per warp). Staged dQ partials: the eight math warps produce (lane 0 of
+        # each arrives, after the warp's writes), lane 0 of the dQ writer consumes. Arrivals
+        # on one mbarrier serialize: one per warp, not one per thread.
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
         q_tile_bytes = bm * d * self.dtype.width // 8
@@ -471,9 +476,7 @@ class DashBackwardSm90:
             tx_count=q_tile_bytes + bm * 4, defer_sync=True)
         pipe_dq = pipeline.PipelineAsync.create(
             barrier_storage=st.mbar_dq.data_ptr(), num_stages=self.dq_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
-            defer_sync=True)
+            producer_group=math_warps, consumer_group=one_thread, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -622,7 +625,8 @@ class DashBackwardSm90:
                     else:
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.sync_warp()
-                pipe_dq.consumer_release(state)
+                if lane == 0:
+                    pipe_dq.consumer_release(state)
                 state.advance()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -654,6 +658,7 @@ class DashBackwardSm90:
         group = heads // heads_kv
         wg = tid // 128
         wg_leader = wg * 128
+        lane = cute.arch.lane_idx()
 
         # Operand fragments (shared-memory descriptors are per warpgroup).
         thr_sdp = mma_sdp.get_slice(tid)
@@ -678,7 +683,6 @@ class DashBackwardSm90:
         ds_slots = thr_sdp.partition_C(transposed(sdS))
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
         # this thread's dV and dK slots in the epilogue tiles (see store_dkv_tma)
-        epi_slots = thr_dkv.partition_C(out[0])
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
 
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
@@ -769,7 +773,9 @@ class DashBackwardSm90:
                     cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
                     my_dq_slots[None, None, dq_state.index])
                 cute.arch.fence_view_async_shared()
-                pipe_dq.producer_commit(dq_state)
+                cute.arch.sync_warp()  # the warp's writes, then its one arrival
+                if lane == 0:
+                    pipe_dq.producer_commit(dq_state)
                 dq_state.advance()
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
@@ -782,8 +788,8 @@ class DashBackwardSm90:
             if const_expr(self.per_head):
                 self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
             else:
-                self.store_dkv_tma(acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h // group,
-                                   j, softmax_scale, q_state.index)
+                self.store_dkv_tma(acc_dk, acc_dv, out, epi_bar, tid, b, h // group, j,
+                                   softmax_scale, q_state.index)
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -819,8 +825,8 @@ class DashBackwardSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def store_dkv_tma(self, acc_dk, acc_dv, epi_slots, out, epi_bar, tid, b, h_kv, j,
-                      softmax_scale, next_stage):
+    def store_dkv_tma(self, acc_dk, acc_dv, out, epi_bar, tid, b, h_kv, j, softmax_scale,
+                      next_stage):
         """[epilogue] of a chain, one query head per KV head: ``dK = rnd(dK_j * scale)`` and
         ``dV = rnd(dV_j)`` into the outputs, through shared memory and TMA stores.
 
@@ -832,6 +838,9 @@ class DashBackwardSm90:
         """
         sEpi, tdK, tdV, tma_dk, tma_dv = out
         bn, d = self.bn, self.d
+        # this thread's slots, from an MMA object the visit loop never touched (partitions of
+        # the loop's own carry its accumulate flag out of the loop)
+        epi_slots = self._tiled_mmas()[1].get_slice(tid).partition_C(sEpi)
         gdK = cute.local_tile(tdK[None, None, h_kv, b], (bn, d), (j, 0))
         gdV = cute.local_tile(tdV[None, None, h_kv, b], (bn, d), (j, 0))
         if const_expr(self.epilogue_overlapped):
