@@ -40,3 +40,31 @@ def test_the_checks_can_fail():
 
 def test_the_staged_dq_tile_order_is_the_mmas_own():
     assert inspect_ptx.check_staging_layout() == []
+
+
+def test_only_the_probe_variant_reads_the_clock(tmp_path):
+    """The timing probe is compiled in only where asked for, and then at every phase."""
+    plain = VARIANTS[0]
+    probe = Variant(plain.dtype, plain.head_dim, plain.causal, plain.deterministic,
+                    plain.audit, plain.per_head, probe=True)
+    assert probe.name == plain.name + "_probe"
+    _, ptx_plain, _, _ = inspect_ptx.compile_ptx(plain, str(tmp_path / "plain"))
+    _, ptx_probe, _, _ = inspect_ptx.compile_ptx(probe, str(tmp_path / "probe"))
+    assert "%clock" not in ptx_plain
+    # 6 visit and 4 chain stamps of the math thread, 2 of the dQ writer (deterministic)
+    assert ptx_probe.count("%clock") == 12
+    assert inspect_ptx.check_ptx(ptx_probe, probe) == []
+
+
+def test_probe_and_audit_exclude_each_other():
+    from dash_cuda.backends.cute.bwd_kernel import DashBackwardSm90
+
+    with pytest.raises(ValueError, match="partials"):
+        DashBackwardSm90(plain_dtype(), 64, causal=False, deterministic=True, audit=True,
+                         per_head=True, probe=True)
+
+
+def plain_dtype():
+    import cutlass
+
+    return cutlass.BFloat16
