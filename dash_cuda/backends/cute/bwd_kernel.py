@@ -56,9 +56,17 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
+
+from .layouts import acc_as_operand_a, smem_layout, transposed
+from .ptx import (
+    bulk_load_1d,
+    bulk_reduce_add_f32,
+    bulk_store_1d,
+    ds_value,
+    sm_clock,
+    softmax_p,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Tile shapes
@@ -125,90 +133,6 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Instructions the contract names (inline PTX so that the instruction is the one written here)
-# ---------------------------------------------------------------------------------------------
-
-
-def _f32_asm(asm: str, a, b, c, loc, ip) -> Float32:
-    """The fp32 result ``$0`` of a pure PTX block over three fp32 operands ``$1 .. $3``."""
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type, [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c)],
-        asm, "=f,f,f,f", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
-
-
-@dsl_user_op
-def softmax_p(s: Float32, scale_log2: Float32, neg_lse2: Float32, *, loc=None, ip=None
-              ) -> Float32:
-    """[softmax_p] ``exp2(S * scale_log2 - LSE2)``: one fma.rn.f32, then ex2.approx.ftz.f32."""
-    return _f32_asm("{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
-                    s, scale_log2, neg_lse2, loc, ip)
-
-
-@dsl_user_op
-def ds_value(p: Float32, dp: Float32, delta: Float32, *, loc=None, ip=None) -> Float32:
-    """[ds] ``P * (dP - D)``: a subtraction then a multiplication, each rounded (never an fma)."""
-    return _f32_asm("{ .reg .f32 x; sub.rn.f32 x, $2, $3; mul.rn.f32 $0, $1, x; }",
-                    p, dp, delta, loc, ip)
-
-
-@dsl_user_op
-def bulk_load_1d(dst_smem: cute.Pointer, src_gmem: cute.Pointer, mbar: cute.Pointer,
-                 num_bytes: int, *, loc=None, ip=None) -> None:
-    """1-D bulk copy global -> shared that completes ``num_bytes`` transactions on ``mbar``."""
-    llvm.inline_asm(
-        None,
-        [dst_smem.toint(loc=loc, ip=ip).ir_value(), src_gmem.llvm_ptr,
-         mbar.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $3, [$2];",
-        "r,l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
-
-
-@dsl_user_op
-def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
-                        loc=None, ip=None) -> None:
-    """[dq_add] ``dst += src`` elementwise in fp32, performed by the TMA unit at L2.
-
-    SASS: UBLKRED.G.S.ADD.F32.RN. Measured on an H200: round-to-nearest-even, subnormal
-    inputs and results kept (``dash_ref.emulate.replay(..., flush_subnormals=False)``).
-    """
-    llvm.inline_asm(
-        None,
-        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
-        "l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
-
-
-@dsl_user_op
-def bulk_store_1d(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
-                  loc=None, ip=None) -> None:
-    """Audit: copy a staged partial to global memory as it is (1-D bulk store)."""
-    llvm.inline_asm(
-        None,
-        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
-        "l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
-
-
-@dsl_user_op
-def sm_clock(*, loc=None, ip=None) -> Int32:
-    """The SM's 32-bit cycle counter (``%clock``), for the timing probe."""
-    return Int32(llvm.inline_asm(
-        Int32.mlir_type, [], "mov.u32 $0, %clock;", "=r", has_side_effects=True,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
-
-
 # Timing probe (``probe=True``, a diagnostic variant): int32 cycle stamps written over the
 # ``partials`` buffer, PROBE_VISIT_SLOTS per visit (table order), then PROBE_CHAIN_SLOTS per
 # chain. Visit slots, math thread 0 unless noted: 0 visit start, 1 Q and dO ready, 2 S and dP
@@ -217,48 +141,6 @@ def sm_clock(*, loc=None, ip=None) -> Int32:
 # 2 last visit done, 3 dK/dV stored.
 PROBE_VISIT_SLOTS = 8
 PROBE_CHAIN_SLOTS = 4
-
-# ---------------------------------------------------------------------------------------------
-# Small layout helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
-    """A swizzled (rows, cols[, stages]) shared-memory layout that wgmma and TMA both accept.
-
-    Row-major tiles (``cols`` contiguous) use 128-byte-swizzled K-major atoms of 64 columns;
-    the columns are cut into 64-wide blocks that each hold every row. The same bytes then
-    also read as a valid MN-major operand of the transposed tile, which is how K, Q and dO
-    serve both as K-major operands (S, dP) and as MN-major ones (dQ, dK, dV).
-    ``mn_major`` makes ``rows`` the contiguous dimension instead (used for dS).
-    """
-    kind = (warpgroup.SmemLayoutAtomKind.MN_SW128 if mn_major
-            else warpgroup.SmemLayoutAtomKind.K_SW128)
-    atom = warpgroup.make_smem_layout_atom(kind, dtype)
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
-
-
-def transposed(t: cute.Tensor) -> cute.Tensor:
-    """View of ``t`` with its first two modes swapped (same memory)."""
-    shape = (t.shape[1], t.shape[0], *t.shape[2:])
-    order = (1, 0, *range(2, cute.rank(t)))
-    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
-
-
-def acc_as_operand_a(acc: cute.Tensor, dtype) -> tuple[cute.Tensor, cute.Tensor]:
-    """A 16-bit register A operand that aliases an fp32 accumulator's element order.
-
-    For wgmma, the A fragment of an m64 x k16 block held in registers has the same
-    thread/element map as the fp32 accumulator of an m64 x n16 block, so the accumulator
-    ((2, 2, N / 8), 1, 1) re-read as ((2, 2, 2), 1, N / 16) is the operand. Returns
-    (operand, operand viewed with the accumulator's layout) so that the caller can fill it.
-    """
-    n8 = acc.shape[0][2]
-    op = cute.make_rmem_tensor(((2, 2, 2), 1, n8 // 2), dtype)
-    return op, cute.make_tensor(op.iterator, acc.layout)
-
 
 # ---------------------------------------------------------------------------------------------
 # The kernel

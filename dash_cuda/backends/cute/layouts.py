@@ -1,0 +1,46 @@
+"""Shared-memory layouts and register views the CuTe kernels share (forward and backward)."""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+
+def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
+    """A swizzled (rows, cols[, stages]) shared-memory layout that wgmma and TMA both accept.
+
+    Row-major tiles (``cols`` contiguous) use 128-byte-swizzled K-major atoms of 64 columns;
+    the columns are cut into 64-wide blocks that each hold every row. The same bytes then
+    also read as a valid MN-major operand of the transposed tile, which is how K, Q and dO
+    serve both as K-major operands (S, dP) and as MN-major ones (dQ, dK, dV).
+    ``mn_major`` makes ``rows`` the contiguous dimension instead (used for dS).
+    """
+    kind = (warpgroup.SmemLayoutAtomKind.MN_SW128 if mn_major
+            else warpgroup.SmemLayoutAtomKind.K_SW128)
+    atom = warpgroup.make_smem_layout_atom(kind, dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+def transposed(t: cute.Tensor) -> cute.Tensor:
+    """View of ``t`` with its first two modes swapped (same memory)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def acc_as_operand_a(acc: cute.Tensor, dtype) -> tuple[cute.Tensor, cute.Tensor]:
+    """A 16-bit register A operand that aliases an fp32 accumulator's element order.
+
+    For wgmma, the A fragment of an m64 x k16 block held in registers has the same
+    thread/element map as the fp32 accumulator of an m64 x n16 block, so the accumulator
+    ((2, 2, N / 8), 1, 1) re-read as ((2, 2, 2), 1, N / 16) is the operand. Returns
+    (operand, operand viewed with the accumulator's layout) so that the caller can fill it.
+    """
+    n8 = acc.shape[0][2]
+    op = cute.make_rmem_tensor(((2, 2, 2), 1, n8 // 2), dtype)
+    return op, cute.make_tensor(op.iterator, acc.layout)
+
+
+__all__ = ["acc_as_operand_a", "smem_layout", "transposed"]

@@ -1,0 +1,126 @@
+"""The instructions the CuTe kernels' arithmetic contract names, as inline PTX.
+
+Written as PTX so that the instruction is the one the contract table states (no
+contraction or substitution by the compiler); each helper names its contract step.
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+
+def _f32_asm(asm: str, operands, loc, ip) -> Float32:
+    """The fp32 result ``$0`` of a pure PTX block over fp32 operands ``$1 ...``."""
+    return Float32(llvm.inline_asm(
+        Float32.mlir_type, [Float32(x).ir_value(loc=loc, ip=ip) for x in operands],
+        asm, "=f" + ",f" * len(operands), has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
+
+
+# -- forward ------------------------------------------------------------------------------------
+@dsl_user_op
+def scale_scores(s: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_scores] ``S * scale_log2``: one mul.rn.f32 (kept apart from the exp2's subtraction)."""
+    return _f32_asm("mul.rn.f32 $0, $1, $2;", (s, scale_log2), loc, ip)
+
+
+@dsl_user_op
+def exp2_minus(x: Float32, m: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_probs] ``exp2(x - m)``: sub.rn.f32, then ex2.approx.ftz.f32."""
+    return _f32_asm("{ .reg .f32 t; sub.rn.f32 t, $1, $2; ex2.approx.ftz.f32 $0, t; }",
+                    (x, m), loc, ip)
+
+
+@dsl_user_op
+def rescaled_sum(ell: Float32, alpha: Float32, psum: Float32, *, loc=None, ip=None
+                 ) -> Float32:
+    """[fwd_accumulate] ``l * alpha + psum``: one fma.rn.f32."""
+    return _f32_asm("fma.rn.f32 $0, $1, $2, $3;", (ell, alpha, psum), loc, ip)
+
+
+@dsl_user_op
+def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_finish] ``a / b`` correctly rounded: div.rn.f32."""
+    return _f32_asm("div.rn.f32 $0, $1, $2;", (a, b), loc, ip)
+
+
+@dsl_user_op
+def lse2_of(m: Float32, ell: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_finish] ``m + log2(l)``: lg2.approx.ftz.f32, then add.rn.f32."""
+    return _f32_asm("{ .reg .f32 t; lg2.approx.ftz.f32 t, $2; add.rn.f32 $0, $1, t; }",
+                    (m, ell), loc, ip)
+
+
+# -- backward -----------------------------------------------------------------------------------
+@dsl_user_op
+def softmax_p(s: Float32, scale_log2: Float32, neg_lse2: Float32, *, loc=None, ip=None
+              ) -> Float32:
+    """[softmax_p] ``exp2(S * scale_log2 - LSE2)``: one fma.rn.f32, then ex2.approx.ftz.f32."""
+    return _f32_asm("{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
+                    (s, scale_log2, neg_lse2), loc, ip)
+
+
+@dsl_user_op
+def ds_value(p: Float32, dp: Float32, delta: Float32, *, loc=None, ip=None) -> Float32:
+    """[ds] ``P * (dP - D)``: a subtraction then a multiplication, each rounded (never an fma)."""
+    return _f32_asm("{ .reg .f32 x; sub.rn.f32 x, $2, $3; mul.rn.f32 $0, $1, x; }",
+                    (p, dp, delta), loc, ip)
+
+
+@dsl_user_op
+def bulk_load_1d(dst_smem: cute.Pointer, src_gmem: cute.Pointer, mbar: cute.Pointer,
+                 num_bytes: int, *, loc=None, ip=None) -> None:
+    """1-D bulk copy global -> shared that completes ``num_bytes`` transactions on ``mbar``."""
+    llvm.inline_asm(
+        None,
+        [dst_smem.toint(loc=loc, ip=ip).ir_value(), src_gmem.llvm_ptr,
+         mbar.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $3, [$2];",
+        "r,l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
+                        loc=None, ip=None) -> None:
+    """[dq_add] ``dst += src`` elementwise in fp32, performed by the TMA unit at L2.
+
+    SASS: UBLKRED.G.S.ADD.F32.RN. Measured on an H200: round-to-nearest-even, subnormal
+    inputs and results kept (``dash_ref.emulate.replay(..., flush_subnormals=False)``).
+    """
+    llvm.inline_asm(
+        None,
+        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def bulk_store_1d(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
+                  loc=None, ip=None) -> None:
+    """Audit: copy a staged partial to global memory as it is (1-D bulk store)."""
+    llvm.inline_asm(
+        None,
+        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def sm_clock(*, loc=None, ip=None) -> Int32:
+    """The SM's 32-bit cycle counter (``%clock``), for the timing probe."""
+    return Int32(llvm.inline_asm(
+        Int32.mlir_type, [], "mov.u32 $0, %clock;", "=r", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
