@@ -64,12 +64,14 @@ def variants(dtypes, head_dims, audit: bool, exact: bool = False, groups=(1, 2)
 
 
 def cute_variants(dtypes, head_dims) -> list:
-    """Every CuTe kernel variant: audit runs with per-head dK/dV, and so does GQA."""
+    """Every CuTe kernel variant: the forwards, then the backwards (audit runs with per-head
+    dK/dV, and so does GQA)."""
     import torch
 
-    from dash_cuda.backends.cute.launch import Variant
+    from dash_cuda.backends.cute.launch import ForwardVariant, Variant
 
-    out = []
+    out: list = [ForwardVariant(getattr(torch, DTYPES[dtype]), d, causal)
+                 for dtype, d, causal in itertools.product(dtypes, head_dims, (False, True))]
     for dtype, d, causal, det in itertools.product(dtypes, head_dims, (False, True),
                                                    (True, False)):
         dt = getattr(torch, DTYPES[dtype])

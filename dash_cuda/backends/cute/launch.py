@@ -16,6 +16,7 @@ Layouts the kernel reads (:mod:`.bwd_kernel` says why):
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
@@ -45,6 +46,7 @@ from .bwd_kernel import (  # noqa: E402
     shared_bytes,
     staging_coords,
 )
+from .fwd_kernel import FORWARD_TILES, DashForwardSm90  # noqa: E402
 
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -81,6 +83,16 @@ class Variant:
                                 deterministic=self.deterministic, audit=self.audit,
                                 per_head=self.per_head, probe=self.probe)
 
+    def placeholder_args(self) -> list:
+        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
+        dt = _DTYPES[self.dtype]
+        out = Float32 if self.per_head else dt
+        ptrs = [_ptr(dt)] * 4 + [_ptr(Float32)] * 3 + [_ptr(out)] * 2
+        ptrs += [_ptr(Int32), _ptr(Float32)] + [_ptr(Int32)] * len(TABLE_NAMES)
+        ints = [Int32(1)] * 9
+        strides = [(Int32(1), Int32(1), Int32(1))] * 6
+        return [*ptrs, *ints, *strides, Float32(1.0), Float32(1.0), cuda.CUstream(0)]
+
     @classmethod
     def of(cls, launch: Launch) -> Variant:
         p = launch.problem
@@ -92,29 +104,41 @@ def _ptr(dtype, address: int = 16):
     return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
 
 
-def _placeholder_args(v: Variant) -> list:
-    """Arguments of the right types for ``cute.compile`` (their values are never used)."""
-    dt = _DTYPES[v.dtype]
-    out = Float32 if v.per_head else dt
-    ptrs = [_ptr(dt)] * 4 + [_ptr(Float32)] * 3 + [_ptr(out)] * 2 + [_ptr(Int32), _ptr(Float32)]
-    ptrs += [_ptr(Int32)] * len(TABLE_NAMES)
-    ints = [Int32(1)] * 9
-    strides = [(Int32(1), Int32(1), Int32(1))] * 6
-    return [*ptrs, *ints, *strides, Float32(1.0), Float32(1.0), cuda.CUstream(0)]
+@dataclass(frozen=True)
+class ForwardVariant:
+    """Everything a compiled forward is specialized on (shapes and strides are run-time)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+
+    @property
+    def name(self) -> str:
+        return "_".join(["dash_fwd", "bf16" if self.dtype == torch.bfloat16 else "fp16",
+                         f"d{self.head_dim}", "causal" if self.causal else "full"])
+
+    def kernel_object(self) -> DashForwardSm90:
+        return DashForwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal)
+
+    def placeholder_args(self) -> list:
+        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
+        dt = _DTYPES[self.dtype]
+        return [*[_ptr(dt)] * 4, _ptr(Float32), *[Int32(1)] * 6,
+                *[(Int32(1), Int32(1), Int32(1))] * 4, Float32(1.0), cuda.CUstream(0)]
 
 
-def compile_kernel(v: Variant, options: str = ""):
+def compile_kernel(v: Variant | ForwardVariant, options: str = ""):
     """``cute.compile`` one variant for sm_90a (no GPU needed); ``options`` as CuTe DSL's
     (``"--keep-ptx --dump-dir=DIR"`` keeps the PTX)."""
-    return cute.compile(v.kernel_object(), *_placeholder_args(v),
+    return cute.compile(v.kernel_object(), *v.placeholder_args(),
                         options=f"--gpu-arch=sm_90a {options}".strip())
 
 
-_cache: dict[Variant, object] = {}
+_cache: dict[Variant | ForwardVariant, object] = {}
 _lock = threading.Lock()
 
 
-def get_kernel(v: Variant):
+def get_kernel(v: Variant | ForwardVariant):
     """The compiled kernel of ``v``: from memory, from ``$DASH_CUTE_AOT_DIR``, or compiled."""
     with _lock:
         hit = _cache.get(v)
@@ -143,7 +167,7 @@ def export_kernels(variants, folder: str) -> list[str]:
     return [v.name for v in variants]
 
 
-def load_exported(folder: str, v: Variant):
+def load_exported(folder: str, v: Variant | ForwardVariant):
     """An exported kernel loaded back as a callable (the arguments of a compiled one)."""
     from cutlass.cute.runtime import load_module
 
@@ -220,6 +244,48 @@ def max_workers(launch: Launch) -> int:
     return props.multi_processor_count * ctas_per_sm(launch)
 
 
+def _check_tma(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+            raise ValueError(f"the CuTe backend needs {name} 16-byte aligned with strides that "
+                             f"are multiples of 8 elements (TMA), got strides {t.stride()}")
+
+
+def _strides(t: torch.Tensor) -> tuple:
+    return tuple(Int32(s) for s in t.stride()[:3])
+
+
+def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                softmax_scale: float, poison: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
+    ``(B, H, S_q)`` buffer: the convention both backwards read."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    _check_tma(q=q, k=k, v=v, o=o)
+    lse2 = torch.empty((batch, heads, seqlen_q), device=q.device,
+                       dtype=torch.float32).transpose(1, 2)
+    if poison:
+        o.fill_(math.nan)
+        lse2.fill_(math.nan)
+    variant = ForwardVariant(q.dtype, head_dim, causal)
+    kernel = get_kernel(variant)
+    # persistent: one CTA per SM (384 threads at 168 registers fill an SM's register file)
+    tiles = batch * heads * -(-seqlen_q // FORWARD_TILES[head_dim].block_m)
+    num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    dt = _DTYPES[q.dtype]
+    kernel(
+        _ptr(dt, q.data_ptr()), _ptr(dt, k.data_ptr()), _ptr(dt, v.data_ptr()),
+        _ptr(dt, o.data_ptr()), _ptr(Float32, lse2.data_ptr()),
+        Int32(batch), Int32(heads), Int32(heads_kv), Int32(seqlen_q), Int32(seqlen_k),
+        Int32(num_ctas), _strides(q), _strides(k), _strides(v), _strides(o),
+        Float32(float(scale_log2(softmax_scale))),
+        cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
+    )
+    return o, lse2
+
+
 _probe = threading.local()
 
 
@@ -244,10 +310,7 @@ def run_schedule(launch: Launch) -> None:
     """Launch the persistent backward: one CTA per worker of the schedule's tables."""
     p = launch.problem
     q, k, v, do = launch.q, launch.k, launch.v, launch.do
-    for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
-        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
-            raise ValueError(f"the CuTe backend needs {name} 16-byte aligned with strides that "
-                             f"are multiples of 8 elements (TMA), got strides {t.stride()}")
+    _check_tma(q=q, k=k, v=v, do=do)
     lse2 = pad_row_stats(launch.lse2, p.block_m)
     delta = pad_row_stats(launch.delta, p.block_m)
     tables = [launch.tables[n] for n in TABLE_NAMES]
@@ -267,9 +330,6 @@ def run_schedule(launch: Launch) -> None:
     def ptr(t, dtype):
         return _ptr(dtype, t.data_ptr())
 
-    def strides(t):
-        return tuple(Int32(s) for s in t.stride()[:3])
-
     kernel(
         ptr(q, dt), ptr(k, dt), ptr(v, dt), ptr(do, dt),
         ptr(lse2, Float32), ptr(delta, Float32), ptr(launch.dq_acc, Float32),
@@ -279,8 +339,8 @@ def run_schedule(launch: Launch) -> None:
         Int32(p.batch), Int32(p.heads), Int32(p.heads_kv), Int32(p.seqlen_q),
         Int32(p.seqlen_k), Int32(p.n_q), Int32(tables[2].numel() - 1),
         Int32(tables[3].numel()), Int32(launch.num_workers),
-        strides(q), strides(k), strides(v), strides(do), strides(launch.dk_out),
-        strides(launch.dv_out),
+        _strides(q), _strides(k), _strides(v), _strides(do), _strides(launch.dk_out),
+        _strides(launch.dv_out),
         Float32(float(scale_log2(launch.softmax_scale))), Float32(launch.softmax_scale),
         cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
     )

@@ -1,0 +1,439 @@
+"""A warp-specialized, persistent attention forward for Hopper (sm_90a) in CuTe DSL.
+
+Each CTA walks a fixed list of Q tiles (``tile = blockIdx.x + k * gridDim.x``) and computes
+each one entirely, streaming its visible KV tiles in ascending order: the bits of O and LSE2
+depend on neither the grid size nor the GPU. Causal tiles are numbered longest first (the
+last Q tiles of every head first), full-mask tiles head by head (neighbours share K/V in L2).
+
+Roles (384 threads, three warpgroups)::
+
+    warpgroup 0, warp 0   loader: TMA loads of Q_i once per tile and of K_j, V_j per KV tile,
+                          through mbarrier pipelines (K and V apart: S needs K first).
+    warpgroups 1 and 2    math: each owns 64 of the tile's 128 query rows (the MMA rows).
+
+Arithmetic contract, per KV tile, in base-2 units like the Triton forward::
+
+    [fwd_scores]     s = rnd32(Q_i K_j^T) * scale_log2     wgmma, then mul.rn.f32; masked: -inf
+    [fwd_max]        m' = max(m, rowmax(s))                 fmax over the thread's columns, then
+                     m_safe = m', or 0 where m' = -inf      across the row's 4 threads (shfl)
+    [fwd_probs]      P = exp2(s - m_safe)                   sub.rn.f32, ex2.approx.ftz.f32
+                     alpha = exp2(m - m_safe)
+    [fwd_accumulate] l = l * alpha + rowsum(P)               fma.rn.f32; each thread sums its own
+                                                           columns, in register order
+                     acc = acc * alpha + rnd(P) V_j         mul.rn.f32, wgmma (P from registers)
+    [fwd_finish]     l = the row's 4 partial sums           shfl butterfly (xor 1, then 2)
+                     O = rnd(acc / l), LSE2 = m + log2(l)   div.rn.f32; lg2.approx.ftz.f32 + add
+                     rows that see no key: O = 0, LSE2 = -inf
+
+``rnd`` is cvt.rn to the input dtype. ``O`` leaves through shared memory by TMA stores (rows
+past S_q clipped); LSE2 goes to a contiguous fp32 ``(B, H, S_q)`` buffer, the convention both
+backwards read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .layouts import acc_as_operand_a, smem_layout, transposed
+from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
+
+
+@dataclass(frozen=True)
+class ForwardTiles:
+    """Tiles and buffering of the forward at one head dim."""
+
+    block_m: int  # query rows per tile: 64 per math warpgroup
+    block_n: int  # key rows per KV tile
+    kv_stages: int  # K and V pipeline depth
+
+
+FORWARD_TILES = {64: ForwardTiles(128, 128, 3), 128: ForwardTiles(128, 128, 2)}
+
+NUM_THREADS = 384
+MATH_THREADS = 256
+PRODUCER_REGS = 24
+MATH_REGS = 240
+BAR_O_FULL = 3  # named barriers per math warpgroup: BAR_O_FULL + warpgroup (0 is syncthreads)
+
+
+class DashForwardSm90:
+    """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
+
+    def __init__(self, dtype, head_dim: int, *, causal: bool):
+        if head_dim not in FORWARD_TILES:
+            raise ValueError(f"head_dim {head_dim} not supported (have {sorted(FORWARD_TILES)})")
+        cfg = FORWARD_TILES[head_dim]
+        self.dtype = dtype
+        self.d = head_dim
+        self.bm, self.bn, self.kv_stages = cfg.block_m, cfg.block_n, cfg.kv_stages
+        self.causal = causal
+
+    def _tiled_mmas(self):
+        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        # S = Q K^T: (BM x BN), warpgroup w takes query rows 64 w ..
+        mma_qk = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, Float32, (2, 1, 1), (64, self.bn))
+        # acc += P V: (BM x d), P straight from registers, V as the MN-major (d x BN) operand
+        mma_pv = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, Float32, (2, 1, 1), (64, self.d),
+            a_source=warpgroup.OperandSource.RMEM)
+        # one warpgroup's (64 x d) output tile, for its slots in shared memory
+        mma_o = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.d),
+            a_source=warpgroup.OperandSource.RMEM)
+        return mma_qk, mma_pv, mma_o
+
+    # -- host side -----------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
+        num_ctas: Int32,
+        q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
+        scale_log2: Float32,
+        stream: cuda.CUstream,
+    ):
+        d, bm, bn = self.d, self.bm, self.bn
+
+        def bshd_as_sdhb(ptr, seqlen, nheads, strides):
+            # (B, S, H, d) with strides (b, s, h, 1) viewed as (S, d, H, B) for TMA tiling
+            return cute.make_tensor(ptr, cute.make_layout(
+                (seqlen, d, nheads, batch), stride=(strides[1], 1, strides[2], strides[0])))
+
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, q_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, v_strides)
+        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, o_strides)
+        mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, batch * heads),
+                                                          stride=(1, seqlen_q)))
+
+        sQ_layout = smem_layout(self.dtype, bm, d, None)
+        sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
+        sO_layout = smem_layout(self.dtype, 64, d, 2)  # one (64, d) tile per warpgroup
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (bm, d))
+        one_kv = cute.slice_(sK_layout, (None, None, 0))
+        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, one_kv, (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, one_kv, (bn, d))
+        tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                cute.slice_(sO_layout, (None, None, 0)),
+                                                (64, d))
+        mma_qk, mma_pv, mma_o = self._tiled_mmas()
+
+        @cute.struct
+        class Storage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sO_layout)], 1024]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+
+        self.kernel(
+            tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mma_qk, mma_pv, mma_o,
+            sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
+            scale_log2, Storage,
+        ).launch(grid=[num_ctas, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+                 min_blocks_per_mp=1)
+
+    # -- device side ---------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tQ: cute.Tensor, tK: cute.Tensor, tV: cute.Tensor, tO: cute.Tensor,
+        tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom, tma_o: cute.CopyAtom,
+        mLSE: cute.Tensor, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, mma_o: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
+        scale_log2: Float32,
+        Storage: cutlass.Constexpr,
+    ):
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
+        kv_bytes = self.bn * self.d * self.dtype.width // 8
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_q.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=math_warps, tx_count=self.bm * self.d * self.dtype.width // 8,
+            defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_k.data_ptr(), num_stages=self.kv_stages,
+            producer_group=one_thread, consumer_group=math_warps, tx_count=kv_bytes,
+            defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_v.data_ptr(), num_stages=self.kv_stages,
+            producer_group=one_thread, consumer_group=math_warps, tx_count=kv_bytes,
+            defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sO = st.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        n_q = (seqlen_q + self.bm - 1) // self.bm
+        tiles = (batch * heads * n_q, batch * heads, n_q)
+
+        if warp < 4:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == 0:
+                self.loader(tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                            tiles, heads, heads_kv, seqlen_q, seqlen_k)
+        else:
+            cute.arch.setmaxregister_increase(MATH_REGS)
+            self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
+                      pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2)
+
+    # -- the tile list -------------------------------------------------------------------------
+    @cute.jit
+    def tile_coords(self, t, tiles, heads):
+        """(i, b, h) of tile ``t``: causal longest first, else head by head."""
+        _, bh_count, n_q = tiles
+        if const_expr(self.causal):
+            i = n_q - 1 - t // bh_count
+            bh = t % bh_count
+        else:
+            i = t % n_q
+            bh = t // n_q
+        return i, bh // heads, bh % heads
+
+    @cute.jit
+    def kv_tiles(self, i, seqlen_q, seqlen_k):
+        """KV tiles the rows of Q tile ``i`` see: ``[0, n)`` (causal: up to the diagonal)."""
+        hi = seqlen_k
+        if const_expr(self.causal):
+            hi = cutlass.max(cutlass.min(seqlen_k, (i + 1) * self.bm + seqlen_k - seqlen_q), 0)
+        return (hi + self.bn - 1) // self.bn
+
+    # -- loader warp ---------------------------------------------------------------------------
+    @cute.jit
+    def loader(self, tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+               tiles, heads, heads_kv, seqlen_q, seqlen_k):
+        """Q_i once per tile, then K_j and V_j of every visible KV tile, in ascending j."""
+        bm, bn, d = self.bm, self.bn, self.d
+        group = heads // heads_kv
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                self.kv_stages)
+        bid, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        for t in cutlass.range(bid, tiles[0], grid, unroll=1):
+            i, b, h = self.tile_coords(t, tiles, heads)
+            gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (i, 0))
+            sQ_t, gQ_t = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, gQ_t, sQ_t, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            q_state.advance()
+            gK = cute.local_tile(tK[None, None, h // group, b], (bn, d), (None, 0))
+            gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
+            sK_t, gK_t = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            sV_t, gV_t = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            for j in cutlass.range(self.kv_tiles(i, seqlen_q, seqlen_k), unroll=1):
+                stage = kv_state.index
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_k, gK_t[None, j], sK_t[None, stage],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+
+    # -- math warpgroups -----------------------------------------------------------------------
+    @cute.jit
+    def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
+             pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2):
+        bm, bn, d = self.bm, self.bn, self.d
+        wg = tid // 128
+        wg_leader = wg * 128
+        thr_qk = mma_qk.get_slice(tid)
+        wg_qk = mma_qk.get_slice(wg_leader)
+        thr_pv = mma_pv.get_slice(tid)
+        wg_pv = mma_pv.get_slice(wg_leader)
+        a_q = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        b_k = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        b_vt = wg_pv.make_fragment_B(wg_pv.partition_B(transposed(sV)))
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), Float32)
+        # (query, key) coordinates of this thread's scores; its output rows; its O slots
+        score_coords = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
+        o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
+        o_slots = mma_o.get_slice(tid % 128).partition_C(sO[None, None, wg])
+        o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                self.kv_stages)
+        causal_offset = seqlen_k - seqlen_q
+        bid, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        for t in cutlass.range(bid, tiles[0], grid, unroll=1):
+            i, b, h = self.tile_coords(t, tiles, heads)
+            # a thread holds two rows of its warpgroup's 64 (register halves 0 and 1): their
+            # running maxima and its partial sums of their probabilities
+            m0, m1 = Float32(-math.inf), Float32(-math.inf)
+            ell0, ell1 = Float32(0.0), Float32(0.0)
+            acc_o.fill(0.0)
+            pipe_q.consumer_wait(q_state)
+            for j in cutlass.range(self.kv_tiles(i, seqlen_q, seqlen_k), unroll=1):
+                stage = kv_state.index
+                # [fwd_scores] s = (Q_i K_j^T) * scale_log2
+                pipe_k.consumer_wait(kv_state)
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), Float32)
+                self.mma(mma_qk, acc_s, a_q, b_k[None, None, None, stage], zero_init=True)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[e] = scale_scores(acc_s[e], scale_log2)
+                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn,
+                                 i * bm + causal_offset - j * bn)
+                m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m0, ell0)
+                m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m1, ell1)
+                # [fwd_accumulate] acc = acc * alpha + rnd(P) V_j
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    if const_expr((e // 2) % 2 == 0):
+                        acc_o[e] = acc_o[e] * alpha0
+                    else:
+                        acc_o[e] = acc_o[e] * alpha1
+                p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
+                p_op_acc.store(acc_s.load().to(self.dtype))
+                pipe_v.consumer_wait(kv_state)
+                self.mma(mma_pv, acc_o, p_op, b_vt[None, None, None, stage], zero_init=False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+            self.finish(acc_o, (m0, m1), (ell0, ell1), o_coords, o_slots, sO, tO, tma_o, mLSE,
+                        o_ready, tid, wg, i, b, h, heads, seqlen_q)
+        if tid % 128 < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def online_softmax_row(self, acc_s, r: cutlass.Constexpr[int], m_old, ell_old):
+        """[fwd_max], [fwd_probs] and the sum of [fwd_accumulate] for the thread's row ``r``:
+        scores become probabilities in place; returns ``(m', l', alpha)``."""
+        m_new = self.row_max(acc_s, r, m_old)
+        m_safe = cutlass.select_(m_new == -math.inf, Float32(0.0), m_new)
+        alpha = exp2_minus(m_old, m_safe)
+        psum = Float32(0.0)
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            if const_expr((e // 2) % 2 == r):
+                acc_s[e] = exp2_minus(acc_s[e], m_safe)
+                psum = psum + acc_s[e]
+        return m_new, rescaled_sum(ell_old, alpha, psum), alpha
+
+    @cute.jit
+    def row_max(self, acc_s, r: cutlass.Constexpr[int], m_old):
+        """[fwd_max] ``max(m, rowmax(s))`` of the thread's row ``r`` (0 or 1): its own columns,
+        then the other three threads of the row (butterfly shuffles)."""
+        mx = m_old
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            if const_expr((e // 2) % 2 == r):
+                mx = cute.arch.fmax(mx, acc_s[e])
+        for step in cutlass.range_constexpr(2):
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << step))
+        return mx
+
+    @cute.jit
+    def mask_scores(self, acc_s, coords, keys_left, diagonal):
+        """[fwd_scores] invisible scores become -inf: key past S_k, or (causal) a key after
+        the query's diagonal (``key - query > S_k - S_q``). Tiles inside both skip it."""
+        ragged = keys_left < self.bn
+        if const_expr(self.causal):
+            ragged = ragged | (diagonal < self.bn - 1)
+        if ragged:
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                row, col = coords[e][0], coords[e][1]
+                visible = col < keys_left
+                if const_expr(self.causal):
+                    visible = visible & (col - row <= diagonal)
+                acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(-math.inf))
+
+    @cute.jit
+    def finish(self, acc_o, m, ell, o_coords, o_slots, sO, tO, tma_o, mLSE, o_ready, tid, wg,
+               i, b, h, heads, seqlen_q):
+        """[fwd_finish] O = rnd(acc / l) through shared memory and a TMA store of the
+        warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row."""
+        lse2, denom = [], []
+        for r in cutlass.range_constexpr(2):
+            total = ell[r]
+            for step in cutlass.range_constexpr(2):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1 << step)
+            seen = total > Float32(0.0)
+            lse2.append(cutlass.select_(seen, lse2_of(m[r], total), Float32(-math.inf)))
+            denom.append(cutlass.select_(seen, total, Float32(1.0)))
+        vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            r = (e // 2) % 2
+            o = div_rn(acc_o[e], denom[r])
+            vals[e] = Float32(cutlass.select_(lse2[r] == -math.inf, Float32(0.0), o)).to(self.dtype)
+        # the previous tile's store must have read the buffer before it is written again
+        if tid % 128 < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        o_ready.arrive_and_wait()
+        cute.autovec_copy(vals, o_slots)
+        cute.arch.fence_view_async_shared()
+        o_ready.arrive_and_wait()
+        if tid % 128 < 32:
+            gO = cute.local_tile(tO[None, None, h, b], (64, self.d), (2 * i + wg, 0))
+            s_t, g_t = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                             cute.group_modes(sO[None, None, wg], 0, 2),
+                                             cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, s_t, g_t)
+            cute.arch.cp_async_bulk_commit_group()
+        if tid % 4 == 0:
+            for r in cutlass.range_constexpr(2):
+                row = i * self.bm + o_coords[2 * r][0]
+                if row < seqlen_q:
+                    mLSE[row, b * heads + h] = lse2[r]
+
+    @cute.jit
+    def mma(self, tiled_mma, acc, a_frag, b_frag, zero_init: cutlass.Constexpr[bool]):
+        """One warpgroup GEMM over the K blocks of the fragments (issued, not waited for)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
+            cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
+        warpgroup.commit_group()
+
+
+def forward_shared_bytes(head_dim: int, element_bytes: int = 2) -> int:
+    """Shared memory of one forward CTA, as its ``Storage`` lays it out."""
+    cfg = FORWARD_TILES[head_dim]
+    tile = head_dim * element_bytes
+    parts = [(cfg.block_m * tile, 1024), (cfg.block_n * tile * cfg.kv_stages, 1024),
+             (cfg.block_n * tile * cfg.kv_stages, 1024), (2 * 64 * tile, 1024),
+             (2 * 8, 8), (2 * cfg.kv_stages * 8, 8), (2 * cfg.kv_stages * 8, 8)]
+    offset = 0
+    for size, align in parts:
+        offset = -(-offset // align) * align + size
+    return offset
+
+
+__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles", "forward_shared_bytes"]
