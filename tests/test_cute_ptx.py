@@ -13,13 +13,15 @@ import torch
 pytest.importorskip("cutlass")
 
 from dash_cuda.backends.cute import inspect_ptx  # noqa: E402
-from dash_cuda.backends.cute.launch import Variant  # noqa: E402
+from dash_cuda.backends.cute.launch import ForwardVariant, Variant  # noqa: E402
 
 VARIANTS = [
     Variant(torch.bfloat16, 64, causal=True, deterministic=True, audit=False, per_head=False),
     Variant(torch.float16, 128, causal=False, deterministic=True, audit=True, per_head=True),
     Variant(torch.bfloat16, 128, causal=True, deterministic=False, audit=False,
             per_head=False),
+    ForwardVariant(torch.bfloat16, 64, causal=True),
+    ForwardVariant(torch.float16, 128, causal=False),
 ]
 
 
@@ -27,6 +29,15 @@ VARIANTS = [
 def test_every_contract_step_is_the_named_instruction(variant, tmp_path):
     _, ptx, _, _ = inspect_ptx.compile_ptx(variant, str(tmp_path / variant.name))
     assert inspect_ptx.check_ptx(ptx, variant) == []
+
+
+def test_the_forward_checks_can_fail():
+    """A forward whose exp2 is fed by a contracted fma is refused."""
+    v = VARIANTS[3]
+    ptx = ".target sm_90a\n" + "fma.rn.f32 %f1, %f2, %f3, %f4;\nex2.approx.ftz.f32 %f5, %f1;\n"
+    failures = inspect_ptx.check_ptx(ptx * 66, v)
+    assert any("ex2" in f for f in failures)
+    assert any("wgmma" in f for f in failures)
 
 
 def test_the_checks_can_fail():

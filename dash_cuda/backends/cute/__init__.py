@@ -1,16 +1,19 @@
-"""The CuTe backend: a warp-specialized Hopper backward in CuTe DSL (``nvidia-cutlass-dsl``).
+"""The CuTe backend: warp-specialized Hopper kernels in CuTe DSL (``nvidia-cutlass-dsl``).
 
+- :mod:`.fwd_kernel`: the persistent forward. A loader warp streams Q per tile and K/V per
+  KV tile through TMA and mbarrier pipelines; two math warpgroups run the online softmax
+  with wgmma; O leaves by TMA stores, LSE2 in the convention both backwards read;
 - :mod:`.bwd_kernel`: the persistent backward. A loader warp streams K/V per chain and
-  Q/dO/LSE2/D per visit through TMA and mbarrier pipelines; two MMA warpgroups compute
-  every step of a visit with wgmma; a dQ writer warp adds each staged partial into dQacc in
-  its tile's dQ order, overlapped with the next visit's MMAs;
+  Q/dO/LSE2/D per visit; two MMA warpgroups compute every step of a visit with wgmma; a dQ
+  writer warp adds each staged partial into dQacc in its tile's dQ order, overlapped with
+  the next visit's MMAs;
+- :mod:`.ptx`, :mod:`.layouts`: the contract's inline instructions, the shared layouts;
 - :mod:`.launch`: compiled kernels (in memory, or exported ahead of time), buffers, launch;
 - :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
-It runs the backward for head dims 64 and 128 in the fast arithmetic; the forward is the
-Triton backend's (the same ``O`` and ``LSE2`` convention). Importing this package imports
-no CuTe DSL; :data:`BACKEND` loads it on first use.
+It runs head dims 64 and 128 in the fast arithmetic. Importing this package imports no
+CuTe DSL; :data:`BACKEND` loads it on first use.
 """
 
 from __future__ import annotations

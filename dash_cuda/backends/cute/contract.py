@@ -5,7 +5,7 @@ name mirrors it on the CPU. The CuTe backend runs the fast arithmetic only (``ex
 runs on the Triton backend), so each entry holds one text. Read off the PTX and SASS of the
 compiled kernels; ``python -m dash_cuda.backends.cute.inspect_ptx`` compiles every variant for
 sm_90a on any machine and checks the PTX facts (``tests/test_cute_ptx.py`` runs it where
-``nvidia-cutlass-dsl`` is installed). The forward is the Triton backend's.
+``nvidia-cutlass-dsl`` is installed).
 """
 
 from __future__ import annotations
@@ -14,13 +14,28 @@ from dash_cuda.backends import SHARED_STEPS, Instruction
 
 BACKEND = "cute"
 
-_FORWARD = ("fwd_scores", "fwd_max", "fwd_probs", "fwd_accumulate", "fwd_finish")
-
 CONTRACT: dict[str, Instruction] = {
     "scale_log2": Instruction("host: the float64 product rounded to fp32 (a Float32 argument)"),
     "round_operand": Instruction("`cvt.rn.bf16x2.f32` / `cvt.rn.f16x2.f32` "
                                  "(F2FP.BF16.F32.PACK_AB)"),
-    **{name: Instruction("the Triton backend's forward (its column)") for name in _FORWARD},
+    "fwd_scores": Instruction("`wgmma.mma_async` (A = Q, B = K from shared memory, fresh "
+                              "accumulator), then `mul.rn.f32` by c in an inline block (never "
+                              "contracted into the exp2's subtraction); masked: `selp.f32` "
+                              "-inf, only in tiles that touch S_k or the causal diagonal"),
+    "fwd_max": Instruction("`max.f32` over the thread's columns, then over the row's four "
+                           "threads by `shfl.sync.bfly` 1 and 2 (order immaterial: max is "
+                           "exact)"),
+    "fwd_probs": Instruction("`sub.rn.f32` then `ex2.approx.ftz.f32` in one inline block "
+                             "(MUFU.EX2: approximate, subnormals flushed)"),
+    "fwd_accumulate": Instruction("l: each thread adds its own columns of the row in register "
+                                  "order (`add.f32`), then `fma.rn.f32` l * alpha + sum; the "
+                                  "row's four partial l are summed only at the end; acc: "
+                                  "`mul.f32` by alpha, then `wgmma` with rnd(P) in registers "
+                                  "and acc as its accumulator; KV tiles in ascending order"),
+    "fwd_finish": Instruction("l = the four partial sums by `shfl.sync.bfly` 1 then 2; "
+                              "`div.rn.f32` (correctly rounded), `lg2.approx.ftz.f32` then "
+                              "`add.rn.f32`; rows with l = 0 selected to O = 0, LSE2 = -inf; O "
+                              "rounded by `cvt.rn` and stored by TMA"),
     **SHARED_STEPS,
     "qk": Instruction("`wgmma.mma_async ... f32.bf16.bf16`, A = K and B = Q from shared "
                       "memory, first k-block without accumulator (HGMMA.64xBMx16 ... RZ), "

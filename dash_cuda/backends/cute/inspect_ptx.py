@@ -2,12 +2,13 @@
 
     python -m dash_cuda.backends.cute.inspect_ptx [--out DIR] [--export DIR] [--quick]
 
-For each variant (d in {64, 128}, bf16/fp16, causal, deterministic, audit; plus the GQA
-per-head epilogue) this compiles the kernel, keeps its PTX, checks the instruction facts of
-:mod:`.contract` (:func:`check_ptx`), reports registers and spills (``ptxas -v``, when a
-ptxas is on PATH) and the compile time, and checks that the staged dQ tile order
-(:func:`~.bwd_kernel.staging_coords`) is the MMA's own partition. ``--export`` also writes
-every variant as an ahead-of-time object (``DASH_CUTE_AOT_DIR`` loads them). Exit status 1
+For each variant (the forwards: d in {64, 128}, bf16/fp16, causal; the backwards: also
+deterministic, audit, plus the GQA per-head epilogue) this compiles the kernel, keeps its
+PTX, checks the instruction facts of :mod:`.contract` (:func:`check_ptx`), reports
+registers and spills (``ptxas -v``, when a ptxas is on PATH) and the compile time, and checks
+that the staged dQ tile order (:func:`~.bwd_kernel.staging_coords`) is the MMA's own
+partition. ``--export`` also writes every variant as an ahead-of-time object
+(``DASH_CUTE_AOT_DIR`` loads them). Exit status 1
 if any check fails.
 """
 
@@ -32,12 +33,14 @@ import cutlass.cute as cute  # noqa: E402
 
 from . import launch  # noqa: E402
 from .bwd_kernel import TILES, DashBackwardSm90, staging_coords  # noqa: E402
+from .fwd_kernel import FORWARD_TILES, MATH_THREADS  # noqa: E402
 
 
-def all_variants(quick: bool = False) -> list[launch.Variant]:
-    out = []
+def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVariant]:
     dims = (64,) if quick else (64, 128)
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
+    out: list = [launch.ForwardVariant(dt, d, causal)
+                 for d, dt, causal in itertools.product(dims, dtypes, (False, True))]
     for d, dt, causal, det, audit in itertools.product(dims, dtypes, (False, True),
                                                        (True, False), (False, True)):
         out.append(launch.Variant(dt, d, causal, det, audit, per_head=audit))
@@ -53,8 +56,47 @@ def expected_wgmmas(d: int) -> int:
     return 2 * (d // 16) + 2 * (bm // 16) + bn // 16
 
 
-def check_ptx(ptx: str, v: launch.Variant) -> list[str]:
+def check_forward_ptx(ptx: str, v: launch.ForwardVariant) -> list[str]:
+    """The forward contract's instruction facts; returns the failures."""
+    cfg = FORWARD_TILES[v.head_dim]
+    d, bm, bn = v.head_dim, cfg.block_m, cfg.block_n
+    scores, outs = bm * bn // MATH_THREADS, bm * d // MATH_THREADS  # per math thread
+    bad = []
+
+    def need(cond, msg):
+        if not cond:
+            bad.append(msg)
+
+    def count(pattern):
+        return len(re.findall(pattern, ptx))
+
+    need(".target sm_90a" in ptx, "target is not sm_90a")
+    # [fwd_probs]: one ex2 per score and per row's alpha, each after its own sub.rn.f32
+    n = count(r"sub\.rn\.f32 \S+, \S+, \S+;\s*ex2\.approx\.ftz\.f32")
+    need(n == scores + 2 and count(r"\bex2\.") == n,
+         f"{count(r'ex2[.]')} ex2 ({n} after sub.rn), expected {scores + 2}")
+    # [fwd_scores]: the scale is its own mul.rn.f32, never contracted
+    need(count(r"\bmul\.rn\.f32") == scores, f"{count(r'mul[.]rn[.]f32')} mul.rn.f32, "
+         f"expected {scores}")
+    # [fwd_max] and [fwd_finish]: two butterfly steps per row for the max and for l
+    need(count(r"shfl\.sync\.bfly\.b32") == 8, "expected 8 shfl.sync.bfly")
+    # [fwd_accumulate]: one fma.rn.f32 per row per KV tile; [fwd_finish]: div.rn, lg2
+    need(count(r"\bfma\.rn\.f32") == 2, "expected 2 fma.rn.f32 (l * alpha + sum)")
+    need(count(r"\bdiv\.rn\.f32") == outs, f"expected {outs} div.rn.f32")
+    need(count(r"lg2\.approx\.ftz\.f32") == 2, "expected 2 lg2.approx.ftz.f32")
+    mma = count(r"wgmma\.mma_async")
+    need(mma == d // 16 + bn // 16, f"{mma} wgmma, expected {d // 16 + bn // 16}")
+    n_load = count(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global")
+    n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
+    need(n_load == 3 * (d // 64), f"{n_load} TMA loads, expected {3 * (d // 64)}")
+    need(n_store == d // 64, f"{n_store} TMA stores, expected {d // 64}")
+    return bad
+
+
+def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
     """The contract's instruction facts; returns the failures."""
+    if isinstance(v, launch.ForwardVariant):
+        return check_forward_ptx(ptx, v)
     bad = []
     d, bm, bn = v.head_dim, TILES[v.head_dim].block_m, TILES[v.head_dim].block_n
     scores = bn * bm // 256  # score elements per math thread
