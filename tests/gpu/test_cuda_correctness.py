@@ -19,12 +19,17 @@ CASES = [
 ]
 
 
-def check_against_float64(backend, shape, d, dtype, causal, schedule, seed, **kw):
+def check_against_float64(backend, shape, d, dtype, causal, schedule, seed,
+                          forward_backend=None, **kw):
+    """O, LSE2 and the gradients within the bound; ``forward_backend`` (default: ``backend``)
+    runs the forward whose O and LSE2 the backward takes."""
     kw.setdefault("deterministic", schedule != "atomic")
+    forward_backend = forward_backend or backend
     need(backend, d, dtype, kw.get("exact", False), kw["deterministic"])
+    need(forward_backend, d, dtype)
     q, k, v, do = inputs(shape, d, dtype, seed)
     ref, lse_ref = reference(q, k, v, do, causal)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=forward_backend)
     dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
                                               schedule=schedule, backend=backend, **kw)
     for name, x, exact in (("o", o, ref.o), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
@@ -43,6 +48,22 @@ def check_against_float64(backend, shape, d, dtype, causal, schedule, seed, **kw
 @pytest.mark.parametrize("schedule, causal, dtype, d, shape", CASES)
 def test_schedule_matches_float64(backend, schedule, causal, dtype, d, shape):
     check_against_float64(backend, shape, d, dtype, causal, schedule, seed=len(shape) * d + causal)
+
+
+@pytest.mark.parametrize("forward_backend, backward_backend", [("cute", "triton"),
+                                                               ("triton", "cute")])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_any_forward_pairs_with_any_backward(forward_backend, backward_backend, d, causal):
+    """One O/LSE2 convention: each backend's backward on the other's forward, same bound."""
+    from dash_cuda.backends import get_backend
+
+    for name in (forward_backend, backward_backend):
+        if get_backend(name).missing():
+            pytest.skip(f"backend {name!r}: {get_backend(name).missing()}")
+    for n, shape in enumerate(SHAPES):
+        check_against_float64(backward_backend, shape, d, torch.bfloat16, causal, "auto",
+                              seed=7 * n + d + causal, forward_backend=forward_backend)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
