@@ -27,7 +27,7 @@ def _backend_for(q: torch.Tensor, backend: str, exact: bool, deterministic: bool
 
 
 def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: bool,
-                   schedule: str, deterministic: bool) -> str:
+                   schedule: str, deterministic: bool, portable: bool = False) -> str:
     """The resolved schedule of a call on ``(B, S, H, d)`` views: ``atomic`` or a name."""
     if not deterministic:
         return "atomic"
@@ -35,7 +35,7 @@ def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: b
         return schedule
     problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
                           q.shape[3], causal)
-    return resolve_name(schedule, problem, backend.name)
+    return resolve_name(schedule, problem, backend.name, portable)
 
 
 def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -85,8 +85,8 @@ class _DashAttention(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, schedule: str = "auto",
               deterministic: bool = True, num_workers: int | None = None,
-              layout: str = "bshd", exact: bool = False, backend: str = "auto"
-              ) -> torch.Tensor:
+              layout: str = "bshd", exact: bool = False, backend: str = "auto",
+              portable: bool = False) -> torch.Tensor:
     """Scaled dot-product attention whose backward is bitwise reproducible.
 
     Args:
@@ -99,8 +99,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         schedule: backward schedule, ``"auto"`` or a name of ``dash_ref.DETERMINISTIC``.
         deterministic: ``False`` runs the ``atomic`` peer (fp32 atomics, not reproducible).
         num_workers: persistent backward programs; defaults to the device's SM count. Pin it
-            to get the same bits on GPUs with different SM counts. A value larger than what
-            can be resident at once is refused.
+            (or pass ``portable=True``) to get the same bits on GPUs with different SM
+            counts. A value larger than what can be resident at once is refused.
         layout: ``"bshd"`` (default, FlashAttention) or ``"bhsd"`` (SDPA).
         exact: compute the backward in the arithmetic that
             ``dash_ref.emulate.backward(..., arithmetic="exact")`` reproduces bit for bit on
@@ -109,16 +109,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         backend: ``"auto"`` (the fastest installed backend that supports the call) or a
             name of ``dash_cuda.BACKENDS``. Backends tile differently, so the same schedule
             name gives different bits on different backends (and equal bits on one).
+        portable: keep to the schedules of ``dash_ref.PORTABLE``, whose bits do not depend
+            on ``num_workers`` (so not on the GPU's SM count): ``"auto"`` then picks the
+            fastest of them, and naming another schedule is an error.
 
     Returns:
         The attention output, shaped and laid out like ``q``.
     """
     check_tensors({"q": q, "k": k, "v": v}, layout)
-    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend)
+    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
+                  portable)
     check_devices({"q": q, "k": k, "v": v})
     qv, kv = as_bshd(q, layout), as_bshd(k, layout)
     be = _backend_for(q, backend, exact, deterministic)
-    name = _schedule_name(be, qv, kv, causal, schedule, deterministic)
+    name = _schedule_name(be, qv, kv, causal, schedule, deterministic, portable)
     return _DashAttention.apply(q, k, v, causal, resolve_scale(softmax_scale, q.shape[-1]),
                                 name, num_workers, layout, exact, be.name)
 
@@ -149,7 +153,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        softmax_scale: float | None = None, schedule: str = "auto",
                        deterministic: bool = True, num_workers: int | None = None,
                        layout: str = "bshd", audit: bool = False, exact: bool = False,
-                       backend: str = "auto", _poison: bool = False):
+                       backend: str = "auto", portable: bool = False, _poison: bool = False):
     """Backward only: ``(dQ, dK, dV)``, or ``(dQ, dK, dV, BackwardAudit)`` with ``audit``.
 
     ``o`` and ``lse`` come from :func:`attention_forward`. With ``audit=True`` (small
@@ -157,17 +161,18 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     order, the fp32 dQ accumulator before scaling, the per-query-head dK/dV accumulators and
     the arithmetic choices of the launch (see :class:`dash_cuda.BackwardAudit`).
     ``_poison`` (tests) fills outputs and scratch with NaN before the run. Other arguments,
-    ``exact`` included, as in :func:`attention`.
+    ``exact`` and ``portable`` included, as in :func:`attention`.
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     check_tensors(named, layout)
-    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend)
+    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
+                  portable)
     check_devices(named)
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     views = [as_bshd(x, layout) for x in (q, k, v, o)]
     be = _backend_for(q, backend, exact, deterministic)
-    name = _schedule_name(be, views[0], views[1], causal, schedule, deterministic)
+    name = _schedule_name(be, views[0], views[1], causal, schedule, deterministic, portable)
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
     dq, dk, dv, record = _backward(be, *views, lse_v, as_bshd(do, layout), causal,
                                    resolve_scale(softmax_scale, q.shape[-1]), name,

@@ -12,7 +12,7 @@ from numbers import Integral, Real
 
 import torch
 
-from dash_ref import NAMES
+from dash_ref import NAMES, PORTABLE
 
 from .backends import BACKENDS
 from .backends.triton.config import HEAD_DIMS
@@ -96,12 +96,14 @@ def check_devices(named: dict[str, torch.Tensor]) -> None:
 
 def check_options(causal: bool, softmax_scale: float | None, schedule: str,
                   deterministic: bool, num_workers: int | None, exact: bool = False,
-                  backend: str = "auto") -> None:
+                  backend: str = "auto", portable: bool = False) -> None:
     """Types and values of the keyword options of the public functions."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(exact, bool):
         raise TypeError(f"exact must be a bool, got {exact!r}")
+    if not isinstance(portable, bool):
+        raise TypeError(f"portable must be a bool, got {portable!r}")
     if exact and not deterministic:
         raise ValueError("exact=True reproduces a fixed dQ order; the atomic peer "
                          "(deterministic=False) has none")
@@ -114,6 +116,13 @@ def check_options(causal: bool, softmax_scale: float | None, schedule: str,
     if schedule == "atomic" and deterministic:
         raise ValueError("schedule 'atomic' is the non-deterministic peer: pass "
                          "deterministic=False to run it")
+    if portable and not deterministic:
+        raise ValueError("portable=True keeps to fixed summation orders; the atomic peer "
+                         "(deterministic=False) has none")
+    if portable and schedule not in ("auto", *PORTABLE):
+        raise ValueError(f"schedule {schedule!r} orders its sums by num_workers, so its bits "
+                         f"differ between GPUs; portable=True takes 'auto', "
+                         f"{', '.join(PORTABLE)}")
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from 'auto', "
                          f"{', '.join(BACKENDS)}")

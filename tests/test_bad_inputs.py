@@ -15,7 +15,8 @@ import sys
 import pytest
 import torch
 
-from dash_ref import Problem, build_dag, build_schedule, simulate
+from dash_cuda.checks import check_options
+from dash_ref import Problem, build_dag, build_schedule, resolve_name, simulate
 from dash_ref.arithmetic import steps
 from dash_ref.emulate import emulate, replay
 from verify.cli import main
@@ -163,6 +164,14 @@ def _api_cases():
         (lambda: build_schedule(P, "shift", 0), ValueError, "num_workers must be >= 1"),
         (lambda: build_schedule(P, "bogus", 2), ValueError, "unknown schedule 'bogus'"),
         (lambda: build_schedule("P", "shift", 2), TypeError, "problem must be a Problem"),
+        (lambda: resolve_name("shift", P, portable=True), ValueError, "orders its sums by"),
+        (lambda: resolve_name("auto", P, portable=1), TypeError, "portable must be a bool"),
+        (lambda: check_options(False, None, "symmetric_shift", True, None, portable=True),
+         ValueError, "portable=True takes"),
+        (lambda: check_options(False, None, "auto", False, None, portable=True), ValueError,
+         "atomic peer"),
+        (lambda: check_options(False, None, "auto", True, None, portable="yes"), TypeError,
+         "portable must be a bool"),
         (lambda: simulate(S, cost_compute=-1.0), ValueError, "cost_compute must be >= 0"),
         (lambda: simulate(S, cost_reduce=math.nan), ValueError, "cost_reduce must be finite"),
         (lambda: simulate(S, model="fast"), ValueError, "model must be one of"),

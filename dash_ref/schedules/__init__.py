@@ -11,6 +11,7 @@ from .problem import MASKS, Problem
 from .schedule import (
     DETERMINISTIC,
     NAMES,
+    PORTABLE,
     Chain,
     Schedule,
     ScheduleError,
@@ -24,6 +25,7 @@ __all__ = [
     "DETERMINISTIC",
     "MASKS",
     "NAMES",
+    "PORTABLE",
     "Chain",
     "Problem",
     "Schedule",

@@ -35,18 +35,25 @@ def load_table(path: str | None = None) -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text())["entries"])
 
 
-def auto_schedule(mask: str, head_dim: int, seqlen: int, backend: str | None = None) -> str:
+def auto_schedule(mask: str, head_dim: int, seqlen: int, backend: str | None = None,
+                  among: tuple[str, ...] | None = None) -> str:
     """The schedule ``auto`` resolves to for this shape (see the module docstring).
 
     Entries may name the kernel backend they were measured on (``"backend"``); with
-    ``backend`` given, that backend's entries are used where it has any.
+    ``backend`` given, that backend's entries are used where it has any. ``among`` restricts
+    the choice to those names: the fastest of them in the nearest entry's measurements
+    (``all_tflops``), else the first of them.
     """
     entries = [e for e in load_table() if e["mask"] == mask]
     measured = list(dict.fromkeys(e["backend"] for e in entries if "backend" in e))
     if backend not in measured:  # no entries of its own: those of the first backend listed
         backend = measured[0] if measured else None
     entries = [e for e in entries if e.get("backend") == backend]
-    if not entries:
+    if among is not None:
+        entries = [e for e in entries if any(n in e.get("all_tflops", {}) for n in among)]
+        if not entries:
+            return among[0]
+    elif not entries:
         return paper_advice(mask, head_dim)
 
     def distance(e: dict) -> tuple[float, float, int, int]:
@@ -54,4 +61,8 @@ def auto_schedule(mask: str, head_dim: int, seqlen: int, backend: str | None = N
                 abs(math.log2(e["seqlen"]) - math.log2(max(seqlen, 1))),
                 e["head_dim"], e["seqlen"])
 
-    return min(entries, key=distance)["schedule"]
+    nearest = min(entries, key=distance)
+    if among is None:
+        return nearest["schedule"]
+    measured = nearest["all_tflops"]
+    return max((n for n in among if n in measured), key=lambda n: measured[n])

@@ -18,6 +18,15 @@ Schedules (``docs/design.md`` section 3), placement / visit order / dQ order:
 ``descending``      greedy in ``(b, h, j)`` order / descending / ``j`` ascending
 ``shift``           round-robin waves / cyclic shift by wave index / by (wave, step)
 ``symmetric_shift`` round-robin pairs ``(j, n_kv-1-j)`` / shift then fold / by (wave, step)
+``interleaved``     greedy in ``(j, b, h)`` order / ascending / ``j`` ascending
+
+*Portable* schedules (:data:`PORTABLE`) fix their visit and dQ orders from the problem
+alone, so their bits are the same for every ``num_workers`` (every GPU); the wave
+schedules order a tile's sums by the round a chain runs in, which depends on
+``num_workers``. ``interleaved`` adds in ``naive``'s orders (the same fingerprint, the same
+bits) but launches the chains of all heads for one ``j`` before the next ``j``: while there
+are at least as many heads as workers, chain ``j`` of a head starts after chain ``j - 1``
+of that head has ended, so no hand-off ever waits, under either mask.
 
 *Greedy* placement is list scheduling: in launch order each chain goes to the worker that
 becomes free first, counting one unit of time per visit (ties to the lowest worker). It is
@@ -62,8 +71,11 @@ from .._checks import integer
 from .auto import auto_schedule
 from .problem import Problem
 
-DETERMINISTIC = ("naive", "spt", "descending", "shift", "symmetric_shift")
+DETERMINISTIC = ("naive", "spt", "descending", "shift", "symmetric_shift", "interleaved")
 NAMES = ("atomic", *DETERMINISTIC)
+#: schedules whose orders depend on the problem alone, not on ``num_workers``: the same
+#: bits on every GPU (``tests/test_portable.py`` checks fingerprints across worker counts)
+PORTABLE = ("naive", "spt", "descending", "interleaved")
 
 TileKey = tuple[int, int, int]  # (b, h, i)
 
@@ -490,6 +502,13 @@ def _descending(p: Problem, num_workers: int) -> Schedule:
     return _greedy_schedule(p, "descending", num_workers, False, True, _order_by_j(p, False))
 
 
+def _interleaved(p: Problem, num_workers: int) -> Schedule:
+    """``naive``'s orders, launched ``j`` by ``j`` across all heads (see the module docstring)."""
+    items = [(Chain(b, h, j, p.chain_rows[j]),) for j in range(p.n_kv) for b, h in _heads(p)]
+    return _assemble(p, "interleaved", num_workers, _place_greedy(items, num_workers),
+                     _order_by_j(p, False))
+
+
 def _shift(p: Problem, num_workers: int) -> Schedule:
     """Chains of one head in one round form a wave; wave member r starts at its r-th tile."""
     items: list[Item] = []
@@ -556,29 +575,38 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
     "descending": _descending,
     "shift": _shift,
     "symmetric_shift": _symmetric_shift,
+    "interleaved": _interleaved,
 }
 
 
 def default_schedule(mask: str, head_dim: int, seqlen: int = 4096,
-                     backend: str | None = None) -> str:
+                     backend: str | None = None, portable: bool = False) -> str:
     """What ``auto`` resolves to: the measured table of :mod:`dash_ref.schedules.auto`."""
-    return auto_schedule(mask, head_dim, seqlen, backend)
+    return auto_schedule(mask, head_dim, seqlen, backend, PORTABLE if portable else None)
 
 
-def resolve_name(name: str, problem: Problem, backend: str | None = None) -> str:
+def resolve_name(name: str, problem: Problem, backend: str | None = None,
+                 portable: bool = False) -> str:
     """The schedule ``name`` stands for on ``problem``: itself, or what ``auto`` picks.
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
     the two sequence lengths, with the entries measured on ``backend`` where there are).
-    Unknown names raise a ``ValueError`` that lists the known ones.
+    ``portable=True`` keeps to :data:`PORTABLE` (the same bits for every ``num_workers``):
+    ``auto`` picks the fastest portable schedule, and a named schedule outside the set is
+    refused. Unknown names raise a ``ValueError`` that lists the known ones.
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
+    if not isinstance(portable, bool):
+        raise TypeError(f"portable must be a bool, got {portable!r}")
     if name == "auto":
         return default_schedule(problem.mask, problem.head_dim,
-                                max(problem.seqlen_q, problem.seqlen_k), backend)
+                                max(problem.seqlen_q, problem.seqlen_k), backend, portable)
     if not isinstance(name, str) or name not in BUILDERS:
         raise ValueError(f"unknown schedule {name!r}; choose from 'auto', {', '.join(NAMES)}")
+    if portable and name not in PORTABLE:
+        raise ValueError(f"schedule {name!r} orders its sums by num_workers, so its bits "
+                         f"differ between GPUs; portable=True takes {', '.join(PORTABLE)}")
     return name
 
 

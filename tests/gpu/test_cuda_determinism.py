@@ -9,7 +9,7 @@ import torch
 from gpu_cases import inputs
 
 import dash_cuda
-from dash_ref import DETERMINISTIC
+from dash_ref import DETERMINISTIC, PORTABLE
 
 TRIALS = 100
 
@@ -82,3 +82,33 @@ def test_atomic_peer_is_not_repeatable(backend):
     first, differing = run_trials((q, k, v, o, lse, do),
                                   dict(schedule="shift", backend=backend), 20, busy)
     assert differing == 0
+
+
+@pytest.mark.parametrize("schedule", PORTABLE)
+@pytest.mark.parametrize("causal", [False, True])
+def test_portable_schedules_give_the_same_bits_on_every_worker_count(backend, schedule,
+                                                                       causal):
+    """66, 114 and 132 workers: half an H200, an H100 PCIe, an H100 SXM / H200."""
+    if torch.cuda.get_device_properties(0).multi_processor_count < 132:
+        pytest.skip("needs 132 SMs to run 132 persistent workers")
+    q, k, v, do = inputs((2, 8, 4, 1100, 1500), 64, torch.bfloat16, seed=23)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
+    grads = {w: dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                             schedule=schedule, num_workers=w,
+                                             backend=backend)
+             for w in (66, 114, 132)}
+    for w in (66, 114):
+        for a, b in zip(grads[w], grads[132]):
+            assert torch.equal(a, b), f"{schedule}: {w} workers differ from 132"
+
+
+def test_portable_auto_repeats_across_worker_counts(backend):
+    if torch.cuda.get_device_properties(0).multi_processor_count < 132:
+        pytest.skip("needs 132 SMs to run 132 persistent workers")
+    q, k, v, do = inputs((2, 8, 8, 1024, 1024), 64, torch.bfloat16, seed=24)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True, backend=backend)
+    first = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True, portable=True,
+                                         num_workers=66, backend=backend)
+    again = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True, portable=True,
+                                         num_workers=132, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
