@@ -7,8 +7,6 @@ Every input is checked (:mod:`.checks`) before a backend is chosen, and a backen
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dash_ref import resolve_name
@@ -16,7 +14,8 @@ from dash_ref.arithmetic.steps import resolve_scale
 
 from .backends import Backend, Case, choose_backend, get_backend
 from .checks import LAYOUTS, as_bshd, check_devices, check_options, check_tensors
-from .launch import problem_for, run_backward, run_forward
+from .launch import problem_for
+from .ops import attention_op, backward_views, empty_problem, forward_views
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "backward_problem"]
@@ -31,55 +30,11 @@ def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: b
     """The resolved schedule of a call on ``(B, S, H, d)`` views: ``atomic`` or a name."""
     if not deterministic:
         return "atomic"
-    if _empty(q, k):  # nothing runs: no problem to resolve a name on
+    if empty_problem(q, k):  # nothing runs: no problem to resolve a name on
         return schedule
     problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
                           q.shape[3], causal)
     return resolve_name(schedule, problem, backend.name, portable)
-
-
-def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Nothing to compute: no batch, no queries or no keys."""
-    return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
-
-
-def _forward(backend: Backend, q, k, v, causal, scale, poison=False):
-    """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``."""
-    if _empty(q, k):
-        o = torch.zeros_like(q)
-        lse = torch.full(q.shape[:3], -math.inf, device=q.device, dtype=torch.float32)
-        return o, lse
-    return run_forward(backend, q, k, v, causal, scale, poison)
-
-
-def _backward(backend: Backend, q, k, v, o, lse, do, causal, scale, name, num_workers, audit,
-              poison=False, exact=False):
-    """On validated ``(B, S, H, d)`` views: ``(dQ, dK, dV, audit record or None)``."""
-    if _empty(q, k):
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
-    return run_backward(backend, q, k, v, o, lse, do, causal, scale, name, num_workers, audit,
-                        poison, exact)
-
-
-class _DashAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, name, num_workers, layout, exact, backend):
-        qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
-        be = get_backend(backend)
-        o, lse = _forward(be, qv, kv, vv, causal, scale)
-        ctx.save_for_backward(qv, kv, vv, o, lse)
-        ctx.options = (causal, scale, name, num_workers, layout, exact, backend)
-        return as_bshd(o, layout)
-
-    @staticmethod
-    def backward(ctx, do):
-        qv, kv, vv, o, lse = ctx.saved_tensors
-        causal, scale, name, num_workers, layout, exact, backend = ctx.options
-        dq, dk, dv, _ = _backward(get_backend(backend), qv, kv, vv, o, lse,
-                                  as_bshd(do, layout), causal, scale, name, num_workers,
-                                  audit=False, exact=exact)
-        return (as_bshd(dq, layout), as_bshd(dk, layout), as_bshd(dv, layout),
-                None, None, None, None, None, None, None)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -123,8 +78,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     qv, kv = as_bshd(q, layout), as_bshd(k, layout)
     be = _backend_for(q, backend, exact, deterministic)
     name = _schedule_name(be, qv, kv, causal, schedule, deterministic, portable)
-    return _DashAttention.apply(q, k, v, causal, resolve_scale(softmax_scale, q.shape[-1]),
-                                name, num_workers, layout, exact, be.name)
+    o, _ = attention_op(qv, kv, as_bshd(v, layout), causal,
+                        resolve_scale(softmax_scale, q.shape[-1]), name, num_workers, exact,
+                        be.name)
+    return as_bshd(o, layout)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -143,8 +100,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     check_devices({"q": q, "k": k, "v": v})
     be = _backend_for(q, backend, False, True)
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
-    o, lse = _forward(be, qv, kv, vv, causal, resolve_scale(softmax_scale, q.shape[-1]),
-                      _poison)
+    o, lse = forward_views(be, qv, kv, vv, causal, resolve_scale(softmax_scale, q.shape[-1]),
+                           _poison)
     return as_bshd(o, layout), (lse if layout == "bshd" else lse.transpose(1, 2))
 
 
@@ -174,9 +131,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     be = _backend_for(q, backend, exact, deterministic)
     name = _schedule_name(be, views[0], views[1], causal, schedule, deterministic, portable)
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
-    dq, dk, dv, record = _backward(be, *views, lse_v, as_bshd(do, layout), causal,
-                                   resolve_scale(softmax_scale, q.shape[-1]), name,
-                                   num_workers, audit, _poison, exact)
+    dq, dk, dv, record = backward_views(be, *views, lse_v, as_bshd(do, layout), causal,
+                                        resolve_scale(softmax_scale, q.shape[-1]), name,
+                                        num_workers, audit, _poison, exact)
     grads = (as_bshd(dq, layout), as_bshd(dk, layout), as_bshd(dv, layout))
     if audit:
         if record is None:

@@ -1,0 +1,98 @@
+"""The attention as ``torch.library`` custom ops: what autograd and ``torch.compile`` see.
+
+``dash::attention`` runs the forward on validated ``(B, S, H, d)`` views and returns ``O``
+and ``LSE2``; its registered autograd runs ``dash::attention_backward``. Both have fake
+implementations (shapes, dtypes and strides of the real outputs, no kernel), so
+``torch.compile(fullgraph=True)`` traces a model that calls :func:`dash_cuda.attention`
+without a graph break, and the compiled model runs the same kernels, with the same bits, as
+the eager one. The options (schedule, workers, backend) are resolved before the op: inside
+it everything is a fixed argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .backends import Backend, get_backend
+from .launch import run_backward, run_forward
+
+Tensor = torch.Tensor
+
+
+def empty_problem(q: Tensor, k: Tensor) -> bool:
+    """Nothing to compute: no batch, no queries or no keys."""
+    return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
+
+
+def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
+    """fp32 ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer: the layout of every LSE2."""
+    b, s, h = q.shape[:3]
+    out = torch.empty((b, h, s), device=q.device, dtype=torch.float32)
+    if fill is not None:
+        out.fill_(fill)
+    return out.transpose(1, 2)
+
+
+def forward_views(backend: Backend, q, k, v, causal, scale, poison=False):
+    """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``."""
+    if empty_problem(q, k):
+        return torch.zeros_like(q), _lse_like(q, -math.inf)
+    return run_forward(backend, q, k, v, causal, scale, poison)
+
+
+def backward_views(backend: Backend, q, k, v, o, lse, do, causal, scale, name, num_workers,
+                   audit, poison=False, exact=False):
+    """On validated ``(B, S, H, d)`` views: ``(dQ, dK, dV, audit record or None)``."""
+    if empty_problem(q, k):
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+    return run_backward(backend, q, k, v, o, lse, do, causal, scale, name, num_workers, audit,
+                        poison, exact)
+
+
+@torch.library.custom_op("dash::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, schedule: str,
+                 num_workers: int | None, exact: bool, backend: str) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)``; ``schedule``, ``num_workers`` and ``exact`` are for the backward."""
+    return forward_views(get_backend(backend), q, k, v, causal, scale)
+
+
+@attention_op.register_fake
+def _(q, k, v, causal, scale, schedule, num_workers, exact, backend):
+    return torch.empty_like(q), _lse_like(q)
+
+
+@torch.library.custom_op("dash::attention_backward", mutates_args=())
+def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
+                          causal: bool, scale: float, schedule: str, num_workers: int | None,
+                          exact: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV)`` under the resolved ``schedule``."""
+    dq, dk, dv, _ = backward_views(get_backend(backend), q, k, v, o, lse, do, causal, scale,
+                                   schedule, num_workers, audit=False, exact=exact)
+    return dq, dk, dv
+
+
+@attention_backward_op.register_fake
+def _(q, k, v, o, lse, do, causal, scale, schedule, num_workers, exact, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, schedule, num_workers, exact, backend = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.options = (causal, scale, schedule, num_workers, exact, backend)
+    ctx.mark_non_differentiable(lse)  # the backward reads it; it has no gradient of its own
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(q, k, v, o, lse, grad_o, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+__all__ = ["attention_backward_op", "attention_op", "backward_views", "empty_problem",
+           "forward_views"]
