@@ -1,0 +1,260 @@
+"""Train a small GPT twice per attention and see whether the two runs agree bit for bit.
+
+A 6-layer decoder (d_model 768, 12 heads of 64, causal, sequence 2048, bf16 autocast over
+fp32 weights, AdamW) trains for ``--steps`` steps on token sequences drawn with a fixed seed
+from a fixed random bigram process (learnable, and nothing to download). Everything but the
+attention is made deterministic: seeds, ``torch.use_deterministic_algorithms(True)``
+(``warn_only``, so that attentions that do not honour it still run and show it),
+``CUBLAS_WORKSPACE_CONFIG``. Each attention trains twice from the same initial weights on
+the same batches; the report gives, per step, both losses and whether they are bitwise
+equal, whether all final weights are, and the tokens per second of each run::
+
+    PYTHONPATH=. python examples/reproducible_training.py --out benchmarks/results
+
+writes ``reproducible_training.json``, ``.md`` and ``.png`` (|loss(run 1) - loss(run 2)|
+per step on a log scale, exact zeros drawn on their own line). ``--device cpu --attention
+sdpa-math`` with a tiny model runs the same harness without a GPU (the CPU tests do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initializes
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+ATTENTIONS = ("dash", "sdpa-cudnn", "sdpa-flash", "sdpa-math")
+
+
+@dataclass(frozen=True)
+class Config:
+    layers: int = 6
+    d_model: int = 768
+    heads: int = 12
+    seqlen: int = 2048
+    vocab: int = 4096
+    batch: int = 8
+    steps: int = 300
+    lr: float = 6e-4
+    seed: int = 1234
+
+
+# -- data ---------------------------------------------------------------------------------------
+def bigram_data(cfg: Config) -> torch.Tensor:
+    """``(steps, batch, seqlen + 1)`` tokens of a fixed random bigram process (each token has
+    8 possible successors): learnable, generated once, the same for every run."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    nexts = torch.randint(0, cfg.vocab, (cfg.vocab, 8), generator=gen)
+    rows = cfg.steps * cfg.batch
+    tok = torch.empty(rows, cfg.seqlen + 1, dtype=torch.long)
+    tok[:, 0] = torch.randint(0, cfg.vocab, (rows,), generator=gen)
+    choice = torch.randint(0, 8, (rows, cfg.seqlen), generator=gen)
+    for t in range(cfg.seqlen):
+        tok[:, t + 1] = nexts[tok[:, t], choice[:, t]]
+    return tok.view(cfg.steps, cfg.batch, cfg.seqlen + 1)
+
+
+# -- model ----------------------------------------------------------------------------------
+def attend(q, k, v, attention: str):
+    """Causal attention on ``(B, S, H, d)`` tensors by the named implementation."""
+    if attention == "dash":
+        import dash_cuda
+
+        return dash_cuda.attention(q, k, v, causal=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+               "sdpa-math": SDPBackend.MATH}[attention]
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, cfg: Config, attention: str):
+        super().__init__()
+        self.heads, self.attention = cfg.heads, attention
+        self.ln1, self.ln2 = torch.nn.LayerNorm(cfg.d_model), torch.nn.LayerNorm(cfg.d_model)
+        self.qkv = torch.nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = torch.nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(cfg.d_model, 4 * cfg.d_model),
+                                       torch.nn.GELU(),
+                                       torch.nn.Linear(4 * cfg.d_model, cfg.d_model))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).unbind(2)
+        x = x + self.proj(attend(q, k, v, self.attention).reshape(b, s, -1))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, cfg: Config, attention: str):
+        super().__init__()
+        self.embed = torch.nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = torch.nn.Parameter(torch.zeros(cfg.seqlen, cfg.d_model))
+        self.blocks = torch.nn.ModuleList(Block(cfg, attention) for _ in range(cfg.layers))
+        self.ln = torch.nn.LayerNorm(cfg.d_model)
+        self.head = torch.nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+# -- one training run -------------------------------------------------------------------------
+def weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def train(cfg: Config, attention: str, data: torch.Tensor, device: torch.device,
+          log=print) -> dict:
+    """One run from the seeded initial weights: per-step losses, final digest, tokens/s."""
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg, attention).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, foreach=True)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16)
+    losses, start, timed_from = [], None, min(5, cfg.steps - 1)
+    for step in range(cfg.steps):
+        if step == timed_from:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+        batch = data[step].to(device)
+        tokens, targets = batch[:, :-1], batch[:, 1:]
+        with amp:
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), targets.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == cfg.steps - 1:
+            log(f"  {attention:10s} step {step:4d} loss {losses[-1]:.4f}")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens_per_s = (cfg.steps - timed_from) * cfg.batch * cfg.seqlen / seconds
+    return {"losses": losses, "weights": weights_digest(model), "tokens_per_s": tokens_per_s}
+
+
+def compare(attention: str, runs: list[dict]) -> dict:
+    a, b = runs
+    equal = [x == y for x, y in zip(a["losses"], b["losses"])]
+    return {"attention": attention, "loss_run1": a["losses"], "loss_run2": b["losses"],
+            "loss_equal": equal, "all_losses_equal": all(equal),
+            "first_differing_step": equal.index(False) if False in equal else None,
+            "weights_equal": a["weights"] == b["weights"],
+            "tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]]}
+
+
+# -- report ---------------------------------------------------------------------------------
+def markdown(report: dict) -> str:
+    cfg, rows = report["config"], report["results"]
+    lines = [f"# Reproducible training: two runs per attention ({report['environment']})", "",
+             f"`{report['command']}`", "",
+             f"{cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads, "
+             f"sequence {cfg['seqlen']}, batch {cfg['batch']}, {cfg['steps']} steps, bf16 "
+             "autocast, AdamW; deterministic algorithms (warn only), fixed seeds.", "",
+             "| attention | losses bitwise equal | first differing step | weights equal | "
+             "tokens/s (run 1, run 2) | final loss |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['attention']} | {sum(r['loss_equal'])} / {len(r['loss_equal'])} | "
+            f"{'-' if r['first_differing_step'] is None else r['first_differing_step']} | "
+            f"{'yes' if r['weights_equal'] else 'no'} | {r['tokens_per_s'][0]:,.0f}, "
+            f"{r['tokens_per_s'][1]:,.0f} | {r['loss_run1'][-1]:.4f} |")
+    base = next((r for r in rows if r["attention"] == "dash"), None)
+    if base is not None:
+        lines += ["", "Step time over `dash`'s (the mean tokens/s of two runs each; above 1 is "
+                  "slower than `dash`):"]
+        ours = sum(base["tokens_per_s"]) / 2
+        for r in rows:
+            lines.append(f"- {r['attention']}: {ours / (sum(r['tokens_per_s']) / 2):.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    floor = 1e-9  # exact zeros are drawn on this line, labelled as such
+    for r in report["results"]:
+        diff = [abs(x - y) for x, y in zip(r["loss_run1"], r["loss_run2"])]
+        ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker=".", ms=3, lw=1,
+                label=r["attention"])
+    ax.set_yscale("log")
+    ax.axhline(floor, color="gray", lw=0.6, ls=":")
+    ax.text(0, floor * 1.6, "exactly 0", fontsize=8, color="gray")
+    ax.set_xlabel("step")
+    ax.set_ylabel("|loss(run 1) - loss(run 2)|")
+    ax.set_title("Two identical training runs per attention", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--attention", nargs="+", default=["dash", "sdpa-cudnn", "sdpa-flash"],
+                    choices=ATTENTIONS)
+    ap.add_argument("--device", default="cuda")
+    for f in Config.__dataclass_fields__.values():
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
+                        default=f.default)
+    args = ap.parse_args(argv)
+    cfg = Config(**{f: getattr(args, f) for f in Config.__dataclass_fields__})
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("reproducible_training: no CUDA device (use --device cpu --attention sdpa-math)",
+              file=sys.stderr)
+        return 2
+    if cfg.d_model % cfg.heads:
+        print("reproducible_training: d_model must be a multiple of heads", file=sys.stderr)
+        return 2
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    data = bigram_data(cfg)
+    results = []
+    for attention in args.attention:
+        runs = [train(cfg, attention, data, device) for _ in range(2)]
+        results.append(compare(attention, runs))
+        r = results[-1]
+        print(f"{attention}: losses equal at {sum(r['loss_equal'])}/{cfg.steps} steps, "
+              f"weights {'equal' if r['weights_equal'] else 'differ'}", flush=True)
+    env = (torch.cuda.get_device_name() if device.type == "cuda" else "CPU") + \
+        f", torch {torch.__version__}"
+    report = {"environment": env, "config": asdict(cfg), "results": results,
+              "command": "python examples/reproducible_training.py " + " ".join(
+                  argv if argv is not None else sys.argv[1:])}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "reproducible_training.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "reproducible_training.md").write_text(markdown(report))
+    plot(report, args.out / "reproducible_training.png")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The reproducible-training example's harness, on the CPU with PyTorch's math attention."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import reproducible_training as example  # noqa: E402
+
+
+def test_two_cpu_runs_agree_and_the_report_says_so(tmp_path):
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--attention", "sdpa-math",
+            "--layers", "1", "--d-model", "32", "--heads", "2", "--seqlen", "16",
+            "--vocab", "64", "--batch", "2", "--steps", "8"]
+    assert example.main(argv) == 0
+    report = json.loads((tmp_path / "reproducible_training.json").read_text())
+    (row,) = report["results"]
+    assert len(row["loss_run1"]) == 8 and row["all_losses_equal"] and row["weights_equal"]
+    assert row["loss_run1"][-1] < row["loss_run1"][0]  # it learns the bigram stream
+    assert (tmp_path / "reproducible_training.png").stat().st_size > 0
+    assert "8 / 8" in (tmp_path / "reproducible_training.md").read_text()
+
+
+def test_a_changed_run_is_reported_as_different():
+    a = {"losses": [2.0, 1.5, 1.25], "weights": "x", "tokens_per_s": 1.0}
+    b = {"losses": [2.0, 1.5000001, 1.25], "weights": "y", "tokens_per_s": 1.0}
+    row = example.compare("sdpa-math", [a, b])
+    assert row["loss_equal"] == [True, False, True]
+    assert row["first_differing_step"] == 1 and not row["weights_equal"]
+
+
+def test_no_gpu_is_exit_2(capsys):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert example.main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
