@@ -9,16 +9,30 @@
 #                                        # cost of exact=True
 #   scripts/gpu_release.sh suite OUT     # the whole GPU suite alone
 #
+# With the CuTe backend (the FA4 bundle brings nvidia-cutlass-dsl; run ``stage`` in one call
+# and the next stage in a second call within 30 s, carrying .fa4b and, if exported with
+# ``python -m dash_cuda.warmup --cute-aot .cute_aot``, .cute_aot):
+#
+#   scripts/gpu_release.sh stage OUT     # copy the first half of the FA4 bundle to /tmp
+#   scripts/gpu_release.sh verify OUT    # unpack; warm up; the whole GPU suite, both backends
+#   scripts/gpu_release.sh grid OUT      # the benchmark grid; the CuTe determinism report
+#   scripts/gpu_release.sh train OUT     # the reproducible-training example; kernels per
+#                                        # call and phases inside the CuTe backward
+#
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|train OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
 mkdir -p "$LOG"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/dash_triton_cache
+if [ -d /tmp/site ] || [ -f .fa4b/part_ab ]; then  # CuTe DSL and FA4 from the bundle
+    export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
+fi
+[ -d .cute_aot ] && export DASH_CUTE_AOT_DIR="$PWD/.cute_aot"
 export DASH_GIT_REV=${DASH_GIT_REV:-unknown}  # the device copy has no .git: pass it in
 PY=python3
 NPROC=$(nproc)
@@ -80,6 +94,35 @@ exact)
     tail -n 1 "$LOG/warmup.log"
     tail -n 5 "$LOG/l2.log"
     [ -f "$LOG/exact_cost.md" ] && sed -n '/^| d/,$p' "$LOG/exact_cost.md"
+    ;;
+stage)
+    cp .fa4a/part_aa /tmp/ && echo "part_aa staged"
+    ;;
+verify)
+    fa4_unpack
+    step warmup 120 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
+        --head-dims 16 32 64 128 --audit --exact
+    step tests 420 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py tests/test_cute_ptx.py
+    grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
+    tail -n 2 "$LOG/tests.log"
+    ;;
+grid)
+    fa4_unpack
+    step bench 420 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
+        --backends cute triton --time-budget 380
+    step determinism 150 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
+        --no-grid --long-trials 1000 --tag determinism_cute
+    [ -f "$LOG/bench_attention.md" ] && sed -n '/best deterministic `cute`/,/^$/p' \
+        "$LOG/bench_attention.md"
+    grep -E "repeatable" "$LOG/determinism.log" | tail -n 8
+    ;;
+train)
+    fa4_unpack
+    step training 360 $PY examples/reproducible_training.py --out "$LOG"
+    step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
+    step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
+    [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
     ;;
 suite)
     step tests 560 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
