@@ -58,7 +58,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .layouts import acc_as_operand_a, smem_layout, transposed
+from .layouts import acc_as_operand_a, bshd_as_sdhb, gemm, smem_layout, transposed
 from .ptx import (
     bulk_load_1d,
     bulk_reduce_add_f32,
@@ -226,18 +226,14 @@ class DashBackwardSm90:
     ):
         d, bm, bn = self.d, self.bm, self.bn
 
-        def bshd_as_sdhb(ptr, seqlen, nheads, strides):
-            # (B, S, H, d) with strides (b, s, h, 1) viewed as (S, d, H, B) for TMA tiling
-            return cute.make_tensor(ptr, cute.make_layout(
-                (seqlen, d, nheads, batch), stride=(strides[1], 1, strides[2], strides[0])))
 
-        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, q_strides)
-        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, do_strides)
-        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, v_strides)
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
+        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, batch, d, do_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, batch, d, v_strides)
         out_heads = heads if const_expr(self.per_head) else heads_kv
-        mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, dk_strides)
-        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, dv_strides)
+        mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, batch, d, dk_strides)
+        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, batch, d, dv_strides)
         rows_pad = n_q * bm
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout((rows_pad, batch * heads),
                                                           stride=(1, rows_pad)))
@@ -594,12 +590,12 @@ class DashBackwardSm90:
                 # [qk] S^T = K_j Q_i^T
                 pipe_q.consumer_wait(q_state)
                 acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
-                self.mma(mma_sdp, acc_s, a_k, b_q[None, None, None, stage], zero_init=True)
+                gemm(mma_sdp, acc_s, a_k, b_q[None, None, None, stage], zero_init=True)
                 # [dp] dP^T = V_j dO_i^T
                 pipe_do.consumer_wait(q_state)
                 acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
                 self.stamp(mProbe, slot + 1, lead)
-                self.mma(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
+                gemm(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
                 # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i)
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
@@ -618,11 +614,11 @@ class DashBackwardSm90:
                 ds_op_acc.store(acc_dp.load().to(self.dtype))
                 # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
                 # once S and dP are dead, so that it never competes with them for registers.
-                self.mma(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
+                gemm(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
                 if const_expr(self.early_dk):
                     # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers: the tensor
                     # cores work on it while dS goes to shared memory
-                    self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
+                    gemm(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
                              zero_init=False)
                 # dS to shared memory for the partial (both warpgroups' key rows are needed).
                 # One buffer per Q stage: the buffer written here was last read by the dQ MMAs
@@ -638,12 +634,12 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
-                self.mma(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
+                gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
                 if const_expr(self.early_dk):
                     warpgroup.wait_group(0)  # dV, dK and the partial are done
                 else:
                     # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers
-                    self.mma(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
+                    gemm(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
                              zero_init=False)
                     # dV and the partial are done (groups retire in order); dK still runs
                     # while the partial is staged for the dQ writer
@@ -697,14 +693,6 @@ class DashBackwardSm90:
                     visible = visible & (r - c <= diagonal)
                 acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(0.0))
 
-    @cute.jit
-    def mma(self, tiled_mma, acc, a_frag, b_frag, zero_init: cutlass.Constexpr[bool]):
-        """One warpgroup GEMM over the K blocks of the fragments (issued, not waited for)."""
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
-            cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
-        warpgroup.commit_group()
 
     @cute.jit
     def store_dkv_tma(self, acc_dk, acc_dv, out, epi_bar, tid, b, h_kv, j, softmax_scale,

@@ -44,7 +44,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .layouts import acc_as_operand_a, smem_layout, transposed
+from .layouts import acc_as_operand_a, bshd_as_sdhb, gemm, smem_layout, transposed
 from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
 
 
@@ -107,15 +107,11 @@ class DashForwardSm90:
     ):
         d, bm, bn = self.d, self.bm, self.bn
 
-        def bshd_as_sdhb(ptr, seqlen, nheads, strides):
-            # (B, S, H, d) with strides (b, s, h, 1) viewed as (S, d, H, B) for TMA tiling
-            return cute.make_tensor(ptr, cute.make_layout(
-                (seqlen, d, nheads, batch), stride=(strides[1], 1, strides[2], strides[0])))
 
-        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, q_strides)
-        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, v_strides)
-        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, o_strides)
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, batch, d, v_strides)
+        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, batch, d, o_strides)
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, batch * heads),
                                                           stride=(1, seqlen_q)))
 
@@ -305,7 +301,7 @@ class DashForwardSm90:
                 # [fwd_scores] s = (Q_i K_j^T) * scale_log2
                 pipe_k.consumer_wait(kv_state)
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), Float32)
-                self.mma(mma_qk, acc_s, a_q, b_k[None, None, None, stage], zero_init=True)
+                gemm(mma_qk, acc_s, a_q, b_k[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
@@ -323,7 +319,7 @@ class DashForwardSm90:
                 p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
                 p_op_acc.store(acc_s.load().to(self.dtype))
                 pipe_v.consumer_wait(kv_state)
-                self.mma(mma_pv, acc_o, p_op, b_vt[None, None, None, stage], zero_init=False)
+                gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, stage], zero_init=False)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
@@ -413,14 +409,6 @@ class DashForwardSm90:
                 if row < seqlen_q:
                     mLSE[row, b * heads + h] = lse2[r]
 
-    @cute.jit
-    def mma(self, tiled_mma, acc, a_frag, b_frag, zero_init: cutlass.Constexpr[bool]):
-        """One warpgroup GEMM over the K blocks of the fragments (issued, not waited for)."""
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
-            cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
-        warpgroup.commit_group()
 
 
 def forward_shared_bytes(head_dim: int, element_bytes: int = 2) -> int:

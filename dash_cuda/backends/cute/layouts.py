@@ -1,9 +1,19 @@
-"""Shared-memory layouts and register views the CuTe kernels share (forward and backward)."""
+"""What both CuTe kernels (forward and backward) share: tensor views, shared-memory layouts,
+register views of accumulators, and the warpgroup GEMM."""
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
+
+
+def bshd_as_sdhb(ptr: cute.Pointer, seqlen, heads, batch, head_dim: int, strides: tuple
+                 ) -> cute.Tensor:
+    """A ``(B, S, H, d)`` tensor with strides ``(b, s, h, 1)`` viewed as ``(S, d, H, B)``: the
+    mode order TMA tiles ``(rows, d)`` boxes of one head in."""
+    return cute.make_tensor(ptr, cute.make_layout(
+        (seqlen, head_dim, heads, batch), stride=(strides[1], 1, strides[2], strides[0])))
 
 
 def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
@@ -43,4 +53,16 @@ def acc_as_operand_a(acc: cute.Tensor, dtype) -> tuple[cute.Tensor, cute.Tensor]
     return op, cute.make_tensor(op.iterator, acc.layout)
 
 
-__all__ = ["acc_as_operand_a", "smem_layout", "transposed"]
+@cute.jit
+def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_frag: cute.Tensor, b_frag: cute.Tensor,
+         zero_init: cutlass.Constexpr[bool]) -> None:
+    """One warpgroup GEMM over the K blocks of the fragments: issued and committed as one
+    wgmma group, not waited for (``warpgroup.wait_group`` does)."""
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
+        cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
+    warpgroup.commit_group()
+
+
+__all__ = ["acc_as_operand_a", "bshd_as_sdhb", "gemm", "smem_layout", "transposed"]
