@@ -182,14 +182,25 @@ def compile_ptx(v: launch.Variant, folder: str) -> tuple[object, str, str, float
 
 
 def ptxas_report(ptx_path: str) -> str:
-    """Registers, spills and wgmma serialization warnings from ``ptxas -v`` (if available)."""
-    exe = shutil.which("ptxas")
-    if exe is None:
+    """Registers, spills and wgmma serialization warnings from ``ptxas -v``: the first ptxas
+    on PATH that accepts the PTX's version (an older one, such as Triton's, refuses it)."""
+    candidates = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        exe = os.path.join(folder, "ptxas")
+        if os.access(exe, os.X_OK) and exe not in candidates:
+            candidates.append(exe)
+    if not candidates:
         return "ptxas not found"
-    with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([exe, "-arch=sm_90a", "-v", ptx_path, "-o",
-                            os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
-    text = r.stdout + r.stderr
+    text = ""
+    for exe in candidates:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run([exe, "-arch=sm_90a", "-v", ptx_path, "-o",
+                                os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+        text = r.stdout + r.stderr
+        if r.returncode == 0:
+            break
+    else:
+        return "no ptxas on PATH accepts this PTX: " + text.strip().splitlines()[-1][:80]
     regs = re.search(r"Used (\d+) registers", text)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     serial = "C7512" in text or "serialized" in text
