@@ -58,7 +58,17 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .layouts import acc_as_operand_a, bshd_as_sdhb, gemm, smem_layout, transposed
+from .layouts import (
+    MATH_REGS,
+    MATH_THREADS,
+    NUM_THREADS,
+    PRODUCER_REGS,
+    acc_as_operand_a,
+    bshd_as_sdhb,
+    gemm,
+    smem_layout,
+    transposed,
+)
 from .ptx import (
     bulk_load_1d,
     bulk_reduce_add_f32,
@@ -96,10 +106,6 @@ class TileConfig:
 # would make the tiling depend on the mask).
 TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, early_dk=False)}
 
-NUM_THREADS = 384
-MATH_THREADS = 256
-PRODUCER_REGS = 24
-MATH_REGS = 240
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
 BAR_EPILOGUE = 2

@@ -44,7 +44,17 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .layouts import acc_as_operand_a, bshd_as_sdhb, gemm, smem_layout, transposed
+from .layouts import (
+    MATH_REGS,
+    MATH_THREADS,
+    NUM_THREADS,
+    PRODUCER_REGS,
+    acc_as_operand_a,
+    bshd_as_sdhb,
+    gemm,
+    smem_layout,
+    transposed,
+)
 from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
 
 
@@ -59,10 +69,6 @@ class ForwardTiles:
 
 FORWARD_TILES = {64: ForwardTiles(128, 128, 3), 128: ForwardTiles(128, 128, 2)}
 
-NUM_THREADS = 384
-MATH_THREADS = 256
-PRODUCER_REGS = 24
-MATH_REGS = 240
 BAR_O_FULL = 3  # named barriers per math warpgroup: BAR_O_FULL + warpgroup (0 is syncthreads)
 
 
@@ -411,17 +417,4 @@ class DashForwardSm90:
 
 
 
-def forward_shared_bytes(head_dim: int, element_bytes: int = 2) -> int:
-    """Shared memory of one forward CTA, as its ``Storage`` lays it out."""
-    cfg = FORWARD_TILES[head_dim]
-    tile = head_dim * element_bytes
-    parts = [(cfg.block_m * tile, 1024), (cfg.block_n * tile * cfg.kv_stages, 1024),
-             (cfg.block_n * tile * cfg.kv_stages, 1024), (2 * 64 * tile, 1024),
-             (2 * 8, 8), (2 * cfg.kv_stages * 8, 8), (2 * cfg.kv_stages * 8, 8)]
-    offset = 0
-    for size, align in parts:
-        offset = -(-offset // align) * align + size
-    return offset
-
-
-__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles", "forward_shared_bytes"]
+__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles"]

@@ -33,7 +33,8 @@ import cutlass.cute as cute  # noqa: E402
 
 from . import launch  # noqa: E402
 from .bwd_kernel import TILES, DashBackwardSm90, staging_coords  # noqa: E402
-from .fwd_kernel import FORWARD_TILES, MATH_THREADS  # noqa: E402
+from .fwd_kernel import FORWARD_TILES  # noqa: E402
+from .layouts import MATH_THREADS  # noqa: E402
 
 
 def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVariant]:

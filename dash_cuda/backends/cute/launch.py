@@ -47,12 +47,12 @@ from .bwd_kernel import (  # noqa: E402
     staging_coords,
 )
 from .fwd_kernel import FORWARD_TILES, DashForwardSm90  # noqa: E402
+from .layouts import NUM_THREADS  # noqa: E402
 
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 #: registers per thread at launch (ptxas -v, every variant), before setmaxnreg rebalances
 REGISTERS_AT_LAUNCH = 168
-THREADS = 384
 
 
 # -- variants and compiled kernels ------------------------------------------------------------
@@ -233,8 +233,9 @@ def ctas_per_sm(launch: Launch) -> int:
     props = torch.cuda.get_device_properties(launch.q.device)
     smem = shared_bytes(launch.problem.head_dim, launch.q.element_size())
     by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (REGISTERS_AT_LAUNCH * THREADS)
-    by_threads = props.max_threads_per_multi_processor // THREADS
+    regs = getattr(props, "regs_per_multiprocessor", 65536)
+    by_regs = regs // (REGISTERS_AT_LAUNCH * NUM_THREADS)
+    by_threads = props.max_threads_per_multi_processor // NUM_THREADS
     return max(0, min(by_smem, by_regs, by_threads))
 
 

@@ -7,6 +7,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
+# Warp roles of both kernels: warpgroup 0 loads (and, in the backward, writes dQ) on few
+# registers; warpgroups 1 and 2 compute on many (setmaxnreg moves registers between them).
+NUM_THREADS = 384
+MATH_THREADS = 256
+PRODUCER_REGS = 24
+MATH_REGS = 240
+
 
 def bshd_as_sdhb(ptr: cute.Pointer, seqlen, heads, batch, head_dim: int, strides: tuple
                  ) -> cute.Tensor:
@@ -65,4 +72,5 @@ def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_frag: cute.Tensor, b_frag
     warpgroup.commit_group()
 
 
-__all__ = ["acc_as_operand_a", "bshd_as_sdhb", "gemm", "smem_layout", "transposed"]
+__all__ = ["MATH_REGS", "MATH_THREADS", "NUM_THREADS", "PRODUCER_REGS", "acc_as_operand_a",
+           "bshd_as_sdhb", "gemm", "smem_layout", "transposed"]
