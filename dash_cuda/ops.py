@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .backends import Backend, get_backend
+from .backends import Backend, get_backend, new_row_stats
 from .launch import run_backward, run_forward
 
 Tensor = torch.Tensor
@@ -27,12 +27,8 @@ def empty_problem(q: Tensor, k: Tensor) -> bool:
 
 
 def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
-    """fp32 ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer: the layout of every LSE2."""
-    b, s, h = q.shape[:3]
-    out = torch.empty((b, h, s), device=q.device, dtype=torch.float32)
-    if fill is not None:
-        out.fill_(fill)
-    return out.transpose(1, 2)
+    """The ``LSE2`` of queries ``q`` (``(B, S_q, H, d)``), in the layout every forward writes."""
+    return new_row_stats(q.shape[0], q.shape[1], q.shape[2], q.device, fill)
 
 
 def forward_views(backend: Backend, q, k, v, causal, scale, poison=False):

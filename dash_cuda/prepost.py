@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dash_cuda.backends import new_row_stats
 from dash_cuda.tile_io import load_tile, store_tile
 
 
@@ -154,8 +155,7 @@ def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, exact: boo
     the pairwise order of :func:`dash_ref.arithmetic.steps.delta` (``EXACT``).
     """
     batch, seqlen_q, heads, head_dim = o.shape
-    delta = torch.empty((batch, heads, seqlen_q), device=o.device,
-                        dtype=torch.float32).transpose(1, 2)
+    delta = new_row_stats(batch, seqlen_q, heads, o.device)
     dash_delta_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2),

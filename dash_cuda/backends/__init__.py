@@ -25,6 +25,16 @@ PREFERENCE = ("cute", "triton")
 BACKENDS = ("triton", "cute")
 
 
+def new_row_stats(batch: int, seqlen_q: int, heads: int, device: torch.device,
+                  fill: float | None = None) -> torch.Tensor:
+    """An fp32 per-query-row statistic (``LSE2``, ``D``) as every kernel reads and writes it:
+    a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, so a head's rows are contiguous."""
+    out = torch.empty((batch, heads, seqlen_q), device=device, dtype=torch.float32)
+    if fill is not None:
+        out.fill_(fill)
+    return out.transpose(1, 2)
+
+
 @dataclass(frozen=True)
 class Case:
     """What a backend needs to know to say whether it can run a call."""

@@ -34,7 +34,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32, Int32  # noqa: E402
 from cutlass.cute.runtime import make_ptr  # noqa: E402
 
-from dash_cuda.backends import Launch  # noqa: E402
+from dash_cuda.backends import Launch, new_row_stats  # noqa: E402
 from dash_ref import Problem  # noqa: E402
 from dash_ref.arithmetic.steps import scale_log2  # noqa: E402
 
@@ -265,8 +265,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     _check_tma(q=q, k=k, v=v, o=o)
-    lse2 = torch.empty((batch, heads, seqlen_q), device=q.device,
-                       dtype=torch.float32).transpose(1, 2)
+    lse2 = new_row_stats(batch, seqlen_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)

@@ -8,7 +8,7 @@ import os
 import torch
 import triton
 
-from dash_cuda.backends import Launch
+from dash_cuda.backends import Launch, new_row_stats
 from dash_ref.arithmetic.steps import scale_log2
 
 from .bwd_kernel import dash_bwd_kernel
@@ -25,10 +25,8 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
-    # (B, S_q, H) view of a (B, H, S_q) buffer: each head's rows are contiguous, so the
-    # backward loads a Q tile's LSE2 values as vectors
-    lse2 = torch.empty((batch, heads, seqlen_q), device=q.device,
-                       dtype=torch.float32).transpose(1, 2)
+    # each head's rows contiguous: the backward loads a Q tile's LSE2 values as vectors
+    lse2 = new_row_stats(batch, seqlen_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
