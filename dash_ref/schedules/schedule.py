@@ -475,13 +475,15 @@ def _heads(p: Problem) -> Iterator[tuple[int, int]]:
 
 
 def _greedy_schedule(p: Problem, name: str, num_workers: int, j_descending: bool,
-                     visits_descending: bool, dq: dict[TileKey, tuple[int, ...] | None]
-                     ) -> Schedule:
+                     visits_descending: bool, dq: dict[TileKey, tuple[int, ...] | None],
+                     heads_inner: bool = False) -> Schedule:
+    """Chains in launch order ``(b, h, j)``, or ``(j, b, h)`` with ``heads_inner``, placed
+    greedily."""
     js = range(p.n_kv - 1, -1, -1) if j_descending else range(p.n_kv)
     step = -1 if visits_descending else 1
-    items = [
-        (Chain(b, h, j, p.chain_rows[j][::step]),) for b, h in _heads(p) for j in js
-    ]
+    order = ([(b, h, j) for j in js for b, h in _heads(p)] if heads_inner
+             else [(b, h, j) for b, h in _heads(p) for j in js])
+    items = [(Chain(b, h, j, p.chain_rows[j][::step]),) for b, h, j in order]
     return _assemble(p, name, num_workers, _place_greedy(items, num_workers), dq)
 
 
@@ -504,9 +506,8 @@ def _descending(p: Problem, num_workers: int) -> Schedule:
 
 def _interleaved(p: Problem, num_workers: int) -> Schedule:
     """``naive``'s orders, launched ``j`` by ``j`` across all heads (see the module docstring)."""
-    items = [(Chain(b, h, j, p.chain_rows[j]),) for j in range(p.n_kv) for b, h in _heads(p)]
-    return _assemble(p, "interleaved", num_workers, _place_greedy(items, num_workers),
-                     _order_by_j(p, False))
+    return _greedy_schedule(p, "interleaved", num_workers, False, False, _order_by_j(p, False),
+                            heads_inner=True)
 
 
 def _shift(p: Problem, num_workers: int) -> Schedule:
