@@ -24,27 +24,18 @@ TOKENS, HIDDEN = 16384, 2048
 
 
 def _backward_closure(impl: str, q, k, v, do, causal: bool):
-    """A no-argument backward of ``impl`` (``BACKEND:SCHEDULE``, ``fa4`` or ``fa4-det``)."""
-    import torch
+    """A no-argument backward of ``impl`` (``BACKEND:SCHEDULE``, ``fa4`` or ``fa4-det``): the
+    closures ``bench_attention.py`` times."""
+    from bench_attention import _dash_closures, _fa4_closures
 
     if ":" in impl:
-        import dash_cuda
-
-        backend, name = impl.split(":")
-        det = name != "atomic"
-        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
-        return lambda: dash_cuda.attention_backward(
-            q, k, v, o, lse, do, causal=causal, schedule=name if det else "auto",
-            deterministic=det, backend=backend)
+        return _dash_closures(*impl.split(":"), q, k, v, do, causal, None)[1]
     from verify.impls import load_fa4
 
     fa = load_fa4()
     if fa is None:
         raise RuntimeError("FlashAttention-4 is not importable")
-    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-    out = fa(qg, kg, vg, causal=causal, deterministic=impl == "fa4-det")
-    out = out[0] if isinstance(out, tuple) else out
-    return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+    return _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)[1]
 
 
 def kernel_times(fn, reps: int) -> dict[str, float]:
