@@ -1,4 +1,4 @@
-"""Public entry points: ``attention`` (an autograd Function), and the two passes alone.
+"""Public entry points: ``attention`` (a custom op with autograd), and the two passes alone.
 
 Every input is checked (:mod:`.checks`) before a backend is chosen, and a backend is chosen
 (:mod:`.backends`) before any kernel is compiled; everything after that is the shared launch
@@ -9,32 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from dash_ref import resolve_name
 from dash_ref.arithmetic.steps import resolve_scale
 
-from .backends import Backend, Case, choose_backend, get_backend
+from .backends import get_backend
 from .checks import LAYOUTS, as_bshd, check_devices, check_options, check_tensors
 from .launch import problem_for
-from .ops import attention_op, backward_views, empty_problem, forward_views
+from .ops import attention_op, backward_views, forward_views, resolve_backend, resolve_schedule
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "backward_problem"]
-
-
-def _backend_for(q: torch.Tensor, backend: str, exact: bool, deterministic: bool) -> Backend:
-    return choose_backend(backend, Case(q.shape[-1], q.dtype, exact, deterministic))
-
-
-def _schedule_name(backend: Backend, q: torch.Tensor, k: torch.Tensor, causal: bool,
-                   schedule: str, deterministic: bool, portable: bool = False) -> str:
-    """The resolved schedule of a call on ``(B, S, H, d)`` views: ``atomic`` or a name."""
-    if not deterministic:
-        return "atomic"
-    if empty_problem(q, k):  # nothing runs: no problem to resolve a name on
-        return schedule
-    problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
-                          q.shape[3], causal)
-    return resolve_name(schedule, problem, backend.name, portable)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -75,12 +58,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
                   portable)
     check_devices({"q": q, "k": k, "v": v})
-    qv, kv = as_bshd(q, layout), as_bshd(k, layout)
-    be = _backend_for(q, backend, exact, deterministic)
-    name = _schedule_name(be, qv, kv, causal, schedule, deterministic, portable)
-    o, _ = attention_op(qv, kv, as_bshd(v, layout), causal,
-                        resolve_scale(softmax_scale, q.shape[-1]), name, num_workers, exact,
-                        be.name)
+    o, _ = attention_op(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), causal,
+                        resolve_scale(softmax_scale, q.shape[-1]), schedule, deterministic,
+                        portable, num_workers, exact, backend)
     return as_bshd(o, layout)
 
 
@@ -98,7 +78,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     check_tensors({"q": q, "k": k, "v": v}, layout)
     check_options(causal, softmax_scale, "auto", True, None, backend=backend)
     check_devices({"q": q, "k": k, "v": v})
-    be = _backend_for(q, backend, False, True)
+    be = resolve_backend(q, backend, False, True)
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
     o, lse = forward_views(be, qv, kv, vv, causal, resolve_scale(softmax_scale, q.shape[-1]),
                            _poison)
@@ -128,8 +108,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     views = [as_bshd(x, layout) for x in (q, k, v, o)]
-    be = _backend_for(q, backend, exact, deterministic)
-    name = _schedule_name(be, views[0], views[1], causal, schedule, deterministic, portable)
+    be = resolve_backend(q, backend, exact, deterministic)
+    name = resolve_schedule(be, views[0], views[1], causal, schedule, deterministic, portable)
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
     dq, dk, dv, record = backward_views(be, *views, lse_v, as_bshd(do, layout), causal,
                                         resolve_scale(softmax_scale, q.shape[-1]), name,

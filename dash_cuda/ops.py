@@ -5,8 +5,10 @@ and ``LSE2``; its registered autograd runs ``dash::attention_backward``. Both ha
 implementations (shapes, dtypes and strides of the real outputs, no kernel), so
 ``torch.compile(fullgraph=True)`` traces a model that calls :func:`dash_cuda.attention`
 without a graph break, and the compiled model runs the same kernels, with the same bits, as
-the eager one. The options (schedule, workers, backend) are resolved before the op: inside
-it everything is a fixed argument.
+the eager one. The options travel into the ops as the caller wrote them (``"auto"``
+included) and are resolved inside, where tracing does not look: which backend and which
+schedule run depends only on shapes, dtypes and the device, so the compiled graph and the
+eager call resolve them alike.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import math
 
 import torch
 
-from .backends import Backend, get_backend, new_row_stats
-from .launch import run_backward, run_forward
+from dash_ref import resolve_name
+
+from .backends import Backend, Case, choose_backend, new_row_stats
+from .launch import problem_for, run_backward, run_forward
 
 Tensor = torch.Tensor
 
@@ -24,6 +28,23 @@ Tensor = torch.Tensor
 def empty_problem(q: Tensor, k: Tensor) -> bool:
     """Nothing to compute: no batch, no queries or no keys."""
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
+
+
+def resolve_backend(q: Tensor, backend: str, exact: bool, deterministic: bool) -> Backend:
+    """The backend that runs a call on ``q``: ``backend`` itself or the ``"auto"`` choice."""
+    return choose_backend(backend, Case(q.shape[-1], q.dtype, exact, deterministic))
+
+
+def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, causal: bool, schedule: str,
+                     deterministic: bool, portable: bool = False) -> str:
+    """The schedule a backward on ``(B, S, H, d)`` views runs: ``atomic`` or a name."""
+    if not deterministic:
+        return "atomic"
+    if empty_problem(q, k):  # nothing runs: no problem to resolve a name on
+        return schedule
+    problem = problem_for(backend, q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1],
+                          q.shape[3], causal)
+    return resolve_name(schedule, problem, backend.name, portable)
 
 
 def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
@@ -49,46 +70,52 @@ def backward_views(backend: Backend, q, k, v, o, lse, do, causal, scale, name, n
 
 @torch.library.custom_op("dash::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, schedule: str,
-                 num_workers: int | None, exact: bool, backend: str) -> tuple[Tensor, Tensor]:
-    """``(O, LSE2)``; ``schedule``, ``num_workers`` and ``exact`` are for the backward."""
-    return forward_views(get_backend(backend), q, k, v, causal, scale)
+                 deterministic: bool, portable: bool, num_workers: int | None, exact: bool,
+                 backend: str) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)``; the options after ``scale`` are the backward's, as the caller gave them."""
+    return forward_views(resolve_backend(q, backend, exact, deterministic), q, k, v, causal,
+                         scale)
 
 
 @attention_op.register_fake
-def _(q, k, v, causal, scale, schedule, num_workers, exact, backend):
+def _(q, k, v, causal, scale, schedule, deterministic, portable, num_workers, exact, backend):
     return torch.empty_like(q), _lse_like(q)
 
 
 @torch.library.custom_op("dash::attention_backward", mutates_args=())
 def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-                          causal: bool, scale: float, schedule: str, num_workers: int | None,
-                          exact: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dQ, dK, dV)`` under the resolved ``schedule``."""
-    dq, dk, dv, _ = backward_views(get_backend(backend), q, k, v, o, lse, do, causal, scale,
-                                   schedule, num_workers, audit=False, exact=exact)
+                          causal: bool, scale: float, schedule: str, deterministic: bool,
+                          portable: bool, num_workers: int | None, exact: bool,
+                          backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV)``; ``schedule`` and ``backend`` may be ``"auto"``."""
+    be = resolve_backend(q, backend, exact, deterministic)
+    name = resolve_schedule(be, q, k, causal, schedule, deterministic, portable)
+    dq, dk, dv, _ = backward_views(be, q, k, v, o, lse, do, causal, scale, name, num_workers,
+                                   audit=False, exact=exact)
     return dq, dk, dv
 
 
 @attention_backward_op.register_fake
-def _(q, k, v, o, lse, do, causal, scale, schedule, num_workers, exact, backend):
+def _(q, k, v, o, lse, do, causal, scale, schedule, deterministic, portable, num_workers, exact,
+      backend):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, schedule, num_workers, exact, backend = inputs
+    q, k, v, *options = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.options = (causal, scale, schedule, num_workers, exact, backend)
+    ctx.options = options
     ctx.mark_non_differentiable(lse)  # the backward reads it; it has no gradient of its own
 
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward_op(q, k, v, o, lse, grad_o, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, *(None for _ in ctx.options)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 __all__ = ["attention_backward_op", "attention_op", "backward_views", "empty_problem",
-           "forward_views"]
+           "forward_views", "resolve_backend", "resolve_schedule"]

@@ -12,8 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dash_cuda
-from dash_cuda.ops import attention_op
-from dash_ref import PORTABLE
+from dash_cuda.ops import attention_op, resolve_backend, resolve_schedule
+from dash_ref import NAMES, PORTABLE
 
 
 def meta(*shape, grad=False):
@@ -23,8 +23,8 @@ def meta(*shape, grad=False):
 def test_both_ops_are_registered_with_their_options():
     fwd = str(torch.ops.dash.attention.default._schema)
     bwd = str(torch.ops.dash.attention_backward.default._schema)
-    for arg in ("bool causal", "float scale", "str schedule", "SymInt? num_workers", "bool exact",
-                "str backend"):
+    for arg in ("bool causal", "float scale", "str schedule", "bool deterministic",
+                "bool portable", "SymInt? num_workers", "bool exact", "str backend"):
         assert arg in fwd and arg in bwd
     assert "-> (Tensor, Tensor)" in fwd
     assert "-> (Tensor, Tensor, Tensor)" in bwd
@@ -39,12 +39,12 @@ def test_fake_outputs_have_the_real_layouts(layout):
     else:  # SDPA's (B, H, S, d) tensors, which the op sees as (B, S, H, d) views
         q, k, v = (x.transpose(1, 2) for x in (meta(b, h, s, d), meta(b, hk, sk, d),
                                                meta(b, hk, sk, d)))
-    o, lse = attention_op(q, k, v, True, 0.125, "naive", None, False, "triton")
+    o, lse = attention_op(q, k, v, True, 0.125, "naive", True, False, None, False, "triton")
     assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
     assert lse.shape == (b, s, h) and lse.dtype == torch.float32
     assert lse.stride() == (h * s, 1, s)
     dq, dk, dv = torch.ops.dash.attention_backward(q, k, v, o, lse, meta(b, s, h, d), True,
-                                                   0.125, "naive", 66, False, "cute")
+                                                   0.125, "naive", True, False, 66, False, "cute")
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
 
@@ -52,32 +52,52 @@ def test_fake_outputs_have_the_real_layouts(layout):
 def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
     q, k, v = meta(2, 40, 4, 64, grad=True), meta(2, 50, 2, 64, grad=True), meta(2, 50, 2, 64,
                                                                               grad=True)
-    o, lse = attention_op(q, k, v, False, 0.125, "shift", None, False, "triton")
+    o, lse = attention_op(q, k, v, False, 0.125, "auto", True, True, None, False, "auto")
     assert o.requires_grad and not lse.requires_grad
     o.float().sum().backward()
     for x in (q, k, v):
         assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
 
 
-def test_the_public_function_reaches_the_op_with_resolved_options():
-    """``attention`` validates, resolves ``auto`` and the backend, then calls the op."""
-    calls = []
+class TwoLayers(torch.nn.Module):
+    """Two attention calls with a matmul between them, as a transformer stacks them."""
 
-    def spy(*args):
-        calls.append(args[3:])
-        return attention_op(*args)
+    def __init__(self, d: int):
+        super().__init__()
+        self.register_buffer("mix", torch.randn(d, d, device="cuda", dtype=torch.bfloat16))
 
-    with FakeTensorMode():
-        q = torch.randn(1, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(1, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
-        original = dash_cuda.api.attention_op
-        dash_cuda.api.attention_op = spy
-        try:
-            o = dash_cuda.attention(q, k, k, causal=True, portable=True, backend="triton")
-        finally:
-            dash_cuda.api.attention_op = original
-    assert o.shape == q.shape
-    (causal, scale, schedule, workers, exact, backend), = calls
-    assert causal is True and scale == pytest.approx(64 ** -0.5)
-    assert schedule in PORTABLE
-    assert workers is None and exact is False and backend == "triton"
+    def forward(self, q, k, v):
+        x = dash_cuda.attention(q, k, v, causal=True, portable=True)
+        return dash_cuda.attention((x @ self.mix).contiguous(), k, v, schedule="shift")
+
+
+def test_a_model_traces_into_one_graph_of_two_ops_with_the_options_as_written():
+    """``fullgraph=True`` fails on any graph break; the options reach the ops unresolved."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with FakeTensorMode(allow_non_fake_inputs=True):  # CUDA tensors without a GPU
+        q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 200, 2, 64, device="cuda", dtype=torch.bfloat16)
+        out = torch.compile(TwoLayers(64), fullgraph=True, backend=record)(q, k, k)
+    assert out.shape == q.shape
+    (graph,) = graphs
+    calls = [n.args for n in graph.graph.nodes if n.target is torch.ops.dash.attention.default]
+    assert [c[3:] for c in calls] == [
+        (True, 0.125, "auto", True, True, None, False, "auto"),
+        (False, 0.125, "shift", True, False, None, False, "auto")]
+
+
+def test_the_ops_resolve_auto_to_a_named_schedule():
+    """Inside the op ``auto`` becomes a schedule (a portable one with ``portable=True``)."""
+    q = meta(2, 4096, 16, 64)
+    backend = resolve_backend(q, "triton", False, True)
+    assert backend.name == "triton"
+    for causal in (False, True):
+        assert resolve_schedule(backend, q, q, causal, "auto", True, portable=True) in PORTABLE
+        assert resolve_schedule(backend, q, q, causal, "auto", True) in NAMES
+        assert resolve_schedule(backend, q, q, causal, "spt", True) == "spt"
+        assert resolve_schedule(backend, q, q, causal, "auto", False) == "atomic"
