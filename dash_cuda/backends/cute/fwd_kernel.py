@@ -11,6 +11,12 @@ Roles (384 threads, three warpgroups)::
                           through mbarrier pipelines (K and V apart: S needs K first).
     warpgroups 1 and 2    math: each owns 64 of the tile's 128 query rows (the MMA rows).
 
+A math warpgroup issues S_j = Q_i K_j^T together with P_{j-1} V_{j-1} and computes the
+softmax of S_j while the second MMA runs; the two warpgroups take turns issuing (a pair of
+named barriers), so one's softmax overlaps the other's MMAs. Neither moves an add: acc still
+takes P_{j-1} V_{j-1}, then the rescale by alpha_j, then P_j V_j, so the bits are those of
+the same steps run one after another.
+
 Arithmetic contract, per KV tile, in base-2 units like the Triton forward::
 
     [fwd_scores]     s = rnd32(Q_i K_j^T) * scale_log2     wgmma, then mul.rn.f32; masked: -inf
@@ -69,7 +75,10 @@ class ForwardTiles:
 
 FORWARD_TILES = {64: ForwardTiles(128, 128, 3), 128: ForwardTiles(128, 128, 2)}
 
-BAR_O_FULL = 3  # named barriers per math warpgroup: BAR_O_FULL + warpgroup (0 is syncthreads)
+# named barriers per math warpgroup (0 is syncthreads): its O tile is staged; its turn to
+# issue MMAs
+BAR_O_FULL = 3
+BAR_TURN = 5
 
 
 class DashForwardSm90:
@@ -222,10 +231,14 @@ class DashForwardSm90:
 
     @cute.jit
     def kv_tiles(self, i, seqlen_q, seqlen_k):
-        """KV tiles the rows of Q tile ``i`` see: ``[0, n)`` (causal: up to the diagonal)."""
+        """KV tiles the rows of Q tile ``i`` see: ``[0, n)`` (causal: up to the diagonal).
+
+        At least one: a causal Q tile that sees no key (S_q > S_k) runs KV tile 0 fully
+        masked, which gives its rows O = 0 and LSE2 = -inf, as the contract says.
+        """
         hi = seqlen_k
         if const_expr(self.causal):
-            hi = cutlass.max(cutlass.min(seqlen_k, (i + 1) * self.bm + seqlen_k - seqlen_q), 0)
+            hi = cutlass.max(cutlass.min(seqlen_k, (i + 1) * self.bm + seqlen_k - seqlen_q), 1)
         return (hi + self.bn - 1) // self.bn
 
     # -- loader warp ---------------------------------------------------------------------------
@@ -283,10 +296,22 @@ class DashForwardSm90:
         b_vt = wg_pv.make_fragment_B(wg_pv.partition_B(transposed(sV)))
         acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), Float32)
         # (query, key) coordinates of this thread's scores; its output rows; its O slots
-        score_coords = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
+        # (query, key) of each score: thread 0's, known at compile time, plus this thread's
+        # offset, which is the same for all its scores; masks compare the constant part
+        # against a bound moved by the offset, so no per-score coordinate takes a register
+        scores_ident = cute.make_identity_tensor((bm, bn))
+        score_coords = mma_qk.get_slice(0).partition_C(scores_ident)
+        score_offset = thr_qk.partition_C(scores_ident)[0]
         o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
         o_slots = mma_o.get_slice(tid % 128).partition_C(sO[None, None, wg])
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
+
+        # the two warpgroups take turns issuing their MMAs (each one's softmax then overlaps
+        # the other's MMAs); the first to go starts with its turn already granted
+        turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + wg, num_threads=MATH_THREADS)
+        pass_turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + 1 - wg, num_threads=MATH_THREADS)
+        if wg == 0:
+            turn.arrive()
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -298,43 +323,85 @@ class DashForwardSm90:
             i, b, h = self.tile_coords(t, tiles, heads)
             # a thread holds two rows of its warpgroup's 64 (register halves 0 and 1): their
             # running maxima and its partial sums of their probabilities
-            m0, m1 = Float32(-math.inf), Float32(-math.inf)
-            ell0, ell1 = Float32(0.0), Float32(0.0)
+            m = (Float32(-math.inf), Float32(-math.inf))
+            ell = (Float32(0.0), Float32(0.0))
             acc_o.fill(0.0)
+            diagonal = i * bm + causal_offset
+            n = self.kv_tiles(i, seqlen_q, seqlen_k)
             pipe_q.consumer_wait(q_state)
-            for j in cutlass.range(self.kv_tiles(i, seqlen_q, seqlen_k), unroll=1):
-                stage = kv_state.index
-                # [fwd_scores] s = (Q_i K_j^T) * scale_log2
-                pipe_k.consumer_wait(kv_state)
-                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), Float32)
-                gemm(mma_qk, acc_s, a_q, b_k[None, None, None, stage], zero_init=True)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(kv_state)
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[e] = scale_scores(acc_s[e], scale_log2)
-                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn,
-                                 i * bm + causal_offset - j * bn)
-                m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m0, ell0)
-                m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m1, ell1)
-                # [fwd_accumulate] acc = acc * alpha + rnd(P) V_j
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    if const_expr((e // 2) % 2 == 0):
-                        acc_o[e] = acc_o[e] * alpha0
-                    else:
-                        acc_o[e] = acc_o[e] * alpha1
-                p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
-                p_op_acc.store(acc_s.load().to(self.dtype))
-                pipe_v.consumer_wait(kv_state)
-                gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, stage], zero_init=False)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(kv_state)
+            # KV tile 0: its scores alone, nothing to overlap them with yet
+            pipe_k.consumer_wait(kv_state)
+            acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(kv_state)
+            m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
+                                         seqlen_k, diagonal,
+                                         scale_log2)
+            self.rescale(acc_o, alpha)
+            p_op, p_acc = acc_as_operand_a(acc_s, self.dtype)
+            p_acc.store(acc_s.load().to(self.dtype))
+            # KV tile j: S_j = Q K_j^T runs beside acc += P_{j-1} V_{j-1}; the softmax of
+            # S_j waits only for S_j. The adds into acc keep their order: P_{j-1} V_{j-1},
+            # then the rescale by alpha_j, then P_j V_j, as without the overlap.
+            for j in cutlass.range(1, n, unroll=1):
+                v_state = kv_state.clone()
                 kv_state.advance()
-            pipe_q.consumer_release(q_state)
+                pipe_k.consumer_wait(kv_state)
+                turn.arrive_and_wait()
+                acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
+                pipe_v.consumer_wait(v_state)
+                gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, v_state.index],
+                     zero_init=False)
+                pass_turn.arrive()
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(kv_state)
+                m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
+                                             seqlen_k - j * bn, diagonal - j * bn,
+                                             scale_log2)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                self.rescale(acc_o, alpha)
+                p_acc.store(acc_s.load().to(self.dtype))
+            pipe_q.consumer_release(q_state)  # the last S has read Q_i
+            pipe_v.consumer_wait(kv_state)
+            gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, kv_state.index],
+                 zero_init=False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(kv_state)
+            kv_state.advance()
             q_state.advance()
-            self.finish(acc_o, (m0, m1), (ell0, ell1), o_coords, o_slots, sO, tO, tma_o, mLSE,
+            self.finish(acc_o, m, ell, o_coords, o_slots, sO, tO, tma_o, mLSE,
                         o_ready, tid, wg, i, b, h, heads, seqlen_q)
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def issue_scores(self, mma_qk, thr_qk, a_q, b_k, stage):
+        """[fwd_scores] ``S = Q_i K_j^T`` issued, not waited for, into a fresh accumulator.
+
+        Fresh per KV tile: one accumulator reused across the loop stays live around it, and
+        ptxas then runs out of registers and serializes every wgmma of the kernel.
+        """
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.bm, self.bn)), Float32)
+        gemm(mma_qk, acc_s, a_q, b_k[None, None, None, stage], zero_init=True)
+        return acc_s
+
+    @cute.jit
+    def softmax(self, acc_s, coords, offset, m, ell, keys_left, diagonal, scale_log2):
+        """[fwd_scores], [fwd_max], [fwd_probs] and the sums of [fwd_accumulate] of one KV
+        tile: scores become probabilities in place; returns ``(m', l', alpha)`` per row."""
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            acc_s[e] = scale_scores(acc_s[e], scale_log2)
+        self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
+        m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m[0], ell[0])
+        m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m[1], ell[1])
+        return (m0, m1), (ell0, ell1), (alpha0, alpha1)
+
+    @cute.jit
+    def rescale(self, acc_o, alpha):
+        """[fwd_accumulate] ``acc * alpha`` of each row, before the tile's ``P V`` adds in."""
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[e] = acc_o[e] * alpha[(e // 2) % 2]
 
     @cute.jit
     def online_softmax_row(self, acc_s, r: cutlass.Constexpr[int], m_old, ell_old):
@@ -363,13 +430,19 @@ class DashForwardSm90:
         return mx
 
     @cute.jit
-    def mask_scores(self, acc_s, coords, keys_left, diagonal):
+    def mask_scores(self, acc_s, coords, offset, keys_left, diagonal):
         """[fwd_scores] invisible scores become -inf: key past S_k, or (causal) a key after
-        the query's diagonal (``key - query > S_k - S_q``). Tiles inside both skip it."""
+        the query's diagonal (``key - query > S_k - S_q``). Tiles inside both skip it.
+
+        A score's (query, key) is ``coords[e] + offset``: the compile-time coordinates of
+        thread 0 plus this thread's offset, which moves the bounds instead.
+        """
         ragged = keys_left < self.bn
         if const_expr(self.causal):
             ragged = ragged | (diagonal < self.bn - 1)
         if ragged:
+            keys_left = keys_left - offset[1]
+            diagonal = diagonal + offset[0] - offset[1]
             for e in cutlass.range_constexpr(cute.size(acc_s)):
                 row, col = coords[e][0], coords[e][1]
                 visible = col < keys_left
@@ -390,11 +463,12 @@ class DashForwardSm90:
             seen = total > Float32(0.0)
             lse2.append(cutlass.select_(seen, lse2_of(m[r], total), Float32(-math.inf)))
             denom.append(cutlass.select_(seen, total, Float32(1.0)))
-        vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
         for e in cutlass.range_constexpr(cute.size(acc_o)):
             r = (e // 2) % 2
-            o = div_rn(acc_o[e], denom[r])
-            vals[e] = Float32(cutlass.select_(lse2[r] == -math.inf, Float32(0.0), o)).to(self.dtype)
+            acc_o[e] = cutlass.select_(lse2[r] == -math.inf, Float32(0.0),
+                                       div_rn(acc_o[e], denom[r]))
+        vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        vals.store(acc_o.load().to(self.dtype))  # pairs: cvt.rn.bf16x2 / f16x2
         # the previous tile's store must have read the buffer before it is written again
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)

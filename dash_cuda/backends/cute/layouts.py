@@ -66,9 +66,12 @@ def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_frag: cute.Tensor, b_frag
     """One warpgroup GEMM over the K blocks of the fragments: issued and committed as one
     wgmma group, not waited for (``warpgroup.wait_group`` does)."""
     warpgroup.fence()
+    # a fresh atom per call: its ACCUMULATE field is set here, and a field set inside one
+    # loop or branch cannot be read in another
+    atom = cute.make_mma_atom(tiled_mma.op)
     for kb in cutlass.range_constexpr(cute.size(a_frag, mode=[2])):
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
-        cute.gemm(tiled_mma, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init or kb != 0)
+        cute.gemm(atom, acc, a_frag[None, None, kb], b_frag[None, None, kb], acc)
     warpgroup.commit_group()
 
 
