@@ -208,16 +208,104 @@ def markdown(report: dict) -> str:
             lines.append(f"| {d} | {mask} | {s} | {name.split(':')[1]} | {best:.1f} | "
                          f"{ratio('fa4-det')} | {ratio('fa4')} | {ratio('sdpa-cudnn')} | "
                          f"{ratio(f'{backend}:atomic')} |")
-    lines += ["", "## Forward TFLOP/s", "", "| d | mask | S | dash_cuda | cuDNN | flash | "
-              "FA4 |", "|---|---|---|---|---|---|---|"]
-    for (d, mask, s, _), t in cells.items():
-        def fwd(key: str, t=t) -> str:
-            r = t.get(key, {})
-            return f"{r['fwd_tflops']:.1f}" if "fwd_tflops" in r else "-"
-
-        lines.append(f"| {d} | {mask} | {s} | {fwd('triton:naive')} | {fwd('sdpa-cudnn')} | "
-                     f"{fwd('sdpa-flash')} | {fwd('fa4')} |")
+    for backend in backends:
+        lines += portable_table(cells, backend)
+    lines += forward_table(cells, backends)
+    lines += step_table(cells, backends)
     return "\n".join(lines) + "\n"
+
+
+def best_portable(by_impl: dict[str, dict], backend: str) -> tuple[str, float]:
+    """The fastest row of ``backend`` among the schedules whose bits ignore the SM count."""
+    from dash_ref import PORTABLE
+
+    return best_deterministic({k: r for k, r in by_impl.items()
+                               if k.split(":")[-1] in PORTABLE}, backend)
+
+
+def portable_table(cells: dict, backend: str) -> list[str]:
+    """Best portable schedule beside the best of all (``dash_ref.PORTABLE``)."""
+    lines = ["", f"## Portable schedules on `{backend}`: bits independent of the SM count",
+             "", "| d | mask | S | best portable | TFLOP/s | best of all | TFLOP/s | portable / "
+             "best | portable / FA4 det |", "|---|---|---|---|---|---|---|---|---|"]
+    for (d, mask, s, _), t in cells.items():
+        try:
+            name, tflops = best_portable(t, backend)
+            best_name, best = best_deterministic(t, backend)
+        except ValueError:
+            continue
+        fa4 = t.get("fa4-det", {})
+        vs_fa4 = f"{tflops / fa4['bwd_tflops']:.2f}" if "bwd_tflops" in fa4 else "-"
+        lines.append(f"| {d} | {mask} | {s} | {name.split(':')[1]} | {tflops:.1f} | "
+                     f"{best_name.split(':')[1]} | {best:.1f} | {tflops / best:.2f} | "
+                     f"{vs_fa4} |")
+    return lines
+
+
+def _fwd(t: dict, key: str) -> str:
+    r = t.get(key, {})
+    return f"{r['fwd_tflops']:.1f}" if "fwd_tflops" in r else "-"
+
+
+def forward_table(cells: dict, backends: list[str]) -> list[str]:
+    """Forward TFLOP/s of each backend (its ``naive`` row: the forward ignores the
+    schedule) beside the peers."""
+    head = [*backends, "cuDNN", "flash", "FA4"]
+    lines = ["", "## Forward TFLOP/s", "", "| d | mask | S | " + " | ".join(head)
+             + " | cute / FA4 | cute / cuDNN |", "|---|---|---|" + "---|" * (len(head) + 2)]
+    for (d, mask, s, _), t in cells.items():
+        keys = [f"{b}:naive" for b in backends] + ["sdpa-cudnn", "sdpa-flash", "fa4"]
+        cute = t.get("cute:naive", {}).get("fwd_tflops")
+
+        def vs(key: str, t=t, cute=cute) -> str:
+            r = t.get(key, {})
+            return f"{cute / r['fwd_tflops']:.2f}" if cute and "fwd_tflops" in r else "-"
+
+        lines.append(f"| {d} | {mask} | {s} | " + " | ".join(_fwd(t, k) for k in keys)
+                     + f" | {vs('fa4')} | {vs('sdpa-cudnn')} |")
+    return lines
+
+
+def step_tflops(r: dict, d: int, mask: str, s: int, b: int) -> float | None:
+    """Forward + backward TFLOP/s of one row: a training step's attention."""
+    from dash_ref import Problem
+
+    if "fwd_ms" not in r or "bwd_ms" not in r:
+        return None
+    flops = Problem(b, HIDDEN // d, HIDDEN // d, s, s, d, mask).flops_backward() * 1.4
+    return flops / (r["fwd_ms"] + r["bwd_ms"]) / 1e9
+
+
+def step_table(cells: dict, backends: list[str]) -> list[str]:
+    """A training step's attention (forward + backward) with the fastest deterministic
+    schedule of each backend, its fastest portable one, and the peers."""
+    peers = ["fa4-det", "fa4", "sdpa-cudnn", "sdpa-flash"]
+    head = [f"{b} {kind}" for b in backends for kind in ("best det", "portable")] + peers
+    lines = ["", "## Training step (forward + backward) TFLOP/s", "",
+             "Each backend with its fastest deterministic schedule (by backward time) and its "
+             "fastest portable one; FLOPs 3.5 x forward.", "",
+             "| d | mask | S | " + " | ".join(head) + " | cute det / FA4 det | cute det / FA4 "
+             "| cute det / cuDNN |", "|---|---|---|" + "---|" * (len(head) + 3)]
+    for (d, mask, s, b), t in cells.items():
+        vals: dict[str, float | None] = {}
+        for backend in backends:
+            for kind, pick in (("best det", best_deterministic), ("portable", best_portable)):
+                try:
+                    name, _ = pick(t, backend)
+                    vals[f"{backend} {kind}"] = step_tflops(t[name], d, mask, s, b)
+                except ValueError:
+                    vals[f"{backend} {kind}"] = None
+        for p in peers:
+            vals[p] = step_tflops(t.get(p, {}), d, mask, s, b)
+        ours_ = vals.get("cute best det")
+
+        def vs(key: str, vals=vals, ours_=ours_) -> str:
+            return f"{ours_ / vals[key]:.2f}" if ours_ and vals.get(key) else "-"
+
+        lines.append(f"| {d} | {mask} | {s} | " + " | ".join(
+            f"{vals[h]:.1f}" if vals[h] else "-" for h in head)
+            + f" | {vs('fa4-det')} | {vs('fa4')} | {vs('sdpa-cudnn')} |")
+    return lines
 
 
 def plot(report: dict, path: Path) -> None:

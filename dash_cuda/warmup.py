@@ -68,10 +68,12 @@ def cute_variants(dtypes, head_dims) -> list:
     dK/dV, and so does GQA)."""
     import torch
 
+    from dash_cuda.backends.cute.fwd_kernel import forward_block_ms
     from dash_cuda.backends.cute.launch import ForwardVariant, Variant
 
-    out: list = [ForwardVariant(getattr(torch, DTYPES[dtype]), d, causal)
-                 for dtype, d, causal in itertools.product(dtypes, head_dims, (False, True))]
+    out: list = [ForwardVariant(getattr(torch, DTYPES[dtype]), d, causal, block_m)
+                 for dtype, d, causal in itertools.product(dtypes, head_dims, (False, True))
+                 for block_m in forward_block_ms(d, causal)]
     for dtype, d, causal, det in itertools.product(dtypes, head_dims, (False, True),
                                                    (True, False)):
         dt = getattr(torch, DTYPES[dtype])

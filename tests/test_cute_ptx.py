@@ -20,8 +20,9 @@ VARIANTS = [
     Variant(torch.float16, 128, causal=False, deterministic=True, audit=True, per_head=True),
     Variant(torch.bfloat16, 128, causal=True, deterministic=False, audit=False,
             per_head=False),
-    ForwardVariant(torch.bfloat16, 64, causal=True),
-    ForwardVariant(torch.float16, 128, causal=False),
+    ForwardVariant(torch.bfloat16, 64, causal=True, block_m=192),
+    ForwardVariant(torch.bfloat16, 64, causal=True, block_m=128),
+    ForwardVariant(torch.float16, 128, causal=False, block_m=128),
 ]
 
 

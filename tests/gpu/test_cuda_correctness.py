@@ -66,6 +66,24 @@ def test_any_forward_pairs_with_any_backward(forward_backend, backward_backend, 
                               seed=7 * n + d + causal, forward_backend=forward_backend)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_cute_forward_bits_do_not_depend_on_its_tile_height(causal):
+    """At d=64 the CuTe forward runs 192-row tiles (128 for short causal problems): both give
+    the same O and LSE2 bits, since a row's sums never leave its warpgroup. The shape (GQA,
+    S_q > S_k, causal rows that see no key) is one the measured rule gives 192 rows."""
+    need("cute", 64)
+    from dash_cuda.backends.cute.fwd_kernel import forward_block_m
+    from dash_cuda.backends.cute.launch import run_forward
+
+    q, k, v, _ = inputs((2, 3, 1, 1300, 1250), 64, torch.bfloat16, seed=41 + causal)
+    assert forward_block_m(64, causal, 1300) == 192
+    tall = run_forward(q, k, v, causal, 0.125, poison=True, block_m=192)
+    short = run_forward(q, k, v, causal, 0.125, poison=True, block_m=128)
+    assert torch.equal(tall[0], short[0]) and torch.equal(tall[1], short[1])
+    check_against_float64("cute", (2, 3, 1, 1300, 1250), 64, torch.bfloat16, causal, "auto",
+                          seed=43 + causal)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("d", [16, 32])
 @pytest.mark.parametrize("causal", [False, True])

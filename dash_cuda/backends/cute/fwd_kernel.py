@@ -5,15 +5,16 @@ each one entirely, streaming its visible KV tiles in ascending order: the bits o
 depend on neither the grid size nor the GPU. Causal tiles are numbered longest first (the
 last Q tiles of every head first), full-mask tiles head by head (neighbours share K/V in L2).
 
-Roles (384 threads, three warpgroups)::
+Roles (``FORWARD_TILES``: 512 threads at d=64, 384 at d=128)::
 
     warpgroup 0, warp 0   loader: TMA loads of Q_i once per tile and of K_j, V_j per KV tile,
                           through mbarrier pipelines (K and V apart: S needs K first).
-    warpgroups 1 and 2    math: each owns 64 of the tile's 128 query rows (the MMA rows).
+    warpgroups 1 ..       math: each owns 64 of the tile's query rows (the MMA rows); three
+                          at d=64 (192-row tiles), two at d=128 (128-row tiles).
 
 A math warpgroup issues S_j = Q_i K_j^T together with P_{j-1} V_{j-1} and computes the
-softmax of S_j while the second MMA runs; the two warpgroups take turns issuing (a pair of
-named barriers), so one's softmax overlaps the other's MMAs. Neither moves an add: acc still
+softmax of S_j while the second MMA runs; the warpgroups take turns issuing (a ring of
+named barriers), so one's softmax overlaps the others' MMAs. Neither moves an add: acc still
 takes P_{j-1} V_{j-1}, then the rescale by alpha_j, then P_j V_j, so the bits are those of
 the same steps run one after another.
 
@@ -51,10 +52,6 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .layouts import (
-    MATH_REGS,
-    MATH_THREADS,
-    NUM_THREADS,
-    PRODUCER_REGS,
     acc_as_operand_a,
     bshd_as_sdhb,
     gemm,
@@ -66,41 +63,84 @@ from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
 
 @dataclass(frozen=True)
 class ForwardTiles:
-    """Tiles and buffering of the forward at one head dim."""
+    """Tiles and buffering of the forward at one head dim.
+
+    ``block_m`` does not change the bits: a row's sums run over KV tiles of ``block_n`` keys
+    within its own warpgroup, whichever tile holds the row.
+    """
 
     block_m: int  # query rows per tile: 64 per math warpgroup
     block_n: int  # key rows per KV tile
     kv_stages: int  # K and V pipeline depth
 
+    @property
+    def math_warpgroups(self) -> int:
+        return self.block_m // 64
 
-FORWARD_TILES = {64: ForwardTiles(128, 128, 3), 128: ForwardTiles(128, 128, 2)}
+    @property
+    def math_threads(self) -> int:
+        return 128 * self.math_warpgroups
 
-# named barriers per math warpgroup (0 is syncthreads): its O tile is staged; its turn to
-# issue MMAs
-BAR_O_FULL = 3
-BAR_TURN = 5
+    @property
+    def registers(self) -> tuple[int, int]:
+        """(loader, math) registers per thread after setmaxnreg: the file holds 64K."""
+        return {2: (24, 240), 3: (32, 160)}[self.math_warpgroups]
+
+
+# (head_dim, block_m) -> tiles. Three math warpgroups (192 rows) keep the tensor cores busier
+# while each runs its softmax (d=64); d=128 needs 240 registers per math thread, so two
+FORWARD_TILES = {
+    (64, 192): ForwardTiles(192, 128, 3),
+    (64, 128): ForwardTiles(128, 128, 3),
+    (128, 128): ForwardTiles(128, 128, 2),
+}
+
+
+def forward_block_m(head_dim: int, causal: bool, seqlen_q: int) -> int:
+    """Query rows per tile, by measurement on the H200 (``docs/performance.md``).
+
+    At d=64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <= 1024),
+    where 128 rows waste less on the diagonal and are ~10 % faster. Bits do not depend on
+    it (see :class:`ForwardTiles`).
+    """
+    if head_dim == 64 and not (causal and seqlen_q <= 1024):
+        return 192
+    return 128
+
+
+def forward_block_ms(head_dim: int, causal: bool) -> tuple[int, ...]:
+    """Every ``block_m`` :func:`forward_block_m` can pick for this head dim and mask."""
+    return (128, 192) if head_dim == 64 and causal else ((192,) if head_dim == 64 else (128,))
+
+# named barriers per math warpgroup w (0 is syncthreads): BAR_O_FULL + w, its O tile is
+# staged; BAR_TURN + w, its turn to issue MMAs
+BAR_O_FULL = 1
+BAR_TURN = 4
 
 
 class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
-    def __init__(self, dtype, head_dim: int, *, causal: bool):
-        if head_dim not in FORWARD_TILES:
-            raise ValueError(f"head_dim {head_dim} not supported (have {sorted(FORWARD_TILES)})")
-        cfg = FORWARD_TILES[head_dim]
+    def __init__(self, dtype, head_dim: int, *, causal: bool, block_m: int):
+        if (head_dim, block_m) not in FORWARD_TILES:
+            raise ValueError(f"(head_dim, block_m) = {(head_dim, block_m)} not supported (have "
+                             f"{sorted(FORWARD_TILES)})")
+        cfg = FORWARD_TILES[head_dim, block_m]
         self.dtype = dtype
         self.d = head_dim
         self.bm, self.bn, self.kv_stages = cfg.block_m, cfg.block_n, cfg.kv_stages
+        self.wgs, self.math_threads = cfg.math_warpgroups, cfg.math_threads
+        self.loader_regs, self.math_regs = cfg.registers
         self.causal = causal
 
     def _tiled_mmas(self):
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         # S = Q K^T: (BM x BN), warpgroup w takes query rows 64 w ..
         mma_qk = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, k_major, Float32, (2, 1, 1), (64, self.bn))
+            self.dtype, self.dtype, k_major, k_major, Float32, (self.wgs, 1, 1), (64, self.bn))
         # acc += P V: (BM x d), P straight from registers, V as the MN-major (d x BN) operand
         mma_pv = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, Float32, (2, 1, 1), (64, self.d),
+            self.dtype, self.dtype, k_major, mn_major, Float32, (self.wgs, 1, 1), (64, self.d),
             a_source=warpgroup.OperandSource.RMEM)
         # one warpgroup's (64 x d) output tile, for its slots in shared memory
         mma_o = sm90.make_trivial_tiled_mma(
@@ -132,7 +172,7 @@ class DashForwardSm90:
 
         sQ_layout = smem_layout(self.dtype, bm, d, None)
         sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
-        sO_layout = smem_layout(self.dtype, 64, d, 2)  # one (64, d) tile per warpgroup
+        sO_layout = smem_layout(self.dtype, 64, d, self.wgs)  # a (64, d) tile per warpgroup
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (bm, d))
         one_kv = cute.slice_(sK_layout, (None, None, 0))
@@ -157,7 +197,7 @@ class DashForwardSm90:
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
             scale_log2, Storage,
-        ).launch(grid=[num_ctas, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+        ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
     # -- device side ---------------------------------------------------------------------------
@@ -182,7 +222,8 @@ class DashForwardSm90:
         smem = utils.SmemAllocator()
         st = smem.allocate(Storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
+        math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                               self.math_threads // 32)
         kv_bytes = self.bn * self.d * self.dtype.width // 8
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_q.data_ptr(), num_stages=1, producer_group=one_thread,
@@ -207,12 +248,12 @@ class DashForwardSm90:
         tiles = (batch * heads * n_q, batch * heads, n_q)
 
         if warp < 4:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(self.loader_regs)
             if warp == 0:
                 self.loader(tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
                             tiles, heads, heads_kv, seqlen_q, seqlen_k)
         else:
-            cute.arch.setmaxregister_increase(MATH_REGS)
+            cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
                       pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2)
 
@@ -306,10 +347,11 @@ class DashForwardSm90:
         o_slots = mma_o.get_slice(tid % 128).partition_C(sO[None, None, wg])
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
 
-        # the two warpgroups take turns issuing their MMAs (each one's softmax then overlaps
-        # the other's MMAs); the first to go starts with its turn already granted
-        turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + wg, num_threads=MATH_THREADS)
-        pass_turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + 1 - wg, num_threads=MATH_THREADS)
+        # the warpgroups take turns issuing their MMAs (each one's softmax then overlaps
+        # the others' MMAs); the first to go starts with its turn already granted
+        turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + wg, num_threads=256)
+        pass_turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + (wg + 1) % self.wgs,
+                                          num_threads=256)
         if wg == 0:
             turn.arrive()
 
@@ -477,7 +519,7 @@ class DashForwardSm90:
         cute.arch.fence_view_async_shared()
         o_ready.arrive_and_wait()
         if tid % 128 < 32:
-            gO = cute.local_tile(tO[None, None, h, b], (64, self.d), (2 * i + wg, 0))
+            gO = cute.local_tile(tO[None, None, h, b], (64, self.d), (self.wgs * i + wg, 0))
             s_t, g_t = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
                                              cute.group_modes(sO[None, None, wg], 0, 2),
                                              cute.group_modes(gO, 0, 2))
@@ -491,4 +533,5 @@ class DashForwardSm90:
 
 
 
-__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles"]
+__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles", "forward_block_m",
+           "forward_block_ms"]

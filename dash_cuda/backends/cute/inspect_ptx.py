@@ -33,15 +33,15 @@ import cutlass.cute as cute  # noqa: E402
 
 from . import launch  # noqa: E402
 from .bwd_kernel import TILES, DashBackwardSm90, staging_coords  # noqa: E402
-from .fwd_kernel import FORWARD_TILES  # noqa: E402
-from .layouts import MATH_THREADS  # noqa: E402
+from .fwd_kernel import FORWARD_TILES, forward_block_ms  # noqa: E402
 
 
 def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVariant]:
     dims = (64,) if quick else (64, 128)
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
-    out: list = [launch.ForwardVariant(dt, d, causal)
-                 for d, dt, causal in itertools.product(dims, dtypes, (False, True))]
+    out: list = [launch.ForwardVariant(dt, d, causal, block_m)
+                 for d, dt, causal in itertools.product(dims, dtypes, (False, True))
+                 for block_m in forward_block_ms(d, causal)]
     for d, dt, causal, det, audit in itertools.product(dims, dtypes, (False, True),
                                                        (True, False), (False, True)):
         out.append(launch.Variant(dt, d, causal, det, audit, per_head=audit))
@@ -59,9 +59,10 @@ def expected_wgmmas(d: int) -> int:
 
 def check_forward_ptx(ptx: str, v: launch.ForwardVariant) -> list[str]:
     """The forward contract's instruction facts; returns the failures."""
-    cfg = FORWARD_TILES[v.head_dim]
+    cfg = FORWARD_TILES[v.head_dim, v.block_m]
     d, bm, bn = v.head_dim, cfg.block_m, cfg.block_n
-    scores, outs = bm * bn // MATH_THREADS, bm * d // MATH_THREADS  # per math thread
+    threads = cfg.math_threads
+    scores, outs = bm * bn // threads, bm * d // threads  # per math thread
     bad = []
 
     def need(cond, msg):

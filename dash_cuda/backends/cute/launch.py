@@ -46,7 +46,7 @@ from .bwd_kernel import (  # noqa: E402
     shared_bytes,
     staging_coords,
 )
-from .fwd_kernel import FORWARD_TILES, DashForwardSm90  # noqa: E402
+from .fwd_kernel import DashForwardSm90, forward_block_m  # noqa: E402
 from .layouts import NUM_THREADS  # noqa: E402
 
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
@@ -111,14 +111,17 @@ class ForwardVariant:
     dtype: torch.dtype
     head_dim: int
     causal: bool
+    block_m: int
 
     @property
     def name(self) -> str:
         return "_".join(["dash_fwd", "bf16" if self.dtype == torch.bfloat16 else "fp16",
-                         f"d{self.head_dim}", "causal" if self.causal else "full"])
+                         f"d{self.head_dim}", "causal" if self.causal else "full",
+                         f"m{self.block_m}"])
 
     def kernel_object(self) -> DashForwardSm90:
-        return DashForwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal)
+        return DashForwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
+                               block_m=self.block_m)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -257,10 +260,11 @@ def _strides(t: torch.Tensor) -> tuple:
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                softmax_scale: float, poison: bool = False
+                softmax_scale: float, poison: bool = False, block_m: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
-    ``(B, H, S_q)`` buffer: the convention both backwards read."""
+    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m`` (tests) overrides
+    the measured tile height, which does not change the bits."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -269,10 +273,11 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
-    variant = ForwardVariant(q.dtype, head_dim, causal)
+    variant = ForwardVariant(q.dtype, head_dim, causal,
+                             block_m or forward_block_m(head_dim, causal, seqlen_q))
     kernel = get_kernel(variant)
     # persistent: one CTA per SM (384 threads at 168 registers fill an SM's register file)
-    tiles = batch * heads * -(-seqlen_q // FORWARD_TILES[head_dim].block_m)
+    tiles = batch * heads * -(-seqlen_q // variant.block_m)
     num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dt = _DTYPES[q.dtype]
     kernel(
