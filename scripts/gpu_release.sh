@@ -109,12 +109,12 @@ verify)
     ;;
 grid)
     fa4_unpack
-    step bench 420 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
-        --backends cute triton --time-budget 380
-    step determinism 150 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
+    step bench 400 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
+        --backends cute triton --time-budget 350
+    step determinism 170 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
         --no-grid --long-trials 1000 --tag determinism_cute
-    [ -f "$LOG/bench_attention.md" ] && sed -n '/best deterministic `cute`/,/^$/p' \
-        "$LOG/bench_attention.md"
+    [ -f "$LOG/bench_attention.md" ] && sed -n -e '/best deterministic `cute`/,/^$/p' \
+        -e '/## Forward/,$p' "$LOG/bench_attention.md"
     grep -E "repeatable" "$LOG/determinism.log" | tail -n 8
     ;;
 train)
