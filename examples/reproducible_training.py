@@ -4,7 +4,8 @@ A 6-layer decoder (d_model 768, 12 heads of 64, causal, sequence 2048, bf16 auto
 fp32 weights, AdamW) trains for ``--steps`` steps on token sequences drawn with a fixed seed
 from a fixed random bigram process (learnable, and nothing to download). Everything but the
 attention is made deterministic: seeds, ``torch.use_deterministic_algorithms(True)``
-(``warn_only``, so that attentions that do not honour it still run and show it),
+(``warn_only``, so that attentions that do not honour it still run and show it; strict for
+the ``-det`` SDPA rows, which ask the backend for its own deterministic mode),
 ``CUBLAS_WORKSPACE_CONFIG``. Each attention trains twice from the same initial weights on
 the same batches; the report gives, per step, both losses and whether they are bitwise
 equal, whether all final weights are, and the tokens per second of each run::
@@ -32,7 +33,10 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initi
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-ATTENTIONS = ("dash", "sdpa-cudnn", "sdpa-flash", "sdpa-math")
+# ``-det``: the SDPA backend under PyTorch's strict deterministic mode
+# (``torch.use_deterministic_algorithms(True)``, not warn-only), which some backends honour
+ATTENTIONS = ("dash", "sdpa-cudnn", "sdpa-cudnn-det", "sdpa-flash", "sdpa-flash-det",
+              "sdpa-math")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def attend(q, k, v, attention: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION,
-               "sdpa-math": SDPBackend.MATH}[attention]
+               "sdpa-math": SDPBackend.MATH}[attention.removesuffix("-det")]
     with sdpa_kernel(backend):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True)
@@ -171,10 +175,14 @@ def markdown(report: dict) -> str:
              f"`{report['command']}`", "",
              f"{cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads, "
              f"sequence {cfg['seqlen']}, batch {cfg['batch']}, {cfg['steps']} steps, bf16 "
-             "autocast, AdamW; deterministic algorithms (warn only), fixed seeds.", "",
+             "autocast, AdamW; fixed seeds; `torch.use_deterministic_algorithms(True)`, warn-only "
+             "except for the `-det` rows, where it is strict.", "",
              "| attention | losses bitwise equal | first differing step | weights equal | "
              "tokens/s (run 1, run 2) | final loss |", "|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['attention']} | did not run: {r['error']} | | | | |")
+            continue
         lines.append(
             f"| {r['attention']} | {sum(r['loss_equal'])} / {len(r['loss_equal'])} | "
             f"{'-' if r['first_differing_step'] is None else r['first_differing_step']} | "
@@ -185,7 +193,7 @@ def markdown(report: dict) -> str:
         lines += ["", "Step time over `dash`'s (the mean tokens/s of two runs each; above 1 is "
                   "slower than `dash`):"]
         ours = sum(base["tokens_per_s"]) / 2
-        for r in rows:
+        for r in (r for r in rows if "error" not in r):
             lines.append(f"- {r['attention']}: {ours / (sum(r['tokens_per_s']) / 2):.2f}")
     return "\n".join(lines) + "\n"
 
@@ -198,7 +206,7 @@ def plot(report: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     floor = 1e-9  # exact zeros are drawn on this line, labelled as such
-    for r in report["results"]:
+    for r in (r for r in report["results"] if "error" not in r):
         diff = [abs(x - y) for x, y in zip(r["loss_run1"], r["loss_run2"])]
         ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker=".", ms=3, lw=1,
                 label=r["attention"])
@@ -217,8 +225,9 @@ def plot(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--attention", nargs="+", default=["dash", "sdpa-cudnn", "sdpa-flash"],
-                    choices=ATTENTIONS)
+    ap.add_argument("--attention", nargs="+", choices=ATTENTIONS,
+                    default=["dash", "sdpa-cudnn", "sdpa-cudnn-det", "sdpa-flash",
+                             "sdpa-flash-det"])
     ap.add_argument("--device", default="cuda")
     for f in Config.__dataclass_fields__.values():
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
@@ -233,12 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.d_model % cfg.heads:
         print("reproducible_training: d_model must be a multiple of heads", file=sys.stderr)
         return 2
-    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     data = bigram_data(cfg)
     results = []
     for attention in args.attention:
-        runs = [train(cfg, attention, data, device) for _ in range(2)]
+        # warn-only lets attentions that ignore the flag run (and show it); "-det" is strict
+        torch.use_deterministic_algorithms(True, warn_only=not attention.endswith("-det"))
+        try:
+            runs = [train(cfg, attention, data, device) for _ in range(2)]
+        except RuntimeError as err:  # a backend that refuses strict determinism
+            results.append({"attention": attention, "error": str(err).splitlines()[0][:200]})
+            print(f"{attention}: {results[-1]['error']}", flush=True)
+            continue
         results.append(compare(attention, runs))
         r = results[-1]
         print(f"{attention}: losses equal at {sum(r['loss_equal'])}/{cfg.steps} steps, "

@@ -41,3 +41,14 @@ def test_no_gpu_is_exit_2(capsys):
         pytest.skip("a GPU is present")
     assert example.main(["--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_an_attention_that_did_not_run_is_reported_not_dropped():
+    ok = example.compare("dash", [{"losses": [2.0, 1.5], "weights": "w", "tokens_per_s": 4.0},
+                                  {"losses": [2.0, 1.5], "weights": "w", "tokens_per_s": 4.0}])
+    report = {"environment": "test", "command": "x", "results": [
+        ok, {"attention": "sdpa-flash-det", "error": "no deterministic backward"}],
+        "config": {"layers": 1, "d_model": 8, "heads": 2, "seqlen": 4, "batch": 1, "steps": 2}}
+    text = example.markdown(report)
+    assert "| sdpa-flash-det | did not run: no deterministic backward |" in text
+    assert "- dash: 1.00" in text and "- sdpa-flash-det" not in text
