@@ -206,10 +206,15 @@ def plot(report: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     floor = 1e-9  # exact zeros are drawn on this line, labelled as such
-    for r in (r for r in report["results"] if "error" not in r):
+    rows = [r for r in report["results"] if "error" not in r]
+    zero_rows = [r["attention"] for r in rows if r["all_losses_equal"]]
+    for r in rows:
         diff = [abs(x - y) for x, y in zip(r["loss_run1"], r["loss_run2"])]
-        ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker=".", ms=3, lw=1,
-                label=r["attention"])
+        zero = r["attention"] in zero_rows
+        # runs equal at every step share the floor line: the earlier drawn wider beneath
+        lw = 1 + 2.5 * (len(zero_rows) - zero_rows.index(r["attention"]) - 1) if zero else 1
+        ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker="" if zero else ".",
+                ms=3, lw=lw, label=r["attention"] + (" (0 at every step)" if zero else ""))
     ax.set_yscale("log")
     ax.axhline(floor, color="gray", lw=0.6, ls=":")
     ax.text(0, floor * 1.6, "exactly 0", fontsize=8, color="gray")
