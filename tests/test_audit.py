@@ -113,3 +113,25 @@ def test_dash_implementations_carry_their_bitwise_checks():
     assert get_impl("dash:atomic").bitwise is None  # no order to replay
     with pytest.raises(ValueError, match="deterministic schedule"):
         get_impl("dash-exact:atomic")
+
+
+def test_sdpa_det_asks_for_strict_determinism(monkeypatch):
+    """``sdpa-BACKEND-det`` runs with warn-only off, so a backend that has no deterministic
+    kernel raises instead of silently running its non-deterministic one."""
+    from verify.impls import get_impl
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(4))
+    for name, want in (("sdpa-math-det", (True, False)), ("sdpa-math", (False, False))):
+        seen.clear()
+        get_impl(name).fn(q, k, v, do, True, 0.25)
+        assert seen == [want], name

@@ -13,7 +13,8 @@ name                   what runs
                        audit repeats)
 ``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
                        ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
-                       ``torch.use_deterministic_algorithms(True)``
+                       strict ``torch.use_deterministic_algorithms(True)`` (not warn-only:
+                       a backend without a deterministic kernel raises)
 ``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
                        non-deterministic peer) on the backend ``auto`` picks; deterministic
                        ones also carry an L1 check (audit mode against
@@ -115,7 +116,8 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
             from torch.nn.attention.bias import causal_lower_right
             kwargs["attn_mask"] = causal_lower_right(q.shape[1], k.shape[1])
         previous = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        # strict: warn-only would let a backend fall back to its non-deterministic kernel
+        torch.use_deterministic_algorithms(deterministic, warn_only=False)
         try:
             with sdpa_kernel([chosen]):
                 o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, **kwargs)
@@ -243,7 +245,7 @@ def get_impl(name: str) -> Impl:
             raise ValueError(f"unknown SDPA implementation {name!r}: use sdpa-BACKEND or "
                              f"sdpa-BACKEND-det with BACKEND in {', '.join(SDPA_BACKENDS)}")
         device = "cpu" if backend == "math" and not torch.cuda.is_available() else "cuda"
-        note = "use_deterministic_algorithms(True)" if det else ""
+        note = "use_deterministic_algorithms(True), strict" if det else ""
         return Impl(name, _sdpa(backend, det), device, note)
     if name in ("fa4", "fa4-det"):
         return Impl(name, _fa4(name == "fa4-det"), "cuda")
