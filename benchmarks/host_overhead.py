@@ -1,0 +1,119 @@
+"""Host time against GPU time of one ``dash_cuda.attention`` forward + backward call.
+
+A training step of a small model launches many short kernels; if the host needs longer to
+issue a call than the GPU needs to run it, the step is host-bound and kernel speed stops
+mattering. This times, at one shape, (1) a call loop with the GPU left to drain only at the
+end (host-issue time per call), (2) the same with a synchronize after every call, and (3)
+where the host time goes (``cProfile``, top functions by own time)::
+
+    python benchmarks/host_overhead.py --out benchmarks/results
+
+writes ``host_overhead.json`` and ``host_overhead.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def measure(shape: tuple[int, int, int, int], causal: bool, calls: int) -> dict:
+    import torch
+
+    import dash_cuda
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(*shape, device="cuda", generator=gen).bfloat16().requires_grad_()
+               for _ in range(3))
+    do = torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+
+    def call():
+        dash_cuda.attention(q, k, v, causal=causal).backward(do)
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    drained = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+        torch.cuda.synchronize()
+    synced = time.perf_counter() - start
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    events[0].record()
+    for _ in range(calls):
+        call()
+    events[1].record()
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
+    per = 1e6 / calls
+    return {"shape_bshd": list(shape), "causal": causal, "calls": calls,
+            "host_issue_us": issued * per, "host_and_gpu_us": drained * per,
+            "synchronized_us": synced * per,
+            "events_us": events[0].elapsed_time(events[1]) * 1e3 / calls,
+            "cprofile_top": text.getvalue()}
+
+
+def markdown(r: dict) -> str:
+    b, s, h, d = r["shape_bshd"]
+    return "\n".join([
+        f"# Host time of one forward + backward call (B={b}, S={s}, H={h}, d={d}, "
+        f"{'causal' if r['causal'] else 'full'}, bf16)", "",
+        f"`{r['command']}`; git {r['git_revision']}", "",
+        "| measure | us per call |", "|---|---|",
+        f"| host returns (GPU not awaited) | {r['host_issue_us']:.0f} |",
+        f"| host + GPU drained | {r['host_and_gpu_us']:.0f} |",
+        f"| synchronize after every call | {r['synchronized_us']:.0f} |",
+        f"| CUDA events around the loop | {r['events_us']:.0f} |", "",
+        "If the first row is close to the second, the loop is host-bound.", "",
+        "```", r["cprofile_top"].strip(), "```", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--shape", type=int, nargs=4, default=[8, 2048, 12, 64],
+                    metavar=("B", "S", "H", "D"), help="(B, S, H, d): the training example's")
+    ap.add_argument("--full", action="store_true", help="full mask (default causal)")
+    ap.add_argument("--calls", type=int, default=50)
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("host_overhead: no CUDA device", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import save_report
+
+    report = measure(tuple(args.shape), not args.full, args.calls)
+    report["command"] = "python benchmarks/host_overhead.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    report["git_revision"] = os.environ.get("DASH_GIT_REV") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+    save_report(args.out, "host_overhead", report, markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
