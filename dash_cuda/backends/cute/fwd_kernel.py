@@ -336,10 +336,10 @@ class DashForwardSm90:
         b_k = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         b_vt = wg_pv.make_fragment_B(wg_pv.partition_B(transposed(sV)))
         acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), Float32)
-        # (query, key) coordinates of this thread's scores; its output rows; its O slots
         # (query, key) of each score: thread 0's, known at compile time, plus this thread's
         # offset, which is the same for all its scores; masks compare the constant part
-        # against a bound moved by the offset, so no per-score coordinate takes a register
+        # against a bound moved by the offset, so no per-score coordinate takes a register.
+        # Then the thread's output rows, its O slots in shared memory and their barrier.
         scores_ident = cute.make_identity_tensor((bm, bn))
         score_coords = mma_qk.get_slice(0).partition_C(scores_ident)
         score_offset = thr_qk.partition_C(scores_ident)[0]
@@ -348,7 +348,8 @@ class DashForwardSm90:
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
 
         # the warpgroups take turns issuing their MMAs (each one's softmax then overlaps
-        # the others' MMAs); the first to go starts with its turn already granted
+        # the others' MMAs): a turn barrier counts the warpgroup's own 128 threads and the
+        # 128 of the one before it in the ring; the first starts with its turn granted
         turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + wg, num_threads=256)
         pass_turn = pipeline.NamedBarrier(barrier_id=BAR_TURN + (wg + 1) % self.wgs,
                                           num_threads=256)
@@ -376,9 +377,8 @@ class DashForwardSm90:
             acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(kv_state)
-            m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
-                                         seqlen_k, diagonal,
-                                         scale_log2)
+            m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell, seqlen_k,
+                                         diagonal, scale_log2)
             self.rescale(acc_o, alpha)
             p_op, p_acc = acc_as_operand_a(acc_s, self.dtype)
             p_acc.store(acc_s.load().to(self.dtype))
