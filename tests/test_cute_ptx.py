@@ -1,11 +1,13 @@
-"""The CuTe backward's PTX, compiled for sm_90a on this machine: the contract's instructions.
+"""The CuTe kernels' PTX, compiled for sm_90a on this machine: the contract's instructions.
 
 Skipped where ``nvidia-cutlass-dsl`` is not installed. Compiling needs no GPU; each variant
 takes a second or two, so a few representative ones run here and
-``python -m dash_cuda.backends.cute.inspect_ptx`` checks all forty.
+``python -m dash_cuda.backends.cute.inspect_ptx`` checks all of them.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -80,3 +82,21 @@ def plain_dtype():
     import cutlass
 
     return cutlass.BFloat16
+
+
+def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
+    """``forward_block_m`` only picks heights that warmup exports and the kernel supports."""
+    from dash_cuda.backends.cute.fwd_kernel import (
+        FORWARD_TILES,
+        forward_block_m,
+        forward_block_ms,
+    )
+    from dash_cuda.warmup import cute_variants
+
+    exported = {(v.head_dim, v.causal, v.block_m) for v in cute_variants(["bf16"], [64, 128])
+                if isinstance(v, ForwardVariant)}
+    for d, causal in itertools.product((64, 128), (False, True)):
+        picked = {forward_block_m(d, causal, s) for s in (1, 100, 1024, 1025, 4096, 65536)}
+        assert picked == set(forward_block_ms(d, causal))
+        for block_m in picked:
+            assert (d, block_m) in FORWARD_TILES and (d, causal, block_m) in exported
