@@ -100,3 +100,22 @@ def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
         assert picked == set(forward_block_ms(d, causal))
         for block_m in picked:
             assert (d, block_m) in FORWARD_TILES and (d, causal, block_m) in exported
+
+
+def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():
+    """``benchmarks/ab_forward.py`` loads a saved kernel file (here the current one) as the
+    base; it compiles for sm_90a like the candidate."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import ab_forward
+
+    base = ab_forward.load_base(root / "dash_cuda/backends/cute/fwd_kernel.py")
+    variant = ForwardVariant(torch.bfloat16, 64, causal=True, block_m=192)
+    obj, block_m = ab_forward.base_kernel(base, variant, 4096)
+    assert block_m == 192 and obj.bm == 192
+    compiled = inspect_ptx.cute.compile(obj, *variant.placeholder_args(),
+                                        options="--gpu-arch=sm_90a")
+    assert compiled is not None
