@@ -67,6 +67,7 @@ from .layouts import (
     bshd_as_sdhb,
     gemm,
     smem_layout,
+    tma_tiles,
     transposed,
 )
 from .ptx import (
@@ -432,20 +433,12 @@ class DashBackwardSm90:
             h_kv = h // group
             gK = cute.local_tile(tK[None, None, h_kv, b], (bn, d), (j, 0))
             gV = cute.local_tile(tV[None, None, h_kv, b], (bn, d), (j, 0))
-            sK_t, gK_t = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                               cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            sV_t, gV_t = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                               cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
+            sK_t, gK_t = tma_tiles(tma_k, sK, gK)
+            sV_t, gV_t = tma_tiles(tma_v, sV, gV)
             gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
             gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
-            sQ_t, gQ_t = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
-                                               cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            sdO_t, gdO_t = cpasync.tma_partition(tma_do, 0, cute.make_layout(1),
-                                                 cute.group_modes(sdO, 0, 2),
-                                                 cute.group_modes(gdO, 0, 2))
+            sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
+            sdO_t, gdO_t = tma_tiles(tma_do, sdO, gdO)
             row_base = (b * heads + h)
             first = chain_offsets[c]
             for vis in cutlass.range(first, chain_offsets[c + 1], unroll=1):
@@ -763,9 +756,7 @@ class DashBackwardSm90:
     def tma_store(self, tma, s_tile, g_tile, tid):
         """Warp 0 of the math threads issues the TMA store of ``s_tile`` to ``g_tile``."""
         if tid < 32:
-            s_t, g_t = cpasync.tma_partition(tma, 0, cute.make_layout(1),
-                                             cute.group_modes(s_tile, 0, 2),
-                                             cute.group_modes(g_tile, 0, 2))
+            s_t, g_t = tma_tiles(tma, s_tile, g_tile)
             cute.copy(tma, s_t, g_t)
 
     @cute.jit

@@ -56,6 +56,7 @@ from .layouts import (
     bshd_as_sdhb,
     gemm,
     smem_layout,
+    tma_tiles,
     transposed,
 )
 from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
@@ -297,20 +298,14 @@ class DashForwardSm90:
         for t in cutlass.range(bid, tiles[0], grid, unroll=1):
             i, b, h = self.tile_coords(t, tiles, heads)
             gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (i, 0))
-            sQ_t, gQ_t = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
-                                               cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
+            sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, gQ_t, sQ_t, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
             q_state.advance()
             gK = cute.local_tile(tK[None, None, h // group, b], (bn, d), (None, 0))
             gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
-            sK_t, gK_t = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                               cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            sV_t, gV_t = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                               cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
+            sK_t, gK_t = tma_tiles(tma_k, sK, gK)
+            sV_t, gV_t = tma_tiles(tma_v, sV, gV)
             for j in cutlass.range(self.kv_tiles(i, seqlen_q, seqlen_k), unroll=1):
                 stage = kv_state.index
                 pipe_k.producer_acquire(kv_state)
@@ -520,9 +515,7 @@ class DashForwardSm90:
         o_ready.arrive_and_wait()
         if tid % 128 < 32:
             gO = cute.local_tile(tO[None, None, h, b], (64, self.d), (self.wgs * i + wg, 0))
-            s_t, g_t = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                             cute.group_modes(sO[None, None, wg], 0, 2),
-                                             cute.group_modes(gO, 0, 2))
+            s_t, g_t = tma_tiles(tma_o, sO[None, None, wg], gO)
             cute.copy(tma_o, s_t, g_t)
             cute.arch.cp_async_bulk_commit_group()
         if tid % 4 == 0:

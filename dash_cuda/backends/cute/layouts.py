@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 # Warp roles of both kernels: warpgroup 0 loads (and, in the backward, writes dQ) on few
 # registers; warpgroups 1 and 2 compute on many (setmaxnreg moves registers between them).
@@ -21,6 +21,14 @@ def bshd_as_sdhb(ptr: cute.Pointer, seqlen, heads, batch, head_dim: int, strides
     mode order TMA tiles ``(rows, d)`` boxes of one head in."""
     return cute.make_tensor(ptr, cute.make_layout(
         (seqlen, head_dim, heads, batch), stride=(strides[1], 1, strides[2], strides[0])))
+
+
+def tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor
+              ) -> tuple[cute.Tensor, cute.Tensor]:
+    """``(smem, gmem)`` partitioned for ``atom``'s TMA copies by one CTA (no multicast): the
+    first two modes of each, the box, become one; the modes after it index stages or tiles."""
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                                 cute.group_modes(gmem, 0, 2))
 
 
 def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
@@ -76,4 +84,4 @@ def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_frag: cute.Tensor, b_frag
 
 
 __all__ = ["MATH_REGS", "MATH_THREADS", "NUM_THREADS", "PRODUCER_REGS", "acc_as_operand_a",
-           "bshd_as_sdhb", "gemm", "smem_layout", "transposed"]
+           "bshd_as_sdhb", "gemm", "smem_layout", "tma_tiles", "transposed"]
