@@ -97,21 +97,26 @@ FORWARD_TILES = {
 }
 
 
+SHORT_CAUSAL = 1024  # S_q up to which causal problems keep 128-row tiles at d=64
+
+
 def forward_block_m(head_dim: int, causal: bool, seqlen_q: int) -> int:
     """Query rows per tile, by measurement on the H200 (``docs/performance.md``).
 
-    At d=64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <= 1024),
-    where 128 rows waste less on the diagonal and are ~10 % faster. Bits do not depend on
-    it (see :class:`ForwardTiles`).
+    At d=64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <=
+    ``SHORT_CAUSAL``), where 128 rows waste less on the diagonal and are ~10 % faster. Bits
+    do not depend on it (see :class:`ForwardTiles`).
     """
-    if head_dim == 64 and not (causal and seqlen_q <= 1024):
+    if head_dim == 64 and not (causal and seqlen_q <= SHORT_CAUSAL):
         return 192
     return 128
 
 
 def forward_block_ms(head_dim: int, causal: bool) -> tuple[int, ...]:
-    """Every ``block_m`` :func:`forward_block_m` can pick for this head dim and mask."""
-    return (128, 192) if head_dim == 64 and causal else ((192,) if head_dim == 64 else (128,))
+    """Every ``block_m`` :func:`forward_block_m` can pick for this head dim and mask (the
+    rule only looks at which side of ``SHORT_CAUSAL`` the length falls)."""
+    return tuple(sorted({forward_block_m(head_dim, causal, s)
+                         for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}))
 
 # named barriers per math warpgroup w (0 is syncthreads): BAR_O_FULL + w, its O tile is
 # staged; BAR_TURN + w, its turn to issue MMAs
