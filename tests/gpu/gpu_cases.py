@@ -51,12 +51,12 @@ def normwise(x: torch.Tensor, exact: torch.Tensor) -> float:
     return float((x.double() - exact).norm() / exact.norm())
 
 
-def reference(q, k, v, do, causal: bool):
+def reference(q, k, v, do, causal: bool, softmax_scale: float | None = None):
     """float64 output and gradients, and the base-2 LSE, on the GPU."""
-    ref = attention_f64(q, k, v, do, causal=causal)
+    ref = attention_f64(q, k, v, do, causal=causal, softmax_scale=softmax_scale)
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bqhk", q.double(), k.double().repeat_interleave(group, 2))
-    s = s / math.sqrt(q.shape[-1])
+    s = s * (1 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale)
     if causal:
         r = torch.arange(q.shape[1], device=q.device)[:, None]
         c = torch.arange(k.shape[1], device=q.device)[None, :]

@@ -28,8 +28,10 @@ def check_against_float64(backend, shape, d, dtype, causal, schedule, seed,
     need(backend, d, dtype, kw.get("exact", False), kw["deterministic"])
     need(forward_backend, d, dtype)
     q, k, v, do = inputs(shape, d, dtype, seed)
-    ref, lse_ref = reference(q, k, v, do, causal)
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=forward_backend)
+    scale = kw.get("softmax_scale")
+    ref, lse_ref = reference(q, k, v, do, causal, scale)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=scale,
+                                         backend=forward_backend)
     dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
                                               schedule=schedule, backend=backend, **kw)
     for name, x, exact in (("o", o, ref.o), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
@@ -82,6 +84,45 @@ def test_cute_forward_bits_do_not_depend_on_its_tile_height(causal):
     assert torch.equal(tall[0], short[0]) and torch.equal(tall[1], short[1])
     check_against_float64("cute", (2, 3, 1, 1300, 1250), 64, torch.bfloat16, causal, "auto",
                           seed=43 + causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_negative_softmax_scale(backend, causal):
+    """A negative scale turns the scores around; the CuTe forward, which applies the scale to
+    each row's largest raw score, runs it as ``(-Q) K^T |c|``. Same bound as 1/sqrt(d)."""
+    check_against_float64(backend, SHAPES[2], 64, torch.bfloat16, causal, "auto", seed=17,
+                          softmax_scale=-0.3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_zero_softmax_scale_averages_the_visible_values(backend, causal):
+    """``softmax_scale=0``: every visible key weighs the same, O is the mean of their V and
+    LSE2 the log2 of their count (the gradients of Q and K vanish, so only the forward)."""
+    need(backend, 64)
+    q, k, v, do = inputs(SHAPES[2], 64, torch.bfloat16, seed=19)
+    ref, lse_ref = reference(q, k, v, do, causal, 0.0)
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=0.0,
+                                         backend=backend)
+    assert normwise(o, ref.o) <= bound(torch.bfloat16, "o", SHAPES[2], 64)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert (lse[seen].double() - lse_ref[seen]).abs().max() <= 1e-4 * (1 + lse_ref[seen].abs()
+                                                                       .max())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cute_forward_bits_do_not_depend_on_the_grid(d, causal):
+    """A CTA computes whole Q tiles from a fixed list, so one CTA, seven, one per SM or one
+    per tile give the same O and LSE2 bits."""
+    need("cute", d)
+    from dash_cuda.backends.cute.launch import run_forward
+
+    q, k, v, _ = inputs((2, 3, 1, 700, 650), d, torch.bfloat16, seed=53 + d + causal)
+    first = run_forward(q, k, v, causal, 0.125, poison=True, num_ctas=1)
+    for num_ctas in (7, torch.cuda.get_device_properties(0).multi_processor_count, 10_000):
+        again = run_forward(q, k, v, causal, 0.125, poison=True, num_ctas=num_ctas)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), num_ctas
 
 
 @pytest.mark.parametrize("shape", SHAPES)

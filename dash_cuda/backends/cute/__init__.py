@@ -74,10 +74,7 @@ class CuteBackend:
     def finish_dq(self, dq_acc, dq, problem, softmax_scale):
         from dash_cuda.prepost import finish_dq_tiles
 
-        from .launch import staged_index
-
-        finish_dq_tiles(dq_acc, staged_index(problem.head_dim, dq.device), dq, softmax_scale,
-                        problem.block_m)
+        finish_dq_tiles(dq_acc, dq, softmax_scale, problem.block_m)
 
     def new_partials(self, num_visits, problem, device):
         return torch.empty(num_visits, problem.block_m * problem.head_dim, device=device,

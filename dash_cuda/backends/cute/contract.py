@@ -19,23 +19,30 @@ CONTRACT: dict[str, Instruction] = {
     "round_operand": Instruction("`cvt.rn.bf16x2.f32` / `cvt.rn.f16x2.f32` "
                                  "(F2FP.BF16.F32.PACK_AB)"),
     "fwd_scores": Instruction("`wgmma.mma_async` (A = Q, B = K from shared memory, fresh "
-                              "accumulator), then `mul.rn.f32` by c in an inline block (never "
-                              "contracted into the exp2's subtraction); masked: `selp.f32` "
-                              "-inf, only in tiles that touch S_k or the causal diagonal"),
-    "fwd_max": Instruction("`max.f32` over the thread's columns, then over the row's four "
-                           "threads by `shfl.sync.bfly` 1 and 2 (order immaterial: max is "
-                           "exact)"),
-    "fwd_probs": Instruction("`sub.rn.f32` then `ex2.approx.ftz.f32` in one inline block "
-                             "(MUFU.EX2: approximate, subnormals flushed)"),
+                              "accumulator); the scale is not applied to each score on its "
+                              "own (see `fwd_max`, `fwd_probs`); masked: `selp.f32` -inf, in "
+                              "a separate loop over the tiles that touch S_k or the causal "
+                              "diagonal"),
+    "fwd_max": Instruction("`max.f32` over the thread's raw scores (four chains), over the "
+                           "row's four threads by `shfl.sync.bfly` 1 and 2, then one "
+                           "`mul.rn.f32` by c: the largest rounded scaled score, since "
+                           "rounding is monotone and c > 0 (the host runs c < 0 as (-Q) K^T "
+                           "|c|, c = 0 as Q = 0)"),
+    "fwd_probs": Instruction("P: `fma.rn.f32` S * c - m_safe then `ex2.approx.ftz.f32` in one "
+                             "inline block (S * c not rounded on its own, as in `softmax_p`); "
+                             "alpha: `sub.rn.f32` then `ex2.approx.ftz.f32` (MUFU.EX2: "
+                             "approximate, subnormals flushed)"),
     "fwd_accumulate": Instruction("l: each thread adds its own columns of the row in register "
                                   "order (`add.f32`), then `fma.rn.f32` l * alpha + sum; the "
                                   "row's four partial l are summed only at the end; acc: "
                                   "`mul.f32` by alpha, then `wgmma` with rnd(P) in registers "
                                   "and acc as its accumulator; KV tiles in ascending order"),
     "fwd_finish": Instruction("l = the four partial sums by `shfl.sync.bfly` 1 then 2; "
-                              "`div.rn.f32` (correctly rounded), `lg2.approx.ftz.f32` then "
-                              "`add.rn.f32`; rows with l = 0 selected to O = 0, LSE2 = -inf; O "
-                              "rounded by `cvt.rn` and stored by TMA"),
+                              "O = acc * (1 / l): `rcp.rn.f32` per row (correctly rounded), "
+                              "`mul.f32` per element (not a correctly rounded quotient); "
+                              "`lg2.approx.ftz.f32` then `add.rn.f32`; rows with l = 0: 1 / l "
+                              "selected to 0 (O = +0), LSE2 to -inf; O rounded by `cvt.rn` "
+                              "and stored by TMA"),
     **SHARED_STEPS,
     "qk": Instruction("`wgmma.mma_async ... f32.bf16.bf16`, A = K and B = Q from shared "
                       "memory, first k-block without accumulator (HGMMA.64xBMx16 ... RZ), "

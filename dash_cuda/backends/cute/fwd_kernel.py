@@ -18,20 +18,26 @@ named barriers), so one's softmax overlaps the others' MMAs. Neither moves an ad
 takes P_{j-1} V_{j-1}, then the rescale by alpha_j, then P_j V_j, so the bits are those of
 the same steps run one after another.
 
-Arithmetic contract, per KV tile, in base-2 units like the Triton forward::
+Arithmetic contract, per KV tile, in base-2 units like the Triton forward (``x`` = the raw
+fp32 products ``Q_i K_j^T``, ``c`` = scale_log2 > 0)::
 
-    [fwd_scores]     s = rnd32(Q_i K_j^T) * scale_log2     wgmma, then mul.rn.f32; masked: -inf
-    [fwd_max]        m' = max(m, rowmax(s))                 fmax over the thread's columns, then
-                     m_safe = m', or 0 where m' = -inf      across the row's 4 threads (shfl)
-    [fwd_probs]      P = exp2(s - m_safe)                   sub.rn.f32, ex2.approx.ftz.f32
-                     alpha = exp2(m - m_safe)
+    [fwd_scores]     x = Q_i K_j^T; masked: -inf            wgmma; selp in the masked loop only
+    [fwd_max]        m' = max(m, rnd32(rowmax(x) * c))       fmax over the thread's columns (4
+                     m_safe = m', or 0 where m' = -inf      chains), the row's 4 threads (shfl),
+                                                           then one mul.rn.f32 per row
+    [fwd_probs]      P = exp2(x * c - m_safe)               fma.rn.f32, ex2.approx.ftz.f32
+                     alpha = exp2(m - m_safe)               sub.rn.f32, ex2.approx.ftz.f32
     [fwd_accumulate] l = l * alpha + rowsum(P)               fma.rn.f32; each thread sums its own
                                                            columns, in register order
-                     acc = acc * alpha + rnd(P) V_j         mul.rn.f32, wgmma (P from registers)
+                     acc = acc * alpha + rnd(P) V_j         mul.f32, wgmma (P from registers)
     [fwd_finish]     l = the row's 4 partial sums           shfl butterfly (xor 1, then 2)
-                     O = rnd(acc / l), LSE2 = m + log2(l)   div.rn.f32; lg2.approx.ftz.f32 + add
+                     O = rnd(acc * (1 / l))                 rcp.rn.f32 per row, mul.f32
+                     LSE2 = m + log2(l)                     lg2.approx.ftz.f32 + add.rn.f32
                      rows that see no key: O = 0, LSE2 = -inf
 
+``rnd32(rowmax(x) * c)`` is the largest of the rounded scaled scores (rounding is monotone),
+so ``m`` is the contract's running maximum with one multiply per row, not per score; the
+host runs ``c < 0`` as ``(-Q) K^T |c|`` and ``c = 0`` as ``Q = 0``.
 ``rnd`` is cvt.rn to the input dtype. ``O`` leaves through shared memory by TMA stores (rows
 past S_q clipped); LSE2 goes to a contiguous fp32 ``(B, H, S_q)`` buffer, the convention both
 backwards read.
@@ -59,7 +65,7 @@ from .layouts import (
     tma_tiles,
     transposed,
 )
-from .ptx import div_rn, exp2_minus, lse2_of, rescaled_sum, scale_scores
+from .ptx import exp2_minus, exp2_scaled_minus, lse2_of, reciprocal, rescaled_sum, scale_max
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,16 @@ class DashForwardSm90:
             self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.d),
             a_source=warpgroup.OperandSource.RMEM)
         return mma_qk, mma_pv, mma_o
+
+    def _o_store_copy(self, mma_o):
+        """A warpgroup's rnd(O) registers (``mma_o``'s accumulator layout) into its (64, d)
+        tile in shared memory by ``stmatrix``: a thread holds pairs of neighbouring columns,
+        one 4-byte store each with its own swizzled address; stmatrix trades the values
+        between the warp's lanes so that each stores whole 16-byte rows (4 instructions
+        instead of 32 at d = 128). Same bytes, same places."""
+        atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        return cute.make_tiled_copy_C(atom, mma_o)
 
     # -- host side -----------------------------------------------------------------------------
     @cute.jit
@@ -326,7 +342,7 @@ class DashForwardSm90:
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
              pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2):
         bm, bn, d = self.bm, self.bn, self.d
-        wg = tid // 128
+        wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
         thr_qk = mma_qk.get_slice(tid)
         wg_qk = mma_qk.get_slice(wg_leader)
@@ -344,7 +360,8 @@ class DashForwardSm90:
         score_coords = mma_qk.get_slice(0).partition_C(scores_ident)
         score_offset = thr_qk.partition_C(scores_ident)[0]
         o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
-        o_slots = mma_o.get_slice(tid % 128).partition_C(sO[None, None, wg])
+        o_store = self._o_store_copy(mma_o).get_slice(tid % 128)
+        o_slots = o_store.partition_D(sO[None, None, wg])
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
 
         # the warpgroups take turns issuing their MMAs (each one's softmax then overlaps
@@ -384,26 +401,31 @@ class DashForwardSm90:
             p_acc.store(acc_s.load().to(self.dtype))
             # KV tile j: S_j = Q K_j^T runs beside acc += P_{j-1} V_{j-1}; the softmax of
             # S_j waits only for S_j. The adds into acc keep their order: P_{j-1} V_{j-1},
-            # then the rescale by alpha_j, then P_j V_j, as without the overlap.
-            for j in cutlass.range(1, n, unroll=1):
-                v_state = kv_state.clone()
-                kv_state.advance()
-                pipe_k.consumer_wait(kv_state)
-                turn.arrive_and_wait()
-                acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
-                pipe_v.consumer_wait(v_state)
-                gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, v_state.index],
-                     zero_init=False)
-                pass_turn.arrive()
-                warpgroup.wait_group(1)
-                pipe_k.consumer_release(kv_state)
-                m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
-                                             seqlen_k - j * bn, diagonal - j * bn,
-                                             scale_log2)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
-                self.rescale(acc_o, alpha)
-                p_acc.store(acc_s.load().to(self.dtype))
+            # then the rescale by alpha_j, then P_j V_j, as without the overlap. The tiles
+            # that need no mask come first, in a loop of their own: a masking branch inside
+            # the loop makes ptxas wait for P_{j-1} V_{j-1} before the softmax starts.
+            first_masked = cutlass.max(self.unmasked_kv_tiles(i, seqlen_q, seqlen_k), 1)
+            for masked in cutlass.range_constexpr(2):
+                lo, hi = (first_masked, n) if const_expr(masked) else (1, first_masked)
+                for j in cutlass.range(lo, hi, unroll=1):
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    turn.arrive_and_wait()
+                    acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
+                    pipe_v.consumer_wait(v_state)
+                    gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, v_state.index],
+                         zero_init=False)
+                    pass_turn.arrive()
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(kv_state)
+                    m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
+                                                 seqlen_k - j * bn, diagonal - j * bn,
+                                                 scale_log2, masked=bool(masked))
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    self.rescale(acc_o, alpha)
+                    p_acc.store(acc_s.load().to(self.dtype))
             pipe_q.consumer_release(q_state)  # the last S has read Q_i
             pipe_v.consumer_wait(kv_state)
             gemm(mma_pv, acc_o, p_op, b_vt[None, None, None, kv_state.index],
@@ -412,7 +434,7 @@ class DashForwardSm90:
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
             q_state.advance()
-            self.finish(acc_o, m, ell, o_coords, o_slots, sO, tO, tma_o, mLSE,
+            self.finish(acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE,
                         o_ready, tid, wg, i, b, h, heads, seqlen_q)
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -429,14 +451,19 @@ class DashForwardSm90:
         return acc_s
 
     @cute.jit
-    def softmax(self, acc_s, coords, offset, m, ell, keys_left, diagonal, scale_log2):
+    def softmax(self, acc_s, coords, offset, m, ell, keys_left, diagonal, scale_log2,
+                masked: cutlass.Constexpr = None):
         """[fwd_scores], [fwd_max], [fwd_probs] and the sums of [fwd_accumulate] of one KV
-        tile: scores become probabilities in place; returns ``(m', l', alpha)`` per row."""
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            acc_s[e] = scale_scores(acc_s[e], scale_log2)
-        self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
-        m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m[0], ell[0])
-        m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m[1], ell[1])
+        tile, from the raw products ``Q_i K_j^T``: they become probabilities in place;
+        returns ``(m', l', alpha)`` per row. ``masked``: whether the tile needs the mask
+        (None: find out at run time)."""
+        if const_expr(masked is None):
+            if self.ragged(keys_left, diagonal):
+                self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
+        elif const_expr(masked):
+            self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
+        m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m[0], ell[0], scale_log2)
+        m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m[1], ell[1], scale_log2)
         return (m0, m1), (ell0, ell1), (alpha0, alpha1)
 
     @cute.jit
@@ -446,76 +473,104 @@ class DashForwardSm90:
             acc_o[e] = acc_o[e] * alpha[(e // 2) % 2]
 
     @cute.jit
-    def online_softmax_row(self, acc_s, r: cutlass.Constexpr[int], m_old, ell_old):
+    def online_softmax_row(self, acc_s, r: cutlass.Constexpr[int], m_old, ell_old,
+                           scale_log2):
         """[fwd_max], [fwd_probs] and the sum of [fwd_accumulate] for the thread's row ``r``:
-        scores become probabilities in place; returns ``(m', l', alpha)``."""
-        m_new = self.row_max(acc_s, r, m_old)
+        raw scores become probabilities in place; returns ``(m', l', alpha)``.
+
+        The scale enters twice, never as a multiply per score: once on the row's maximum
+        raw score, and inside each probability's fma.
+        """
+        m_new = cute.arch.fmax(m_old, scale_max(self.row_max(acc_s, r), scale_log2))
         m_safe = cutlass.select_(m_new == -math.inf, Float32(0.0), m_new)
         alpha = exp2_minus(m_old, m_safe)
+        neg_m = -m_safe
         psum = Float32(0.0)
         for e in cutlass.range_constexpr(cute.size(acc_s)):
             if const_expr((e // 2) % 2 == r):
-                acc_s[e] = exp2_minus(acc_s[e], m_safe)
+                acc_s[e] = exp2_scaled_minus(acc_s[e], scale_log2, neg_m)
                 psum = psum + acc_s[e]
         return m_new, rescaled_sum(ell_old, alpha, psum), alpha
 
     @cute.jit
-    def row_max(self, acc_s, r: cutlass.Constexpr[int], m_old):
-        """[fwd_max] ``max(m, rowmax(s))`` of the thread's row ``r`` (0 or 1): its own columns,
-        then the other three threads of the row (butterfly shuffles)."""
-        mx = m_old
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            if const_expr((e // 2) % 2 == r):
-                mx = cute.arch.fmax(mx, acc_s[e])
+    def row_max(self, acc_s, r: cutlass.Constexpr[int]):
+        """The largest raw score of the thread's row ``r`` (0 or 1): its own columns in four
+        independent chains (a max is exact in any order; one chain would be as long as the
+        row), then the other three threads of the row (butterfly shuffles)."""
+        cols = [e for e in range(cute.size(acc_s)) if (e // 2) % 2 == r]
+        chains = [acc_s[e] for e in cols[:4]]
+        for n, e in enumerate(cols[4:]):
+            chains[n % 4] = cute.arch.fmax(chains[n % 4], acc_s[e])
+        mx = cute.arch.fmax(cute.arch.fmax(chains[0], chains[1]),
+                            cute.arch.fmax(chains[2], chains[3]))
         for step in cutlass.range_constexpr(2):
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << step))
         return mx
 
     @cute.jit
+    def ragged(self, keys_left, diagonal):
+        """Whether a KV tile needs the mask: it reaches past S_k, or (causal) some key in it
+        lies after some query's diagonal (see :meth:`mask_scores`)."""
+        ragged = keys_left < self.bn
+        if const_expr(self.causal):
+            ragged = ragged | (diagonal < self.bn - 1)
+        return ragged
+
+    @cute.jit
+    def unmasked_kv_tiles(self, i, seqlen_q, seqlen_k):
+        """KV tiles ``[0, n)`` of Q tile ``i`` that need no mask: inside S_k and (causal)
+        below the diagonal of the tile's first row; :meth:`ragged` is false exactly there."""
+        n = seqlen_k // self.bn
+        if const_expr(self.causal):
+            first_row_sees = i * self.bm + seqlen_k - seqlen_q + 1  # keys of the tile's top row
+            n = cutlass.min(n, cutlass.max(first_row_sees, 0) // self.bn)
+        return n
+
+    @cute.jit
     def mask_scores(self, acc_s, coords, offset, keys_left, diagonal):
         """[fwd_scores] invisible scores become -inf: key past S_k, or (causal) a key after
-        the query's diagonal (``key - query > S_k - S_q``). Tiles inside both skip it.
+        the query's diagonal (``key - query > S_k - S_q``).
 
         A score's (query, key) is ``coords[e] + offset``: the compile-time coordinates of
         thread 0 plus this thread's offset, which moves the bounds instead.
         """
-        ragged = keys_left < self.bn
-        if const_expr(self.causal):
-            ragged = ragged | (diagonal < self.bn - 1)
-        if ragged:
-            keys_left = keys_left - offset[1]
-            diagonal = diagonal + offset[0] - offset[1]
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                row, col = coords[e][0], coords[e][1]
-                visible = col < keys_left
-                if const_expr(self.causal):
-                    visible = visible & (col - row <= diagonal)
-                acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(-math.inf))
+        keys_left = keys_left - offset[1]
+        diagonal = diagonal + offset[0] - offset[1]
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            row, col = coords[e][0], coords[e][1]
+            visible = col < keys_left
+            if const_expr(self.causal):
+                visible = visible & (col - row <= diagonal)
+            acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(-math.inf))
 
     @cute.jit
-    def finish(self, acc_o, m, ell, o_coords, o_slots, sO, tO, tma_o, mLSE, o_ready, tid, wg,
+    def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
+               tid, wg,
                i, b, h, heads, seqlen_q):
-        """[fwd_finish] O = rnd(acc / l) through shared memory and a TMA store of the
-        warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row."""
-        lse2, denom = [], []
+        """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
+        warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row.
+
+        One reciprocal per row and a multiply per element: a division per element costs as
+        much as a KV tile's softmax, on short rows a large part of the tile's time.
+        """
+        lse2, inv = [], []
         for r in cutlass.range_constexpr(2):
             total = ell[r]
             for step in cutlass.range_constexpr(2):
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1 << step)
             seen = total > Float32(0.0)
             lse2.append(cutlass.select_(seen, lse2_of(m[r], total), Float32(-math.inf)))
-            denom.append(cutlass.select_(seen, total, Float32(1.0)))
+            # a row that sees no key has acc = +0 and gets O = +0 * 0
+            inv.append(cutlass.select_(seen, reciprocal(total), Float32(0.0)))
         for e in cutlass.range_constexpr(cute.size(acc_o)):
-            r = (e // 2) % 2
-            acc_o[e] = cutlass.select_(lse2[r] == -math.inf, Float32(0.0),
-                                       div_rn(acc_o[e], denom[r]))
+            acc_o[e] = acc_o[e] * inv[(e // 2) % 2]
         vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
         vals.store(acc_o.load().to(self.dtype))  # pairs: cvt.rn.bf16x2 / f16x2
         # the previous tile's store must have read the buffer before it is written again
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         o_ready.arrive_and_wait()
-        cute.autovec_copy(vals, o_slots)
+        cute.copy(o_store, o_store.retile(vals), o_slots)
         cute.arch.fence_view_async_shared()
         o_ready.arrive_and_wait()
         if tid % 128 < 32:

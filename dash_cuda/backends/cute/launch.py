@@ -260,11 +260,12 @@ def _strides(t: torch.Tensor) -> tuple:
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                softmax_scale: float, poison: bool = False, block_m: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                softmax_scale: float, poison: bool = False, block_m: int | None = None,
+                num_ctas: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
-    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m`` (tests) overrides
-    the measured tile height, which does not change the bits."""
+    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m`` and ``num_ctas``
+    (tests, measurements) override the measured tile height and the grid, neither of which
+    changes the bits."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -273,12 +274,19 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
+    if softmax_scale <= 0:
+        # the kernel applies the scale to each row's largest raw score ([fwd_max]), which
+        # is the largest scaled score only for a positive scale: S c = (-Q) K^T |c|, and a
+        # zero scale makes every score 0 (Q = 0, scale 1)
+        q = q * (-1.0 if softmax_scale < 0 else 0.0)
+        softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
     variant = ForwardVariant(q.dtype, head_dim, causal,
                              block_m or forward_block_m(head_dim, causal, seqlen_q))
     kernel = get_kernel(variant)
     # persistent: one CTA per SM (384 threads at 168 registers fill an SM's register file)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
-    num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    if num_ctas is None:
+        num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dt = _DTYPES[q.dtype]
     kernel(
         _ptr(dt, q.data_ptr()), _ptr(dt, k.data_ptr()), _ptr(dt, v.data_ptr()),

@@ -23,16 +23,30 @@ def _f32_asm(asm: str, operands, loc, ip) -> Float32:
 
 # -- forward ------------------------------------------------------------------------------------
 @dsl_user_op
-def scale_scores(s: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
-    """[fwd_scores] ``S * scale_log2``: one mul.rn.f32 (kept apart from the exp2's subtraction)."""
-    return _f32_asm("mul.rn.f32 $0, $1, $2;", (s, scale_log2), loc, ip)
+def scale_max(m: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_max] a row's maximum raw score times ``scale_log2``: one mul.rn.f32.
+
+    Rounding is monotone, so for ``scale_log2 > 0`` this is the maximum of the rounded
+    scaled scores, the contract's ``rowmax(s)``, with one multiply per row instead of one
+    per score.
+    """
+    return _f32_asm("mul.rn.f32 $0, $1, $2;", (m, scale_log2), loc, ip)
 
 
 @dsl_user_op
 def exp2_minus(x: Float32, m: Float32, *, loc=None, ip=None) -> Float32:
-    """[fwd_probs] ``exp2(x - m)``: sub.rn.f32, then ex2.approx.ftz.f32."""
+    """[fwd_probs] ``alpha = exp2(m - m')``: sub.rn.f32, then ex2.approx.ftz.f32."""
     return _f32_asm("{ .reg .f32 t; sub.rn.f32 t, $1, $2; ex2.approx.ftz.f32 $0, t; }",
                     (x, m), loc, ip)
+
+
+@dsl_user_op
+def exp2_scaled_minus(s: Float32, scale_log2: Float32, neg_m: Float32, *, loc=None, ip=None
+                      ) -> Float32:
+    """[fwd_scores] + [fwd_probs] ``P = exp2(S * scale_log2 - m)`` of a raw score: one
+    fma.rn.f32 (the product is not rounded on its own), then ex2.approx.ftz.f32."""
+    return _f32_asm("{ .reg .f32 x; fma.rn.f32 x, $1, $2, $3; ex2.approx.ftz.f32 $0, x; }",
+                    (s, scale_log2, neg_m), loc, ip)
 
 
 @dsl_user_op
@@ -43,9 +57,9 @@ def rescaled_sum(ell: Float32, alpha: Float32, psum: Float32, *, loc=None, ip=No
 
 
 @dsl_user_op
-def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """[fwd_finish] ``a / b`` correctly rounded: div.rn.f32."""
-    return _f32_asm("div.rn.f32 $0, $1, $2;", (a, b), loc, ip)
+def reciprocal(x: Float32, *, loc=None, ip=None) -> Float32:
+    """[fwd_finish] ``1 / l`` correctly rounded: rcp.rn.f32, once per row (not per element)."""
+    return _f32_asm("rcp.rn.f32 $0, $1;", (x,), loc, ip)
 
 
 @dsl_user_op
