@@ -56,10 +56,6 @@ def test_the_staged_dq_tile_order_is_the_mmas_own():
     assert inspect_ptx.check_staging_layout() == []
 
 
-def test_the_stmatrix_ds_store_writes_where_the_mma_partition_does():
-    assert inspect_ptx.check_ds_store_layout() == []
-
-
 def test_only_the_probe_variant_reads_the_clock(tmp_path):
     """The timing probe is compiled in only where asked for, and then at every phase."""
     plain = VARIANTS[0]

@@ -214,27 +214,6 @@ class DashBackwardSm90:
                 self.dtype, self.dtype, mn_major, mn_major, Float32, (1, 2, 1), (64, self.d // 2))
         return mma_sdp, mma_dkv, mma_dq
 
-    def _ds_layout(self):
-        """The dS buffers, (BM, BN, q_stages) with the queries contiguous: the dQ MMA reads
-        dS as an MN-major A operand."""
-        return smem_layout(self.dtype, self.bm, self.bn, self.q_stages, mn_major=True)
-
-    def _ds_store_copy(self, mma_sdp):
-        """The copy of a math thread's rnd(dS^T) registers (``mma_sdp``'s accumulator layout)
-        into the dS buffer, viewed as (key, query): ``stmatrix`` (four 8 x 8 matrices per warp
-        and instruction).
-
-        Queries are contiguous in the buffer, but a thread holds only pairs of neighbouring
-        queries, so an element-wise store is one 4-byte ``st.shared`` per pair (32 per visit
-        at d = 64), each with its own swizzled address, which costs registers (spills at
-        d = 64). ``stmatrix`` moves the values between the warp's lanes so that each lane
-        stores whole 16-byte rows: one instruction and one address per 8 values. The bytes
-        and where they go are the same (``inspect_ptx.check_ds_store_layout`` checks it).
-        """
-        atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        return cute.make_tiled_copy_C(atom, mma_sdp)
-
     # -- host side -----------------------------------------------------------------------------
     @cute.jit
     def __call__(
@@ -288,7 +267,7 @@ class DashBackwardSm90:
 
         sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
         sK_layout = smem_layout(self.dtype, bn, d, None)
-        sdS_layout = self._ds_layout()
+        sdS_layout = smem_layout(self.dtype, bm, bn, self.q_stages, mn_major=True)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, (None, None, 0)),
                                                 (bm, d))
@@ -576,11 +555,9 @@ class DashBackwardSm90:
 
         acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), Float32)
         acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), Float32)
-        # (key, query) coordinates of this thread's score elements; the dS^T rows in smem whose
-        # addresses this thread gives stmatrix (its own elements go to other lanes' rows)
+        # (key, query) coordinates of this thread's score elements, and its dS^T slots in smem
         score_coords = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
-        ds_store = self._ds_store_copy(mma_sdp).get_slice(tid)
-        ds_slots = ds_store.partition_D(transposed(sdS))
+        ds_slots = thr_sdp.partition_C(transposed(sdS))
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
         # this thread's dV and dK slots in the epilogue tiles (see store_dkv_tma)
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
@@ -646,8 +623,7 @@ class DashBackwardSm90:
                 # One buffer per Q stage: the buffer written here was last read by the dQ MMAs
                 # of two visits ago, which both warpgroups waited for before the previous
                 # visit's barrier, so the barrier below is the only one a visit needs.
-                cute.copy(ds_store, ds_store.retile(ds_op_acc),
-                          ds_slots[None, None, None, stage])
+                cute.autovec_copy(ds_op_acc, ds_slots[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 if const_expr(self.epilogue_overlapped):  # noqa: SIM102 - compile time, then run time
                     # the previous chain's dK/dV stores have read the other buffer

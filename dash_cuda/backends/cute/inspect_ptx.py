@@ -7,8 +7,7 @@ deterministic, audit, plus the GQA per-head epilogue) this compiles the kernel, 
 PTX, checks the instruction facts of :mod:`.contract` (:func:`check_ptx`), reports
 registers and spills (``ptxas -v``, when a ptxas is on PATH) and the compile time, and checks
 that the staged dQ tile order (:func:`~.bwd_kernel.staging_coords`) is the MMA's own
-partition and that the ``stmatrix`` store of dS puts every element where the MMA's partition
-does. ``--export`` also writes every variant as an ahead-of-time object
+partition. ``--export`` also writes every variant as an ahead-of-time object
 (``DASH_CUTE_AOT_DIR`` loads them). Exit status 1
 if any check fails.
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 import re
 import shutil
@@ -32,12 +30,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before CuTe DSL reads its se
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32  # noqa: E402
 
 from . import launch  # noqa: E402
 from .bwd_kernel import TILES, DashBackwardSm90, staging_coords  # noqa: E402
 from .fwd_kernel import FORWARD_TILES, forward_block_ms  # noqa: E402
-from .layouts import MATH_THREADS, acc_as_operand_a, transposed  # noqa: E402
 
 
 def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVariant]:
@@ -143,9 +139,6 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
     n_wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
     need(n_wgmma == expected_wgmmas(d), f"{n_wgmma} wgmma.mma_async, expected "
          f"{expected_wgmmas(d)}")
-    # rnd(dS^T) to shared memory (for the partial) by stmatrix, 8 values per instruction
-    n_stsm = len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx))
-    need(n_stsm == scores // 8, f"{n_stsm} stmatrix, expected {scores // 8}")
     # rnd(P), rnd(dS) to the operand dtype
     cvt = "cvt.rn.bf16x2.f32" if v.dtype == torch.bfloat16 else "cvt.rn.f16x2.f32"
     need(len(re.findall(re.escape(cvt), ptx)) >= scores, f"fewer than {scores} {cvt}")
@@ -268,164 +261,6 @@ def check_staging_layout() -> list[str]:
     return bad
 
 
-def _leaves(x) -> list:
-    return [y for z in x for y in _leaves(z)] if isinstance(x, tuple) else [x]
-
-
-def _ints(x):
-    return tuple(_ints(y) for y in x) if isinstance(x, tuple) else int(x)
-
-
-def _crd2idx(coord, shape, stride) -> int:
-    """CuTe's coordinate -> offset map of a static layout, in Python."""
-    if not isinstance(shape, tuple):
-        return coord * stride
-    if isinstance(coord, tuple):
-        return sum(_crd2idx(c, s, d) for c, s, d in zip(coord, shape, stride, strict=True))
-    total = 0
-    for s, d in zip(shape, stride, strict=True):  # an integer splits colexicographically
-        n = 1
-        for x in _leaves(s):
-            n *= x
-        total, coord = total + _crd2idx(coord % n, s, d), coord // n
-    return total
-
-
-def _coords(part) -> list:
-    """The coordinates in a partition of an identity tensor, in flat index order, from its
-    static layout (the iterator plus the basis strides): the DSL's element access costs a
-    traced operation (about 0.3 ms) per element."""
-    shape, stride = _leaves(part.layout.shape), _leaves(part.layout.stride)
-    base = _ints(part.iterator)
-    out = []
-    for flat in range(math.prod(shape)):
-        crd = _nested_list(base)
-        for n, d in zip(shape, stride, strict=True):
-            flat, c = divmod(flat, n)
-            if c and isinstance(d, int):
-                raise ValueError(f"{part.layout} is not a coordinate layout")
-            if c:  # a basis stride: value @ path
-                node = crd
-                *path, last = d.mode
-                for m in path:
-                    node = node[m]
-                node[last] += c * int(d.value)
-        out.append(_nested_tuple(crd))
-    return out
-
-
-def _nested_list(x):
-    return [_nested_list(y) for y in x] if isinstance(x, tuple) else x
-
-
-def _nested_tuple(x):
-    return tuple(_nested_tuple(y) for y in x) if isinstance(x, list) else x
-
-
-def check_ds_store_layout() -> list[str]:
-    """The ``stmatrix`` store of rnd(dS^T) (``DashBackwardSm90._ds_store_copy``) puts every
-    value of every math thread at the shared-memory byte where the MMA's own partition of the
-    dS buffer (an element-wise store of the accumulator, as before) puts it, in every stage.
-
-    ``stmatrix`` is modelled from the PTX ISA, not from CuTe: one ``.x4`` instruction stores
-    four 8 x 8 matrices of b16; lane ``l`` gives the address of row ``l % 8`` of matrix
-    ``l // 8`` (16 contiguous bytes), and 32-bit register ``m`` of lane ``t`` holds elements
-    ``(t // 4, 2 (t % 4))`` and ``(t // 4, 2 (t % 4) + 1)`` of matrix ``m``. CuTe supplies the
-    rows each lane addresses (``partition_D``, 8 elements per instruction) and the order of a
-    thread's values (``retile``: 8 per instruction, register ``m`` packing values ``2 m`` and
-    ``2 m + 1``); the atom's own thread/value layouts must be the ISA's. Byte addresses are
-    those after the buffer's swizzle (which acts on byte addresses).
-    """
-    found: dict = {}
-
-    @cute.jit
-    def probe(k: cutlass.Constexpr):
-        mma_sdp = k._tiled_mmas()[0]
-        ds_copy = k._ds_store_copy(mma_sdp)
-        layout = k._ds_layout()
-        # (query, key, stage) coordinates of the buffer, viewed (key, query, stage) as by the
-        # kernel
-        ident = transposed(cute.make_identity_tensor(cute.shape(layout)))
-        acc = cute.make_rmem_tensor(mma_sdp.get_slice(0).partition_shape_C((k.bn, k.bm)),
-                                    Float32)
-        _, op_acc = acc_as_operand_a(acc, k.dtype)
-        src = ds_copy.get_slice(0).retile(op_acc)  # (register layouts: the same per thread)
-        found["acc_reg"] = [cute.crd2idx(e, op_acc.layout) for e in range(cute.size(op_acc))]
-        found["src_reg"] = [cute.crd2idx(j, src.layout) for j in range(cute.size(src))]
-        found["atom"] = [[(cute.crd2idx((t, v), ds_copy.layout_src_tv),
-                           cute.crd2idx((t, v), ds_copy.layout_dst_tv)) for v in range(8)]
-                         for t in range(32)]
-        found["outer"] = layout.outer.shape, layout.outer.stride
-        sw = layout.inner
-        found["swizzle"] = sw.num_bits, sw.num_base, sw.num_shift
-        for t in list(range(MATH_THREADS)):  # a Python loop at trace time
-            old = mma_sdp.get_slice(t).partition_C(ident)
-            new = ds_copy.get_slice(t).partition_D(ident)
-            for s in list(range(k.q_stages)):
-                o, n = old[None, None, None, s], new[None, None, None, s]
-                found[t, s] = (_coords(o), _coords(n),
-                               (cute.size(src, mode=[0, 0]), cute.size(n, mode=[0, 0])))
-                if cutlass.const_expr(t % 97 == 0):  # Python evaluation vs DSL element access
-                    found["dsl", t, s] = ([o[e] for e in range(cute.size(o))],
-                                          [n[e] for e in range(cute.size(n))])
-
-    bad = []
-    for d in TILES:
-        found.clear()
-        k = DashBackwardSm90(cutlass.BFloat16, d, causal=False, deterministic=True,
-                             audit=False, per_head=False)
-        cute.compile(probe, k, options="--gpu-arch=sm_90a")
-        width = k.dtype.width // 8
-        bits, base, shift = found["swizzle"]
-        mask = ((1 << bits) - 1) << (base + shift)
-        shape, stride = found["outer"]
-
-        def phys(crd, shape=shape, stride=stride, mask=mask, shift=shift, width=width):
-            b = width * _crd2idx(crd, shape, stride)
-            return b ^ ((b & mask) >> shift)
-
-        isa = [[(64 * (v // 2) + 8 * (t // 4) + 2 * (t % 4) + v % 2, 8 * t + v)
-                for v in range(8)] for t in range(32)]
-        if [[_ints(x) for x in row] for row in found["atom"]] != isa:
-            bad.append(f"d={d}: the stmatrix atom's thread/value layouts are not the ISA's")
-        for key, (o, n) in ((x, v) for x, v in found.items() if x[0] == "dsl"):
-            if [_ints(c) for c in o] != found[key[1:]][0] or \
-                    [_ints(c) for c in n] != found[key[1:]][1]:
-                bad.append(f"d={d}: coordinate evaluation differs from the DSL's ({key})")
-        elem_of = {int(r): e for e, r in enumerate(found["acc_reg"])}  # register -> element
-        values = [elem_of[int(r)] for r in found["src_reg"]]  # stmatrix value -> element
-        per_stage = k.bm * k.bn * width
-        for s in range(k.q_stages):
-            old = {(t, e): phys(c) for t in range(MATH_THREADS)
-                   for e, c in enumerate(found[t, s][0])}
-            new = {}
-            for t in range(MATH_THREADS):  # lane t addresses rows; its warp's values fill them
-                warp, lane = divmod(t, 32)
-                rows, per_copy = found[t, s][1], found[t, s][2]
-                if per_copy != (8, 8) or len(rows) != len(values):
-                    bad.append(f"d={d}: {per_copy} values and row elements per stmatrix, "
-                               f"{len(values)} values and {len(rows)} row elements")
-                    break
-                for i in range(len(rows) // 8):  # one stmatrix per 8 values
-                    row = [phys(c) for c in rows[8 * i:8 * i + 8]]
-                    if row != list(range(row[0], row[0] + 8 * width, width)) or row[0] % 16:
-                        bad.append(f"d={d}: thread {t}, stmatrix {i}: row bytes {row}")
-                        break
-                    m, r = divmod(lane, 8)
-                    for c in range(8):
-                        value = (32 * warp + 4 * r + c // 2, values[8 * i + 2 * m + c % 2])
-                        if value in new:
-                            bad.append(f"d={d}: thread/element {value} stored twice")
-                        new[value] = row[c]
-            if new != old:
-                moved = sorted(x for x in old if new.get(x) != old[x])
-                bad.append(f"d={d} stage {s}: {len(moved)} elements move, e.g. "
-                           + ", ".join(f"{x}: {old[x]} -> {new.get(x)}" for x in moved[:3]))
-            if sorted(old.values()) != list(range(s * per_stage, (s + 1) * per_stage, width)):
-                bad.append(f"d={d} stage {s}: the stores do not cover the buffer exactly once")
-    return bad
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "dash_cute_ptx"))
@@ -437,11 +272,6 @@ def main() -> int:
 
     bad = check_staging_layout()
     print(f"staging layout vs partition_C: {'OK' if not bad else 'FAIL'}")
-    for b in bad[:5]:
-        print("   ", b)
-    failures += bool(bad)
-    bad = check_ds_store_layout()
-    print(f"dS stmatrix store vs partition_C: {'OK' if not bad else 'FAIL'}")
     for b in bad[:5]:
         print("   ", b)
     failures += bool(bad)
