@@ -102,6 +102,35 @@ def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
             assert (d, block_m) in FORWARD_TILES and (d, causal, block_m) in exported
 
 
+@pytest.mark.parametrize("seqlen_k, head_dim, heads", [(16384, 128, 16), (16384, 64, 32),
+                                                      (2048, 128, 128), (1 << 22, 128, 4),
+                                                      (3000, 64, 1)])
+def test_l2_sections_are_powers_of_two_whose_kv_fits_in_l2(seqlen_k, head_dim, heads):
+    """A causal section holds as many heads as fit their K and V in L2 together (a power of
+    two, at least one, at most all heads)."""
+    from dash_cuda.backends.cute.launch import L2_BYTES, l2_heads
+
+    k = torch.empty(1, seqlen_k, 1, head_dim, dtype=torch.bfloat16)
+    n = l2_heads(k, heads)
+    per_head = 2 * seqlen_k * head_dim * 2
+    assert 1 <= n <= heads and n & (n - 1) == 0
+    assert n == 1 or n * per_head <= L2_BYTES
+    assert n == heads or 2 * n * per_head > L2_BYTES
+
+
+def test_the_forward_grid_is_persistent_except_long_causal_d128():
+    """One CTA per SM, every head interleaved; long causal problems at d=128 get one CTA per
+    tile in L2 sections (the measured rule)."""
+    from dash_cuda.backends.cute.launch import PER_TILE_CAUSAL, forward_grid, l2_heads
+
+    k = torch.empty(1, 8192, 1, 128, dtype=torch.bfloat16)
+    assert forward_grid(128, False, 8192, 5000, 132, k, 16) == (132, 16)
+    assert forward_grid(64, True, 8192, 5000, 132, k, 16) == (132, 16)
+    assert forward_grid(128, True, PER_TILE_CAUSAL - 1, 5000, 132, k, 16) == (132, 16)
+    assert forward_grid(128, True, 8192, 100, 132, k, 16) == (100, l2_heads(k, 16))
+    assert forward_grid(128, True, 8192, 5000, 132, k, 16) == (5000, l2_heads(k, 16))
+
+
 def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():
     """``benchmarks/ab_forward.py`` loads a saved kernel file (here the current one) as the
     base; it compiles for sm_90a like the candidate."""

@@ -2,8 +2,10 @@
 
 Each CTA walks a fixed list of Q tiles (``tile = blockIdx.x + k * gridDim.x``) and computes
 each one entirely, streaming its visible KV tiles in ascending order: the bits of O and LSE2
-depend on neither the grid size nor the GPU. Causal tiles are numbered longest first (the
-last Q tiles of every head first), full-mask tiles head by head (neighbours share K/V in L2).
+depend on neither the grid size nor the GPU. Causal tiles are numbered longest first within
+sections of ``l2_heads`` heads (the last Q tiles of the section's heads first), full-mask
+tiles head by head (neighbours share K/V in L2). The launcher picks the grid and the
+section (``launch.forward_grid``): one CTA per SM, or one per tile.
 
 Roles (``FORWARD_TILES``: 512 threads at d=64, 384 at d=128)::
 
@@ -177,7 +179,7 @@ class DashForwardSm90:
         q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        num_ctas: Int32,
+        num_ctas: Int32, l2_heads: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
         scale_log2: Float32,
         stream: cuda.CUstream,
@@ -218,7 +220,7 @@ class DashForwardSm90:
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            scale_log2, Storage,
+            l2_heads, scale_log2, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -232,7 +234,7 @@ class DashForwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        scale_log2: Float32,
+        l2_heads: Int32, scale_log2: Float32,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -267,7 +269,7 @@ class DashForwardSm90:
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sO = st.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         n_q = (seqlen_q + self.bm - 1) // self.bm
-        tiles = (batch * heads * n_q, batch * heads, n_q)
+        tiles = (batch * heads * n_q, batch * heads, n_q, l2_heads)
 
         if warp < 4:
             cute.arch.setmaxregister_decrease(self.loader_regs)
@@ -282,11 +284,17 @@ class DashForwardSm90:
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
     def tile_coords(self, t, tiles, heads):
-        """(i, b, h) of tile ``t``: causal longest first, else head by head."""
-        _, bh_count, n_q = tiles
+        """(i, b, h) of tile ``t``: causal longest first within sections of ``l2_heads``
+        heads (whose K and V fit in L2 together: the tiles in flight share them), else head
+        by head."""
+        _, bh_count, n_q, l2_heads = tiles
         if const_expr(self.causal):
-            i = n_q - 1 - t // bh_count
-            bh = t % bh_count
+            section = t // (l2_heads * n_q)
+            first = section * l2_heads
+            width = cutlass.min(l2_heads, bh_count - first)  # the last section may be narrower
+            r = t - first * n_q
+            i = n_q - 1 - r // width
+            bh = first + r % width
         else:
             i = t % n_q
             bh = t // n_q

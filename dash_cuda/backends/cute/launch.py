@@ -126,7 +126,7 @@ class ForwardVariant:
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
         dt = _DTYPES[self.dtype]
-        return [*[_ptr(dt)] * 4, _ptr(Float32), *[Int32(1)] * 6,
+        return [*[_ptr(dt)] * 4, _ptr(Float32), *[Int32(1)] * 7,
                 *[(Int32(1), Int32(1), Int32(1))] * 4, Float32(1.0), cuda.CUstream(0)]
 
 
@@ -259,13 +259,44 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(Int32(s) for s in t.stride()[:3])
 
 
+L2_BYTES = 50 * 2**20  # the H100's and H200's L2
+
+
+def l2_heads(k: torch.Tensor, heads: int) -> int:
+    """Heads whose K and V fit in L2 together, a power of two (at least 1, at most all):
+    the causal forward runs its longest tiles section by section of this many heads."""
+    per_head = 2 * k.shape[1] * k.shape[3] * k.element_size()
+    fit = max(1, L2_BYTES // per_head)
+    return min(1 << (fit.bit_length() - 1), heads)
+
+
+PER_TILE_CAUSAL = 2048  # S_q from which causal d=128 forwards launch one CTA per tile
+
+
+def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: int,
+                 k: torch.Tensor, heads: int) -> tuple[int, int]:
+    """``(CTAs, heads per causal section)`` of a forward launch, by measurement on the H200
+    (``docs/performance.md``); neither changes the bits.
+
+    Persistent (one CTA per SM, all heads interleaved) except causal problems at d=128 with
+    ``S_q >= PER_TILE_CAUSAL``: there one CTA per tile, in sections of :func:`l2_heads`
+    heads, is 3 - 10 % faster (the hardware hands out tiles as SMs free up, so uneven causal
+    tiles balance; within a section the tiles in flight share K and V in L2). At d=64 both
+    measured slower or level.
+    """
+    if causal and head_dim == 128 and seqlen_q >= PER_TILE_CAUSAL:
+        return tiles, l2_heads(k, heads)
+    return min(tiles, sms), heads
+
+
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 softmax_scale: float, poison: bool = False, block_m: int | None = None,
-                num_ctas: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                num_ctas: int | None = None, sections: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
-    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m`` and ``num_ctas``
-    (tests, measurements) override the measured tile height and the grid, neither of which
-    changes the bits."""
+    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m``, ``num_ctas`` and
+    ``sections`` (tests, measurements) override the measured tile height, the grid and the
+    heads per causal section (:func:`l2_heads`), none of which changes the bits."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -283,16 +314,17 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     variant = ForwardVariant(q.dtype, head_dim, causal,
                              block_m or forward_block_m(head_dim, causal, seqlen_q))
     kernel = get_kernel(variant)
-    # persistent: one CTA per SM (384 threads at 168 registers fill an SM's register file)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
-    if num_ctas is None:
-        num_ctas = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    grid, heads_per_section = forward_grid(
+        head_dim, causal, seqlen_q, tiles,
+        torch.cuda.get_device_properties(q.device).multi_processor_count, k, batch * heads)
     dt = _DTYPES[q.dtype]
     kernel(
         _ptr(dt, q.data_ptr()), _ptr(dt, k.data_ptr()), _ptr(dt, v.data_ptr()),
         _ptr(dt, o.data_ptr()), _ptr(Float32, lse2.data_ptr()),
         Int32(batch), Int32(heads), Int32(heads_kv), Int32(seqlen_q), Int32(seqlen_k),
-        Int32(num_ctas), _strides(q), _strides(k), _strides(v), _strides(o),
+        Int32(num_ctas or grid), Int32(sections or heads_per_section),
+        _strides(q), _strides(k), _strides(v), _strides(o),
         Float32(float(scale_log2(softmax_scale))),
         cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
     )
