@@ -410,8 +410,9 @@ class DashForwardSm90:
             # KV tile j: S_j = Q K_j^T runs beside acc += P_{j-1} V_{j-1}; the softmax of
             # S_j waits only for S_j. The adds into acc keep their order: P_{j-1} V_{j-1},
             # then the rescale by alpha_j, then P_j V_j, as without the overlap. The tiles
-            # that need no mask come first, in a loop of their own: a masking branch inside
-            # the loop makes ptxas wait for P_{j-1} V_{j-1} before the softmax starts.
+            # that need no mask come first, in a loop of their own: with a masking branch in
+            # the loop, ptxas waits for P_{j-1} V_{j-1} at the branch's join, before the
+            # row maximum, and the softmax overlaps none of it.
             first_masked = cutlass.max(self.unmasked_kv_tiles(i, seqlen_q, seqlen_k), 1)
             for masked in cutlass.range_constexpr(2):
                 lo, hi = (first_masked, n) if const_expr(masked) else (1, first_masked)
@@ -553,8 +554,7 @@ class DashForwardSm90:
 
     @cute.jit
     def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
-               tid, wg,
-               i, b, h, heads, seqlen_q):
+               tid, wg, i, b, h, heads, seqlen_q):
         """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
         warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row.
 
