@@ -74,6 +74,7 @@ from .ptx import (
     bulk_load_1d,
     bulk_reduce_add_f32,
     bulk_store_1d,
+    cvt_pack,
     ds_value,
     sm_clock,
     softmax_p,
@@ -98,14 +99,16 @@ class TileConfig:
     dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
     # [dk_step] issued before the dS barrier (tensor cores busy while dS goes to shared
     # memory), or after the partial's MMA (its staging overlaps dK). Chosen by measurement on
-    # an H200 (docs/performance.md): early at d = 64 (-10 to -19 %), late at d = 128 (-1 to -6 %).
-    early_dk: bool = True
+    # an H200 (docs/performance.md): late at both head dims (d = 128: early is 1 - 6 % slower;
+    # d = 64: 2 - 10 %, once dS^T is packed explicitly, see [ds] in the visit loop: before,
+    # ptxas serialized every wgmma of the late d = 64 kernel and early won by 10 - 19 %).
+    early_dk: bool = False
 
 
 # The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
 # 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
 # would make the tiling depend on the mask).
-TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, early_dk=False)}
+TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128)}
 
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
@@ -194,6 +197,7 @@ class DashBackwardSm90:
         self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
         assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
         self.early_dk = cfg.early_dk
+        self.cvt_kind = "bf16" if dtype is cutlass.BFloat16 else "f16"
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
@@ -609,8 +613,18 @@ class DashBackwardSm90:
                 for e in cutlass.range_constexpr(cute.size(acc_dp)):
                     col = score_coords[e][1]
                     acc_dp[e] = ds_value(acc_s[e], acc_dp[e], sDelta[col, stage])
-                ds_op, ds_op_acc = acc_as_operand_a(acc_dp, self.dtype)
-                ds_op_acc.store(acc_dp.load().to(self.dtype))
+                # rnd(dS^T), packed in pairs by explicit cvt.rn.x2 (the same rounding as
+                # .to(dtype)): it is read by the shared-memory copy and, late, by the dK MMA
+                # after a branch; a compiler conversion was repeated there from the fp32
+                # values, which then stayed live across dV and the partial (ptxas C7512)
+                n_ds = cute.size(acc_dp)
+                ds_words = cute.make_rmem_tensor(n_ds // 2, Int32)
+                for k in cutlass.range_constexpr(n_ds // 2):
+                    ds_words[k] = cvt_pack(acc_dp[2 * k], acc_dp[2 * k + 1], self.cvt_kind)
+                ds_ptr = cute.recast_ptr(ds_words.iterator, dtype=self.dtype)
+                ds_op = cute.make_tensor(ds_ptr, cute.make_layout(  # as acc_as_operand_a
+                    ((2, 2, 2), 1, acc_dp.shape[0][2] // 2)))
+                ds_op_acc = cute.make_tensor(ds_ptr, acc_dp.layout)
                 # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
                 # once S and dP are dead, so that it never competes with them for registers.
                 gemm(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)

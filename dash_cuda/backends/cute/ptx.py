@@ -138,3 +138,20 @@ def sm_clock(*, loc=None, ip=None) -> Int32:
         Int32.mlir_type, [], "mov.u32 $0, %clock;", "=r", has_side_effects=True,
         is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
     ))
+
+
+@dsl_user_op
+def cvt_pack(lo: Float32, hi: Float32, kind: str, *, loc=None, ip=None) -> Int32:
+    """``rnd`` of two fp32 values into one 32-bit register (``lo`` in the low half, the lower
+    element address): one ``cvt.rn.{kind}x2.f32``, ``kind`` ``"bf16"`` or ``"f16"``.
+
+    Used for dS^T, which is read twice (copied to shared memory, then an MMA's register A
+    operand after a branch): converted by the compiler, the pair was converted again after
+    the branch, keeping the fp32 values live in between (then ptxas serialized every wgmma).
+    """
+    return Int32(llvm.inline_asm(
+        Int32.mlir_type,
+        [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+        f"cvt.rn.{kind}x2.f32 $0, $2, $1;", "=r,f,f", has_side_effects=False,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
