@@ -148,3 +148,26 @@ def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():
     compiled = inspect_ptx.cute.compile(obj, *variant.placeholder_args(),
                                         options="--gpu-arch=sm_90a")
     assert compiled is not None
+
+
+def test_the_backward_ab_tool_exports_every_kernel_it_times(tmp_path):
+    """``benchmarks/ab_backward.py --export`` compiles, on the CPU, every kernel a cell times
+    (bf16, both masks, deterministic and atomic) into the folder a ``--base`` reads. Run as
+    the command it is (CuTe DSL reads its target architecture once, when first imported)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "ab_backward.py"),
+                           "--export", str(tmp_path), "--head-dims", "64"],
+                          capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import ab_backward
+
+    names = {v.name for v in ab_backward.variants([64])}
+    assert len(names) == 4
+    assert {p.stem for p in tmp_path.glob("*.o")} == names

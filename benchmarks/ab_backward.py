@@ -1,0 +1,165 @@
+"""A/B of CuTe backward kernels in one process: TFLOP/s side by side and equal bits.
+
+A base is a set of exported kernel objects of another revision (the GPU machine has no git
+history): export them on any machine from that revision's package, no GPU needed, then time
+them on the GPU against the working tree's kernels (``DASH_CUTE_AOT_DIR``)::
+
+    git archive REV dash_cuda dash_ref | tar x -C /tmp/base
+    PYTHONPATH=/tmp/base python benchmarks/ab_backward.py --export ab/base   # CPU
+    python benchmarks/ab_backward.py --base base=ab/base --out OUT            # GPU
+
+Each cell times every kernel twice in turn (the best of two medians each, so a drift of the
+clock hits all) on the best deterministic schedule of the mask (``shift`` full, ``symmetric_
+shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
+against the candidate with ``torch.equal``: a change that moves no add must keep the bits.
+Writes ``ab_backward.json`` and ``ab_backward.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def variants(head_dims):
+    """The kernels the grid runs: bf16, both masks, deterministic and atomic."""
+    import torch
+
+    from dash_cuda.backends.cute import launch
+
+    return [launch.Variant(torch.bfloat16, d, causal, det, False, False)
+            for d in head_dims for causal in (False, True) for det in (True, False)]
+
+
+def load_base(folder: Path, head_dims) -> dict:
+    """``{variant: kernel}`` of the objects exported into ``folder``."""
+    from cutlass.cute.runtime import load_module
+
+    return {v: getattr(load_module(str(folder / f"{v.name}.o")), v.name)
+            for v in variants(head_dims) if (folder / f"{v.name}.o").is_file()}
+
+
+def run(args) -> dict:
+    import torch
+    from bench_backward import timed
+
+    import dash_cuda
+    from dash_cuda.backends.cute import launch
+
+    bases = {name: load_base(Path(folder), args.head_dims) for name, folder in args.base}
+    if "candidate" in bases:
+        raise SystemExit("ab_backward: 'candidate' names the working tree; rename that base")
+    candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims)}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for d in args.head_dims:
+        for causal in (False, True):
+            for s in args.seqlens:
+                h, b = 2048 // d, 16384 // s
+                q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                               for _ in range(4))
+                o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
+                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
+                    det = schedule != "atomic"
+
+                    def backward(schedule=schedule, det=det, causal=causal, q=q, k=k, v=v,
+                                 o=o, lse=lse, do=do):
+                        return dash_cuda.attention_backward(
+                            q, k, v, o, lse, do, causal=causal, schedule=schedule,
+                            deterministic=det, backend="cute")
+
+                    kernels = {**bases, "candidate": candidate}
+                    tflops: dict[str, float] = {}
+                    outs = {}
+                    for _ in range(2):
+                        for name, ks in kernels.items():
+                            launch._cache.update(ks)
+                            ms, _ = timed(backward, args.warmup, args.reps)
+                            tflops[name] = max(tflops.get(name, 0.0), flops / ms / 1e9)
+                            outs[name] = backward()
+                    launch._cache.update(candidate)
+                    same = {n: all(torch.equal(x, y) for x, y in zip(outs[n], outs["candidate"]))
+                            for n in bases} if det else {}
+                    row = {"d": d, "mask": "causal" if causal else "full", "S": s,
+                           "schedule": schedule,
+                           "tflops": {n: round(t, 1) for n, t in tflops.items()},
+                           "bits_equal": same}
+                    rows.append(row)
+                    print(f"d={d} {row['mask']:<6} S={s:<5} {schedule:<15} " + "  ".join(
+                        f"{n} {t:6.1f}" for n, t in tflops.items())
+                        + "  bits equal: " + " ".join(f"{n}={e}" for n, e in same.items()),
+                        flush=True)
+    return {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "bases": [name for name, _ in args.base], "rows": rows}
+
+
+def markdown(report: dict) -> str:
+    names = report["bases"]
+    head = ["d", "mask", "S", "schedule", *names, "candidate",
+            *[f"candidate / {n}" for n in names], *[f"bits equal {n}" for n in names]]
+    lines = ["# CuTe backward A/B: candidate against bases, one process", "",
+             f"`{report['command']}`", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for r in report["rows"]:
+        t = r["tflops"]
+        cells = [str(r["d"]), r["mask"], str(r["S"]), r["schedule"],
+                 *[f"{t[n]:.1f}" for n in names], f"{t['candidate']:.1f}",
+                 *[f"{t['candidate'] / t[n]:.3f}" for n in names],
+                 *[("yes" if r["bits_equal"][n] else "NO") if r["bits_equal"] else "-"
+                   for n in names]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_base(text: str) -> tuple[str, str]:
+    name, sep, folder = text.partition("=")
+    if not sep or not name or not folder:
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR, got {text!r}")
+    return name, folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--export", type=Path, default=None,
+                    help="export the kernels of the dash_cuda on sys.path here and stop")
+    ap.add_argument("--base", type=parse_base, action="append", default=[],
+                    help="NAME=DIR of exported kernels (repeat for several bases)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args(argv)
+    if args.export is not None:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        from dash_cuda.backends.cute import launch
+
+        names = launch.export_kernels(variants(args.head_dims), str(args.export))
+        print(f"exported {len(names)} kernels to {args.export}")
+        return 0
+    if not args.base:
+        print("ab_backward: give at least one --base NAME=DIR", file=sys.stderr)
+        return 2
+    missing = [folder for _, folder in args.base if not Path(folder).is_dir()]
+    if missing:
+        print(f"ab_backward: no folder {', '.join(missing)}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("ab_backward: no CUDA device", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import save_report
+
+    report = run(args)
+    save_report(args.out, "ab_backward", report, markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
