@@ -70,11 +70,14 @@ def grid_variants(args):
 
 def compile_base(module, variant, seqlen_q: int):
     """The base's compiled kernel for ``variant``'s cell and its tile height."""
+    obj, block_m = base_kernel(module, variant, seqlen_q)
+    return compile_object(obj, variant), block_m
+
+
+def compile_object(obj, variant):
     from dash_cuda.backends.cute import launch
 
-    obj, block_m = base_kernel(module, variant, seqlen_q)
-    return launch.cute.compile(obj, *variant.placeholder_args(),
-                               options="--gpu-arch=sm_90a"), block_m
+    return launch.cute.compile(obj, *variant.placeholder_args(), options="--gpu-arch=sm_90a")
 
 
 def aot_name(variant, block_m: int) -> str:
@@ -101,11 +104,11 @@ def load_or_compile(path: Path, module, variant, seqlen_q: int, aot: Path | None
     """The base kernel from ``--aot`` when exported there, else compiled here."""
     from cutlass.cute.runtime import load_module
 
-    _, block_m = base_kernel(module, variant, seqlen_q)
-    obj = None if aot is None else aot / path.stem / (aot_name(variant, block_m) + ".o")
-    if obj is not None and obj.is_file():
-        return getattr(load_module(str(obj)), aot_name(variant, block_m)), block_m
-    return compile_base(module, variant, seqlen_q)
+    obj, block_m = base_kernel(module, variant, seqlen_q)
+    exported = None if aot is None else aot / path.stem / (aot_name(variant, block_m) + ".o")
+    if exported is not None and exported.is_file():
+        return getattr(load_module(str(exported)), aot_name(variant, block_m)), block_m
+    return compile_object(obj, variant), block_m
 
 
 def run(args) -> dict:

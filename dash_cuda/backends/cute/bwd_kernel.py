@@ -236,8 +236,6 @@ class DashBackwardSm90:
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
-
-
         mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
         mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, batch, d, do_strides)
         mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
@@ -621,10 +619,8 @@ class DashBackwardSm90:
                 ds_words = cute.make_rmem_tensor(n_ds // 2, Int32)
                 for k in cutlass.range_constexpr(n_ds // 2):
                     ds_words[k] = cvt_pack(acc_dp[2 * k], acc_dp[2 * k + 1], self.cvt_kind)
-                ds_ptr = cute.recast_ptr(ds_words.iterator, dtype=self.dtype)
-                ds_op = cute.make_tensor(ds_ptr, cute.make_layout(  # as acc_as_operand_a
-                    ((2, 2, 2), 1, acc_dp.shape[0][2] // 2)))
-                ds_op_acc = cute.make_tensor(ds_ptr, acc_dp.layout)
+                ds_op, ds_op_acc = acc_as_operand_a(
+                    acc_dp, self.dtype, cute.recast_ptr(ds_words.iterator, dtype=self.dtype))
                 # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
                 # once S and dP are dead, so that it never competes with them for registers.
                 gemm(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)

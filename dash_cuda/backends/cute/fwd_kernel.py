@@ -185,8 +185,6 @@ class DashForwardSm90:
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
-
-
         mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
         mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
         mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, batch, d, v_strides)

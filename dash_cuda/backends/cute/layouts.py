@@ -55,17 +55,23 @@ def transposed(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
-def acc_as_operand_a(acc: cute.Tensor, dtype) -> tuple[cute.Tensor, cute.Tensor]:
+def acc_as_operand_a(acc: cute.Tensor, dtype, storage: cute.Pointer | None = None
+                     ) -> tuple[cute.Tensor, cute.Tensor]:
     """A 16-bit register A operand that aliases an fp32 accumulator's element order.
 
     For wgmma, the A fragment of an m64 x k16 block held in registers has the same
     thread/element map as the fp32 accumulator of an m64 x n16 block, so the accumulator
     ((2, 2, N / 8), 1, 1) re-read as ((2, 2, 2), 1, N / 16) is the operand. Returns
-    (operand, operand viewed with the accumulator's layout) so that the caller can fill it.
+    (operand, operand viewed with the accumulator's layout) so that the caller can fill it;
+    both over ``storage`` (registers of ``dtype`` the caller filled) when given, else over
+    fresh registers.
     """
     n8 = acc.shape[0][2]
-    op = cute.make_rmem_tensor(((2, 2, 2), 1, n8 // 2), dtype)
-    return op, cute.make_tensor(op.iterator, acc.layout)
+    shape = ((2, 2, 2), 1, n8 // 2)
+    if storage is None:
+        storage = cute.make_rmem_tensor(shape, dtype).iterator
+    return (cute.make_tensor(storage, cute.make_layout(shape)),
+            cute.make_tensor(storage, acc.layout))
 
 
 @cute.jit

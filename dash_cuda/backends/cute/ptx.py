@@ -21,6 +21,12 @@ def _f32_asm(asm: str, operands, loc, ip) -> Float32:
     ))
 
 
+def _void_asm(asm: str, constraints: str, operands, loc, ip) -> None:
+    """A PTX block with side effects and no result over ``operands`` (MLIR values)."""
+    llvm.inline_asm(None, operands, asm, constraints, has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
 # -- forward ------------------------------------------------------------------------------------
 @dsl_user_op
 def scale_max(m: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
@@ -89,14 +95,19 @@ def ds_value(p: Float32, dp: Float32, delta: Float32, *, loc=None, ip=None) -> F
 def bulk_load_1d(dst_smem: cute.Pointer, src_gmem: cute.Pointer, mbar: cute.Pointer,
                  num_bytes: int, *, loc=None, ip=None) -> None:
     """1-D bulk copy global -> shared that completes ``num_bytes`` transactions on ``mbar``."""
-    llvm.inline_asm(
-        None,
+    _void_asm(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $3, [$2];",
+        "r,l,r,r",
         [dst_smem.toint(loc=loc, ip=ip).ir_value(), src_gmem.llvm_ptr,
          mbar.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $3, [$2];",
-        "r,l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
+        loc, ip)
+
+
+def _bulk_operands(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, loc, ip
+                   ) -> list:
+    """``[$0] = dst_gmem, [$1] = src_smem, $2 = num_bytes`` of a 1-D bulk copy to global."""
+    return [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
+            Int32(num_bytes).ir_value(loc=loc, ip=ip)]
 
 
 @dsl_user_op
@@ -107,28 +118,16 @@ def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_byte
     SASS: UBLKRED.G.S.ADD.F32.RN. Measured on an H200: round-to-nearest-even, subnormal
     inputs and results kept (``dash_ref.emulate.replay(..., flush_subnormals=False)``).
     """
-    llvm.inline_asm(
-        None,
-        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
-        "l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
+    _void_asm("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+              "l,r,r", _bulk_operands(dst_gmem, src_smem, num_bytes, loc, ip), loc, ip)
 
 
 @dsl_user_op
 def bulk_store_1d(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *,
                   loc=None, ip=None) -> None:
     """Audit: copy a staged partial to global memory as it is (1-D bulk store)."""
-    llvm.inline_asm(
-        None,
-        [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
-        "l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
+    _void_asm("cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+              "l,r,r", _bulk_operands(dst_gmem, src_smem, num_bytes, loc, ip), loc, ip)
 
 
 @dsl_user_op
