@@ -118,17 +118,23 @@ def test_l2_sections_are_powers_of_two_whose_kv_fits_in_l2(seqlen_k, head_dim, h
     assert n == heads or 2 * n * per_head > L2_BYTES
 
 
-def test_the_forward_grid_is_persistent_except_long_causal_d128():
-    """One CTA per SM, every head interleaved; long causal problems at d=128 get one CTA per
-    tile in L2 sections (the measured rule)."""
+def test_the_forward_grid_follows_the_measured_rule():
+    """Full masks: one CTA per SM, every head interleaved. Causal masks: L2 sections of
+    heads, persistent, except long problems at d=128 (one CTA per tile) and at d=64 (all
+    heads interleaved)."""
     from dash_cuda.backends.cute.launch import PER_TILE_CAUSAL, forward_grid, l2_heads
 
     k = torch.empty(1, 8192, 1, 128, dtype=torch.bfloat16)
-    assert forward_grid(128, False, 8192, 5000, 132, k, 16) == (132, 16)
-    assert forward_grid(64, True, 8192, 5000, 132, k, 16) == (132, 16)
-    assert forward_grid(128, True, PER_TILE_CAUSAL - 1, 5000, 132, k, 16) == (132, 16)
-    assert forward_grid(128, True, 8192, 100, 132, k, 16) == (100, l2_heads(k, 16))
-    assert forward_grid(128, True, 8192, 5000, 132, k, 16) == (5000, l2_heads(k, 16))
+    section = l2_heads(k, 16)
+    assert section < 16  # so that sections and interleaved heads differ below
+    short, long = PER_TILE_CAUSAL - 1, PER_TILE_CAUSAL
+    for d in (64, 128):
+        assert forward_grid(d, False, long, 5000, 132, k, 16) == (132, 16)
+        assert forward_grid(d, False, short, 100, 132, k, 16) == (100, 16)
+        assert forward_grid(d, True, short, 5000, 132, k, 16) == (132, section)
+    assert forward_grid(64, True, long, 5000, 132, k, 16) == (132, 16)
+    assert forward_grid(128, True, long, 100, 132, k, 16) == (100, section)
+    assert forward_grid(128, True, long, 5000, 132, k, 16) == (5000, section)
 
 
 def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():

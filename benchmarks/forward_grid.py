@@ -1,0 +1,118 @@
+"""The CuTe forward's launch options side by side: grid size and causal tile order.
+
+One kernel, four launches of it per cell, through ``launch.run_forward(..., num_ctas=...,
+sections=...)``: persistent (one CTA per SM) or one CTA per tile, with the causal tiles
+longest first over all heads ("interleaved") or within sections of heads whose K and V fit
+in L2 (``launch.l2_heads``). Neither changes the bits (checked with ``torch.equal``), so
+``launch.forward_grid`` may pick by speed alone; the ``rule`` column is what it picks::
+
+    python benchmarks/forward_grid.py --out OUT          # GPU, about a minute
+
+Writes ``forward_grid.json`` and ``forward_grid.md`` (bf16, 16384 tokens, hidden 2048).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+OPTIONS = ("persistent interleaved", "persistent sections", "per-tile interleaved",
+           "per-tile sections")
+
+
+def launches(tiles: int, sms: int, heads: int, section: int) -> dict[str, tuple[int, int]]:
+    """``(CTAs, heads per section)`` of each option."""
+    return dict(zip(OPTIONS, [(min(tiles, sms), heads), (min(tiles, sms), section),
+                              (tiles, heads), (tiles, section)]))
+
+
+def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int) -> list[dict]:
+    import torch
+    from bench_backward import timed
+
+    from dash_cuda.backends.cute.fwd_kernel import forward_block_m
+    from dash_cuda.backends.cute.launch import forward_grid, l2_heads, run_forward
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for d, causal, s in cells:
+        heads, batch = 2048 // d, max(1, 16384 // s)
+        q, k, v = (torch.randn(batch, s, heads, d, device="cuda", generator=gen).bfloat16()
+                   for _ in range(3))
+        tiles = batch * heads * -(-s // forward_block_m(d, causal, s))
+        flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
+        options = launches(tiles, sms, batch * heads, l2_heads(k, batch * heads))
+        rule = forward_grid(d, causal, s, tiles, sms, k, batch * heads)
+        tflops: dict[str, float] = {}
+        outs = {}
+        for _ in range(2):  # in turn, twice: a clock drift hits every option
+            for name, (ctas, section) in options.items():
+                def forward(q=q, k=k, v=v, causal=causal, scale=d ** -0.5, ctas=ctas,
+                            section=section):
+                    return run_forward(q, k, v, causal, scale, num_ctas=ctas, sections=section)
+                ms, _ = timed(forward, warmup, reps)
+                tflops[name] = max(tflops.get(name, 0.0), flops / ms / 1e9)
+                outs[name] = forward()
+        first = outs[OPTIONS[0]]
+        row = {"d": d, "mask": "causal" if causal else "full", "S": s,
+               "tflops": {n: round(t, 1) for n, t in tflops.items()},
+               "rule": next(n for n, o in options.items() if o == rule),
+               "bits_equal": all(torch.equal(a, b) for o in outs.values()
+                                 for a, b in zip(o, first))}
+        rows.append(row)
+        print(f"d={d} {row['mask']:<6} S={s:<5} " + "  ".join(
+            f"{n} {t:6.1f}" for n, t in tflops.items()) + f"  rule: {row['rule']}"
+            f"  bits equal: {row['bits_equal']}", flush=True)
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = ["# CuTe forward: launch options, one kernel (TFLOP/s)", "",
+             f"`{report['command']}`; git {report['git_revision']}", "",
+             "| d | mask | S | " + " | ".join(OPTIONS) + " | rule | rule / best | bits equal |",
+             "|" + "---|" * (len(OPTIONS) + 6)]
+    for r in report["rows"]:
+        t = r["tflops"]
+        lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | "
+                     + " | ".join(f"{t[n]:.1f}" for n in OPTIONS)
+                     + f" | {r['rule']} | {t[r['rule']] / max(t.values()):.3f} | "
+                     + ("yes" if r["bits_equal"] else "NO") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 16384])
+    ap.add_argument("--masks", nargs="+", default=["causal"], choices=["full", "causal"])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args(argv)
+    import os
+    import subprocess
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("forward_grid: no CUDA device", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import save_report
+
+    cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks
+             for s in args.seqlens]
+    report = {"command": "python benchmarks/forward_grid.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]),
+        "git_revision": os.environ.get("DASH_GIT_REV") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "rows": run(cells, args.warmup, args.reps)}
+    save_report(args.out, "forward_grid", report, markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
