@@ -8,6 +8,8 @@ them on the GPU against the working tree's kernels (``DASH_CUTE_AOT_DIR``)::
     PYTHONPATH=/tmp/base python benchmarks/ab_backward.py --export ab/base   # CPU
     python benchmarks/ab_backward.py --base base=ab/base --out OUT            # GPU
 
+The revision must call its kernels through the TVM-FFI entry (``launch.COMPILE_OPTIONS``),
+as this one does: its objects are loaded and called as this revision's.
 Each cell times every kernel twice in turn (the best of two medians each, so a drift of the
 clock hits all) on the best deterministic schedule of the mask (``shift`` full, ``symmetric_
 shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
@@ -35,9 +37,9 @@ def variants(head_dims):
 
 def load_base(folder: Path, head_dims) -> dict:
     """``{variant: kernel}`` of the objects exported into ``folder``."""
-    from cutlass.cute.runtime import load_module
+    from dash_cuda.backends.cute import launch
 
-    return {v: getattr(load_module(str(folder / f"{v.name}.o")), v.name)
+    return {v: launch.load_exported(str(folder), v.name)
             for v in variants(head_dims) if (folder / f"{v.name}.o").is_file()}
 
 

@@ -77,7 +77,7 @@ def compile_base(module, variant, seqlen_q: int):
 def compile_object(obj, variant):
     from dash_cuda.backends.cute import launch
 
-    return launch.cute.compile(obj, *variant.placeholder_args(), options="--gpu-arch=sm_90a")
+    return launch.compile_object(obj, variant.placeholder_args())
 
 
 def aot_name(variant, block_m: int) -> str:
@@ -86,6 +86,8 @@ def aot_name(variant, block_m: int) -> str:
 
 def export(args) -> None:
     """Compile every base for every cell (no GPU needed) into ``--export/<stem>/``."""
+    from dash_cuda.backends.cute import launch
+
     for path in args.base_file:
         module = load_base(path)
         folder = args.export / path.stem
@@ -95,19 +97,19 @@ def export(args) -> None:
             kernel, block_m = compile_base(module, variant, s)
             name = aot_name(variant, block_m)
             if name not in done:
-                kernel.export_to_c(str(folder), name, name)
+                launch.export_kernel(kernel, str(folder), name)
                 done.add(name)
                 print(f"{path.stem}: {name}", flush=True)
 
 
 def load_or_compile(path: Path, module, variant, seqlen_q: int, aot: Path | None):
     """The base kernel from ``--aot`` when exported there, else compiled here."""
-    from cutlass.cute.runtime import load_module
+    from dash_cuda.backends.cute import launch
 
     obj, block_m = base_kernel(module, variant, seqlen_q)
-    exported = None if aot is None else aot / path.stem / (aot_name(variant, block_m) + ".o")
-    if exported is not None and exported.is_file():
-        return getattr(load_module(str(exported)), aot_name(variant, block_m)), block_m
+    name = aot_name(variant, block_m)
+    if aot is not None and (aot / path.stem / (name + ".o")).is_file():
+        return launch.load_exported(str(aot / path.stem), name), block_m
     return compile_object(obj, variant), block_m
 
 

@@ -1,4 +1,4 @@
-"""Public entry points: ``attention`` (a custom op with autograd), and the two passes alone.
+"""Public entry points: ``attention`` (with autograd), and the two passes alone.
 
 Every input is checked (:mod:`.checks`) before a backend is chosen, and a backend is chosen
 (:mod:`.backends`) before any kernel is compiled; everything after that is the shared launch
@@ -14,7 +14,7 @@ from dash_ref.arithmetic.steps import resolve_scale
 from .backends import get_backend
 from .checks import LAYOUTS, as_bshd, check_devices, check_options, check_tensors
 from .launch import problem_for
-from .ops import attention_op, backward_views, forward_views, resolve_backend, resolve_schedule
+from .ops import attention_call, backward_views, forward_views, resolve_backend, resolve_schedule
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "backward_problem"]
@@ -58,9 +58,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
                   portable)
     check_devices({"q": q, "k": k, "v": v})
-    o, _ = attention_op(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), causal,
-                        resolve_scale(softmax_scale, q.shape[-1]), schedule, deterministic,
-                        portable, num_workers, exact, backend)
+    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), causal,
+                          resolve_scale(softmax_scale, q.shape[-1]), schedule, deterministic,
+                          portable, num_workers, exact, backend)
     return as_bshd(o, layout)
 
 

@@ -118,6 +118,25 @@ def test_l2_sections_are_powers_of_two_whose_kv_fits_in_l2(seqlen_k, head_dim, h
     assert n == heads or 2 * n * per_head > L2_BYTES
 
 
+@pytest.mark.parametrize("seqlen_q", [256, 300])
+def test_row_stats_are_read_padded_with_zeros(seqlen_q):
+    """The backward reads LSE2 and D as ``(B * H, n_q * BM)`` rows, zero past ``S_q``: the
+    forward's own buffer when its length is a multiple of BM (no copy), else a padded copy."""
+    from dash_cuda.backends import new_row_stats
+    from dash_cuda.backends.cute.launch import pad_row_stats
+
+    batch, heads, block_m = 2, 3, 128
+    x = new_row_stats(batch, seqlen_q, heads, torch.device("cpu"))
+    x.copy_(torch.randn(batch, seqlen_q, heads) + 1.0)
+    rows = pad_row_stats(x, block_m)
+    padded = -(-seqlen_q // block_m) * block_m
+    assert rows.shape == (batch * heads, padded) and rows.is_contiguous()
+    assert (rows.data_ptr() == x.data_ptr()) == (padded == seqlen_q)
+    for b, h in itertools.product(range(batch), range(heads)):
+        assert torch.equal(rows[b * heads + h, :seqlen_q], x[b, :, h])
+        assert torch.equal(rows[b * heads + h, seqlen_q:], torch.zeros(padded - seqlen_q))
+
+
 def test_the_forward_grid_follows_the_measured_rule():
     """Full masks: one CTA per SM, every head interleaved. Causal masks: L2 sections of
     heads, persistent, except long problems at d=128 (one CTA per tile) and at d=64 (all

@@ -163,6 +163,30 @@ def test_autograd_matches_attention_backward_bit_for_bit(backend):
         assert torch.equal(leaf.grad, g)
 
 
+def test_kernels_run_on_the_callers_current_stream(backend):
+    """Every kernel of a call is enqueued on the current stream: inputs written there by a
+    copy that waits behind a long sleep are read after it (a kernel enqueued anywhere else
+    would run first and read the NaN the inputs start as)."""
+    q, k, v, do = inputs((2, 4, 2, 300, 300), 64, torch.bfloat16, seed=16)
+    o_ref, lse_ref = dash_cuda.attention_forward(q, k, v, causal=True, backend=backend)
+    grads_ref = dash_cuda.attention_backward(q, k, v, o_ref, lse_ref, do, causal=True,
+                                             backend=backend)
+    late = [torch.full_like(x, math.nan) for x in (q, k, v, do)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 50 ms of GPU clock cycles
+        for dst, src in zip(late, (q, k, v, do)):
+            dst.copy_(src)
+        o, lse = dash_cuda.attention_forward(*late[:3], causal=True, backend=backend)
+        grads = dash_cuda.attention_backward(*late[:3], o, lse, late[3], causal=True,
+                                             backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    for g, g_ref in zip(grads, grads_ref):
+        assert torch.equal(g, g_ref)
+
+
 def test_bhsd_layout_gives_the_same_bits(backend):
     q, k, v, do = inputs((2, 6, 2, 190, 333), 128, torch.float16, seed=12)
     o, lse = dash_cuda.attention_forward(q, k, v, causal=True, backend=backend)

@@ -35,9 +35,11 @@ class CuteBackend:
     dq_add_flushes_subnormals = False
 
     def missing(self) -> str | None:
-        for module in ("cutlass", "cuda.bindings"):
+        for module, package in (("cutlass", "nvidia-cutlass-dsl"),
+                                ("cuda.bindings", "nvidia-cutlass-dsl"),
+                                ("tvm_ffi", "apache-tvm-ffi")):
             if importlib.util.find_spec(module) is None:
-                return (f"{module} is not importable: install nvidia-cutlass-dsl "
+                return (f"{module} is not importable: install {package} "
                         "(pip install 'dash-attention[gpu]')")
         return None
 

@@ -1,10 +1,11 @@
-"""Host side of the CuTe backward: compiled kernels, the buffers it reads, the launch.
+"""Host side of the CuTe kernels: compiled kernels, the buffers they read, the launches.
 
-Kernels are specialized on (dtype, head dim, causal, deterministic, audit, per-head) only;
-shapes and strides are run-time values. A compiled kernel is kept per variant in memory;
-``DASH_CUTE_AOT_DIR`` names a folder of kernels exported ahead of time
-(:func:`export_kernels`, ``python -m dash_cuda.backends.cute.inspect_ptx --export DIR``), which
-load in milliseconds instead of compiling for a second or two.
+Kernels are specialized on (dtype, head dim, causal, deterministic, audit, per-head; the
+forward on its tile height) only; shapes and strides are run-time values. A compiled kernel
+is kept per variant in memory; ``DASH_CUTE_AOT_DIR`` names a folder of kernels exported
+ahead of time (:func:`export_kernels`, ``python -m dash_cuda.warmup --cute-aot DIR``), which
+load in milliseconds instead of compiling for a second or two. Kernels are called through
+CuTe DSL's TVM-FFI entry with plain Python values (:data:`COMPILE_OPTIONS`).
 
 Layouts the kernel reads (:mod:`.bwd_kernel` says why):
 
@@ -130,11 +131,22 @@ class ForwardVariant:
                 *[(Int32(1), Int32(1), Int32(1))] * 4, Float32(1.0), cuda.CUstream(0)]
 
 
+#: every kernel is compiled with CuTe DSL's TVM-FFI host entry: a call takes plain Python
+#: values (``data_ptr()`` ints, int tuples, floats, the stream handle) in about 5 us, where
+#: the default entry spent 60 - 150 us converting ``cute`` argument objects
+COMPILE_OPTIONS = "--gpu-arch=sm_90a --enable-tvm-ffi"
+
+
+def compile_object(kernel_object, placeholder_args: list, options: str = ""):
+    """``cute.compile`` a kernel object for sm_90a (no GPU needed) with the TVM-FFI entry;
+    ``options`` as CuTe DSL's (``"--keep-ptx --dump-dir=DIR"`` keeps the PTX)."""
+    return cute.compile(kernel_object, *placeholder_args,
+                        options=f"{COMPILE_OPTIONS} {options}".strip())
+
+
 def compile_kernel(v: Variant | ForwardVariant, options: str = ""):
-    """``cute.compile`` one variant for sm_90a (no GPU needed); ``options`` as CuTe DSL's
-    (``"--keep-ptx --dump-dir=DIR"`` keeps the PTX)."""
-    return cute.compile(v.kernel_object(), *v.placeholder_args(),
-                        options=f"--gpu-arch=sm_90a {options}".strip())
+    """:func:`compile_object` of one variant."""
+    return compile_object(v.kernel_object(), v.placeholder_args(), options)
 
 
 _cache: dict[Variant | ForwardVariant, object] = {}
@@ -151,7 +163,7 @@ def get_kernel(v: Variant | ForwardVariant):
     folder = os.environ.get("DASH_CUTE_AOT_DIR")
     if folder and os.path.exists(os.path.join(folder, v.name + ".o")):
         try:
-            kernel = load_exported(folder, v)
+            kernel = load_exported(folder, v.name)
         except Exception as exc:  # noqa: BLE001 - an unloadable object: compile instead
             warnings.warn(f"could not load {v.name} from {folder} ({exc}); compiling it",
                           stacklevel=2)
@@ -162,33 +174,41 @@ def get_kernel(v: Variant | ForwardVariant):
     return kernel
 
 
-def export_kernels(variants, folder: str) -> list[str]:
-    """Compile ``variants`` and write each as ``FOLDER/<name>.o`` and ``.h``; their names."""
+def export_kernel(kernel, folder: str, name: str) -> None:
+    """Write a compiled kernel as ``FOLDER/<name>.o`` (:func:`load_exported` reads it)."""
     os.makedirs(folder, exist_ok=True)
+    kernel.export_to_c(os.path.join(folder, name + ".o"), name)
+
+
+def export_kernels(variants, folder: str) -> list[str]:
+    """Compile ``variants`` and write each as ``FOLDER/<name>.o``; their names."""
     for v in variants:
-        get_kernel(v).export_to_c(folder, v.name, v.name)
+        export_kernel(get_kernel(v), folder, v.name)
     return [v.name for v in variants]
 
 
-def load_exported(folder: str, v: Variant | ForwardVariant):
+def load_exported(folder: str, name: str):
     """An exported kernel loaded back as a callable (the arguments of a compiled one)."""
     from cutlass.cute.runtime import load_module
 
-    return getattr(load_module(os.path.join(folder, v.name + ".o")), v.name)
+    return getattr(load_module(os.path.join(folder, name + ".o"), enable_tvm_ffi=True), name)
 
 
 # -- buffers ------------------------------------------------------------------------------------
 def pad_row_stats(x: torch.Tensor, block_m: int) -> torch.Tensor:
     """A ``(B, S_q, H)`` fp32 row statistic (``LSE2`` or ``D``) as the kernel reads it.
 
-    A contiguous ``(B * H, n_q * block_m)`` copy, zero past ``S_q``: every Q tile's 1-D bulk
-    copy stays inside the buffer (those rows are masked).
+    A contiguous ``(B * H, n_q * block_m)`` buffer, zero past ``S_q``: every Q tile's 1-D bulk
+    copy stays inside the buffer (those rows are masked, and finite, so that they add
+    nothing). A view of ``x`` when it already is one (``S_q`` a multiple of ``block_m``, laid
+    out as every forward writes it), else a padded copy.
     """
     batch, seqlen_q, heads = x.shape
-    n_q = -(-seqlen_q // block_m)
-    out = torch.zeros(batch, heads, n_q * block_m, device=x.device, dtype=torch.float32)
-    out[:, :, :seqlen_q] = x.permute(0, 2, 1)
-    return out.reshape(batch * heads, n_q * block_m)
+    rows = x.permute(0, 2, 1)
+    pad = -seqlen_q % block_m
+    if pad == 0 and rows.is_contiguous():
+        return rows.view(batch * heads, seqlen_q)
+    return torch.nn.functional.pad(rows, (0, pad)).view(batch * heads, seqlen_q + pad)
 
 
 def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
@@ -255,8 +275,13 @@ def _check_tma(**tensors: torch.Tensor) -> None:
                              f"are multiples of 8 elements (TMA), got strides {t.stride()}")
 
 
-def _strides(t: torch.Tensor) -> tuple:
-    return tuple(Int32(s) for s in t.stride()[:3])
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride()[:3]
+
+
+def _stream(t: torch.Tensor) -> int:
+    """The handle of the current stream on ``t``'s device: the kernel runs there."""
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 L2_BYTES = 50 * 2**20  # the H100's and H200's L2
@@ -324,15 +349,11 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     grid, heads_per_section = forward_grid(
         head_dim, causal, seqlen_q, tiles,
         torch.cuda.get_device_properties(q.device).multi_processor_count, k, batch * heads)
-    dt = _DTYPES[q.dtype]
     kernel(
-        _ptr(dt, q.data_ptr()), _ptr(dt, k.data_ptr()), _ptr(dt, v.data_ptr()),
-        _ptr(dt, o.data_ptr()), _ptr(Float32, lse2.data_ptr()),
-        Int32(batch), Int32(heads), Int32(heads_kv), Int32(seqlen_q), Int32(seqlen_k),
-        Int32(num_ctas or grid), Int32(sections or heads_per_section),
-        _strides(q), _strides(k), _strides(v), _strides(o),
-        Float32(float(scale_log2(softmax_scale))),
-        cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse2.data_ptr(),
+        batch, heads, heads_kv, seqlen_q, seqlen_k, num_ctas or grid,
+        sections or heads_per_section, _strides(q), _strides(k), _strides(v), _strides(o),
+        float(scale_log2(softmax_scale)), _stream(q),
     )
     return o, lse2
 
@@ -375,23 +396,14 @@ def run_schedule(launch: Launch) -> None:
             raise ValueError(f"probing needs audit=False and {need} stamps")
         variant, partials = replace(variant, probe=True), stamps
     kernel = get_kernel(variant)
-    dt = _DTYPES[q.dtype]
-    out_dt = Float32 if launch.per_head else dt
-
-    def ptr(t, dtype):
-        return _ptr(dtype, t.data_ptr())
-
     kernel(
-        ptr(q, dt), ptr(k, dt), ptr(v, dt), ptr(do, dt),
-        ptr(lse2, Float32), ptr(delta, Float32), ptr(launch.dq_acc, Float32),
-        ptr(launch.dk_out, out_dt), ptr(launch.dv_out, out_dt), ptr(launch.sem, Int32),
-        ptr(partials, Float32),
-        *(ptr(t, Int32) for t in tables),
-        Int32(p.batch), Int32(p.heads), Int32(p.heads_kv), Int32(p.seqlen_q),
-        Int32(p.seqlen_k), Int32(p.n_q), Int32(tables[2].numel() - 1),
-        Int32(tables[3].numel()), Int32(launch.num_workers),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse2.data_ptr(),
+        delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
+        launch.dv_out.data_ptr(), launch.sem.data_ptr(), partials.data_ptr(),
+        *(t.data_ptr() for t in tables),
+        p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.n_q, tables[2].numel() - 1,
+        tables[3].numel(), launch.num_workers,
         _strides(q), _strides(k), _strides(v), _strides(do), _strides(launch.dk_out),
         _strides(launch.dv_out),
-        Float32(float(scale_log2(launch.softmax_scale))), Float32(launch.softmax_scale),
-        cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream),
+        float(scale_log2(launch.softmax_scale)), float(launch.softmax_scale), _stream(q),
     )
