@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from dash_ref import Problem, Schedule
 
-from .backends import Backend, Launch
+from .backends import Backend, Launch, device_properties
 from .tables import device_schedule
 
 F32 = torch.float32
@@ -64,7 +65,7 @@ _resident_lock = threading.Lock()
 
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of ``device``: the default number of persistent workers."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return device_properties(device).multi_processor_count
 
 
 def max_workers(backend: Backend, launch: Launch) -> int:
@@ -80,9 +81,11 @@ def max_workers(backend: Backend, launch: Launch) -> int:
 
 
 # -- problems ---------------------------------------------------------------------------------
+@lru_cache(maxsize=1024)
 def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_q: int,
                 seqlen_k: int, head_dim: int, causal: bool) -> Problem:
-    """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape with its tiles."""
+    """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape with its tiles
+    (built once per shape: a problem is immutable)."""
     block_m, block_n = backend.backward_tiles(head_dim)
     return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
                    "causal" if causal else "full", block_m, block_n)

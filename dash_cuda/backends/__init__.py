@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 import torch
@@ -23,6 +24,12 @@ from dash_ref import Problem
 #: backends by name, in the order ``"auto"`` tries them: the fastest that can run a call
 PREFERENCE = ("cute", "triton")
 BACKENDS = ("triton", "cute")
+
+
+@lru_cache(maxsize=16)
+def device_properties(device: torch.device):
+    """``torch.cuda.get_device_properties`` of ``device``, asked once per process."""
+    return torch.cuda.get_device_properties(device)
 
 
 def new_row_stats(batch: int, seqlen_q: int, heads: int, device: torch.device,

@@ -32,6 +32,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import torch
 
@@ -147,6 +148,12 @@ def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
 def scale_log2(softmax_scale: float) -> torch.Tensor:
     """The fp32 constant scores are multiplied by: the float64 product rounded once."""
     return torch.tensor(softmax_scale * LOG2E, dtype=F32)
+
+
+@lru_cache(maxsize=64)
+def scale_log2_value(softmax_scale: float) -> float:
+    """:func:`scale_log2` as a Python float (exactly the fp32 value), for kernel arguments."""
+    return float(scale_log2(softmax_scale))
 
 
 @step("round_operand", "both", "rnd(x): fp32 rounded to the input dtype (RNE)")

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -201,7 +201,7 @@ class DashBackwardSm90:
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
-        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         # S^T = K Q^T and dP^T = V dO^T: (BN x BM), warpgroup w takes key rows 64w ..
         mma_sdp = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, Float32, (2, 1, 1), (64, self.bm))
@@ -338,7 +338,7 @@ class DashBackwardSm90:
             for atom in (tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Storage)
         bm, d = self.bm, self.d
 

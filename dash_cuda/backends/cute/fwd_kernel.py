@@ -53,8 +53,8 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -148,7 +148,7 @@ class DashForwardSm90:
         self.causal = causal
 
     def _tiled_mmas(self):
-        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         # S = Q K^T: (BM x BN), warpgroup w takes query rows 64 w ..
         mma_qk = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, Float32, (self.wgs, 1, 1), (64, self.bn))
@@ -241,7 +241,7 @@ class DashForwardSm90:
             for atom in (tma_q, tma_k, tma_v, tma_o):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread,

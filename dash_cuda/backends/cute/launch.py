@@ -35,9 +35,9 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32, Int32  # noqa: E402
 from cutlass.cute.runtime import make_ptr  # noqa: E402
 
-from dash_cuda.backends import Launch, new_row_stats  # noqa: E402
+from dash_cuda.backends import Launch, device_properties, new_row_stats  # noqa: E402
 from dash_ref import Problem  # noqa: E402
-from dash_ref.arithmetic.steps import scale_log2  # noqa: E402
+from dash_ref.arithmetic.steps import scale_log2_value  # noqa: E402
 
 from .bwd_kernel import (  # noqa: E402
     PROBE_CHAIN_SLOTS,
@@ -253,7 +253,7 @@ def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
 # -- residency and launch -------------------------------------------------------------------------
 def ctas_per_sm(launch: Launch) -> int:
     """CTAs that fit on one SM at once: shared memory, registers and threads decide."""
-    props = torch.cuda.get_device_properties(launch.q.device)
+    props = device_properties(launch.q.device)
     smem = shared_bytes(launch.problem.head_dim, launch.q.element_size())
     by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
     regs = getattr(props, "regs_per_multiprocessor", 65536)
@@ -264,7 +264,7 @@ def ctas_per_sm(launch: Launch) -> int:
 
 def max_workers(launch: Launch) -> int:
     """Persistent CTAs that are all resident at once on the launch's device."""
-    props = torch.cuda.get_device_properties(launch.q.device)
+    props = device_properties(launch.q.device)
     return props.multi_processor_count * ctas_per_sm(launch)
 
 
@@ -348,12 +348,12 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section = forward_grid(
         head_dim, causal, seqlen_q, tiles,
-        torch.cuda.get_device_properties(q.device).multi_processor_count, k, batch * heads)
+        device_properties(q.device).multi_processor_count, k, batch * heads)
     kernel(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse2.data_ptr(),
         batch, heads, heads_kv, seqlen_q, seqlen_k, num_ctas or grid,
         sections or heads_per_section, _strides(q), _strides(k), _strides(v), _strides(o),
-        float(scale_log2(softmax_scale)), _stream(q),
+        scale_log2_value(softmax_scale), _stream(q),
     )
     return o, lse2
 
@@ -405,5 +405,5 @@ def run_schedule(launch: Launch) -> None:
         tables[3].numel(), launch.num_workers,
         _strides(q), _strides(k), _strides(v), _strides(do), _strides(launch.dk_out),
         _strides(launch.dv_out),
-        float(scale_log2(launch.softmax_scale)), float(launch.softmax_scale), _stream(q),
+        scale_log2_value(launch.softmax_scale), float(launch.softmax_scale), _stream(q),
     )

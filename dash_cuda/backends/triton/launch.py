@@ -8,8 +8,8 @@ import os
 import torch
 import triton
 
-from dash_cuda.backends import Launch, new_row_stats
-from dash_ref.arithmetic.steps import scale_log2
+from dash_cuda.backends import Launch, device_properties, new_row_stats
+from dash_ref.arithmetic.steps import scale_log2_value
 
 from .bwd_kernel import dash_bwd_kernel
 from .config import backward_config, forward_config
@@ -40,7 +40,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         o.stride(0), o.stride(1), o.stride(2),
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
         heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
-        float(scale_log2(softmax_scale)),
+        scale_log2_value(softmax_scale),
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -73,7 +73,7 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         dk_out.stride(0), dk_out.stride(1), dk_out.stride(2),
         dv_out.stride(0), dv_out.stride(1), dv_out.stride(2),
         p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, p.causal_offset,
-        float(scale_log2(launch.softmax_scale)), launch.softmax_scale,
+        scale_log2_value(launch.softmax_scale), launch.softmax_scale,
     )
     options = dict(
         BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, CAUSAL=p.mask == "causal",
@@ -87,7 +87,7 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
 
 def blocks_per_sm(kernel, device: torch.device) -> int:
     """How many programs of a compiled kernel fit on one SM at once (registers, smem, threads)."""
-    props = torch.cuda.get_device_properties(device)
+    props = device_properties(device)
     kernel._init_handles()  # loads the binary; fills n_regs
     warps = kernel.metadata.num_warps
     regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in 256s
@@ -105,7 +105,7 @@ def max_workers(launch: Launch) -> int:
     args, options = _backward_args(launch)
     kernel = dash_bwd_kernel.warmup(*args, grid=(launch.num_workers,), **options)
     device = launch.q.device
-    return torch.cuda.get_device_properties(device).multi_processor_count * blocks_per_sm(
+    return device_properties(device).multi_processor_count * blocks_per_sm(
         kernel, device)
 
 
