@@ -17,8 +17,8 @@
 #   scripts/gpu_release.sh verify OUT    # unpack; warm up; the whole GPU suite, both backends
 #   scripts/gpu_release.sh grid OUT      # the benchmark grid; the CuTe determinism report
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
-#                                        # call; kernels per call and phases inside the
-#                                        # CuTe backward
+#                                        # call; the forward's launch options; kernels per
+#                                        # call and phases inside the CuTe backward
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
@@ -122,6 +122,7 @@ train)
     fa4_unpack
     step training 360 $PY examples/reproducible_training.py --out "$LOG"
     step host 60 $PY benchmarks/host_overhead.py --out "$LOG"
+    step forward_grid 120 $PY benchmarks/forward_grid.py --out "$LOG"
     step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
     step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
     [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"

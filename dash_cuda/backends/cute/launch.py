@@ -199,9 +199,9 @@ def pad_row_stats(x: torch.Tensor, block_m: int) -> torch.Tensor:
     """A ``(B, S_q, H)`` fp32 row statistic (``LSE2`` or ``D``) as the kernel reads it.
 
     A contiguous ``(B * H, n_q * block_m)`` buffer, zero past ``S_q``: every Q tile's 1-D bulk
-    copy stays inside the buffer (those rows are masked, and finite, so that they add
-    nothing). A view of ``x`` when it already is one (``S_q`` a multiple of ``block_m``, laid
-    out as every forward writes it), else a padded copy.
+    copy stays inside the buffer (those rows are masked). A view of ``x`` when it already is
+    one (``S_q`` a multiple of ``block_m``, laid out as every forward writes it), else a
+    padded copy.
     """
     batch, seqlen_q, heads = x.shape
     rows = x.permute(0, 2, 1)
