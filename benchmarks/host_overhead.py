@@ -3,8 +3,10 @@
 A training step of a small model launches many short kernels; if the host needs longer to
 issue a call than the GPU needs to run it, the step is host-bound and kernel speed stops
 mattering. This times, at one shape, (1) a call loop with the GPU left to drain only at the
-end (host-issue time per call), (2) the same with a synchronize after every call, and (3)
-where the host time goes (``cProfile``, top functions by own time)::
+end (host-issue time per call), (2) the same with a synchronize after every call, (3) where
+the host time goes: the host time spent inside the main steps of the call path (each
+wrapped in a timer, nested steps inside their callers), and ``cProfile``'s top functions
+by own time::
 
     python benchmarks/host_overhead.py --out benchmarks/results
 
@@ -57,6 +59,8 @@ def measure(shape: tuple[int, int, int, int], causal: bool, calls: int) -> dict:
         call()
     events[1].record()
     torch.cuda.synchronize()
+    steps = breakdown(call, calls)
+    torch.cuda.synchronize()
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(calls):
@@ -70,7 +74,52 @@ def measure(shape: tuple[int, int, int, int], causal: bool, calls: int) -> dict:
             "host_issue_us": issued * per, "host_and_gpu_us": drained * per,
             "synchronized_us": synced * per,
             "events_us": events[0].elapsed_time(events[1]) * 1e3 / calls,
+            "steps_us": steps,
             "cprofile_top": text.getvalue()}
+
+
+#: (module, function): the steps of the call path whose host time the breakdown reports
+STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "attention_forward_impl"),
+         ("dash_cuda.backends.cute.launch", "run_forward"),
+         ("dash_cuda.ops", "attention_backward_impl"), ("dash_cuda.prepost", "preprocess_delta"),
+         ("dash_cuda.backends.cute.launch", "run_schedule"),
+         ("dash_cuda.backends.cute.launch", "pad_row_stats"),
+         ("dash_cuda.prepost", "finish_dq_tiles")]
+
+
+def breakdown(call, calls: int) -> dict[str, float]:
+    """Host microseconds per call inside each of :data:`STEPS` and inside the CuTe kernel
+    launches themselves (``kernel launches``); each step includes the steps it calls."""
+    import importlib
+    import time
+
+    spent: dict[str, float] = {}
+
+    def timer(label, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+        return timed
+
+    saved = []
+    for module_name, name in STEPS:
+        module = importlib.import_module(module_name)
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, timer(name, getattr(module, name)))
+    cute_launch = importlib.import_module("dash_cuda.backends.cute.launch")
+    get_kernel = cute_launch.get_kernel
+    saved.append((cute_launch, "get_kernel", get_kernel))
+    cute_launch.get_kernel = lambda v: timer("kernel launches", get_kernel(v))
+    try:
+        for _ in range(calls):
+            call()
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+    return {label: seconds * 1e6 / calls for label, seconds in spent.items()}
 
 
 def markdown(r: dict) -> str:
@@ -85,6 +134,10 @@ def markdown(r: dict) -> str:
         f"| synchronize after every call | {r['synchronized_us']:.0f} |",
         f"| CUDA events around the loop | {r['events_us']:.0f} |", "",
         "If the first row is close to the second, the loop is host-bound.", "",
+        "Host time inside the steps of one call (each includes the steps it calls; the "
+        "CuTe backend):", "",
+        "| step | us per call |", "|---|---|",
+        *[f"| `{name}` | {us:.0f} |" for name, us in r.get("steps_us", {}).items()], "",
         "```", r["cprofile_top"].strip(), "```", ""])
 
 

@@ -1,0 +1,32 @@
+"""``benchmarks/host_overhead.py``'s breakdown: it times the steps it names while a call
+runs and leaves every function as it found it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # the steps live in modules that import both kernel compilers
+pytest.importorskip("cutlass")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import host_overhead  # noqa: E402, I001
+
+
+def test_breakdown_times_the_named_steps_and_restores_them():
+    before = {(m, n): getattr(importlib.import_module(m), n) for m, n in host_overhead.STEPS}
+    api = importlib.import_module("dash_cuda.api")
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+
+    def call():  # a call that passes through one named step (the checks), on the CPU
+        importlib.import_module("dash_cuda.api").check_tensors({"q": q, "k": q, "v": q}, "bshd")
+
+    steps = host_overhead.breakdown(call, calls=3)
+    assert set(steps) == {"check_tensors"} and steps["check_tensors"] > 0
+    after = {(m, n): getattr(importlib.import_module(m), n) for m, n in host_overhead.STEPS}
+    assert after == before
+    assert api.check_tensors is before[("dash_cuda.api", "check_tensors")]
