@@ -197,3 +197,19 @@ def test_the_backward_ab_tool_exports_every_kernel_it_times(tmp_path):
     names = {v.name for v in ab_backward.variants([64])}
     assert len(names) == 4
     assert {p.stem for p in tmp_path.glob("*.o")} == names
+
+
+def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, monkeypatch):
+    """``export_kernels`` with ``DASH_CUTE_AOT_DIR`` set: the loaded kernel (a TVM-FFI
+    function, which has no export) is compiled again, and the object is written."""
+    from dash_cuda.backends.cute import launch
+
+    monkeypatch.setattr(launch, "_cache", {})  # this test's kernels only
+    v = ForwardVariant(torch.bfloat16, 64, causal=False, block_m=192)
+    first, second = tmp_path / "first", tmp_path / "second"
+    launch.export_kernels([v], str(first))
+    monkeypatch.setenv("DASH_CUTE_AOT_DIR", str(first))
+    loaded = launch.get_kernel(v)
+    assert not hasattr(loaded, "export_to_c")  # it came from the object, not the compiler
+    assert launch.export_kernels([v], str(second)) == [v.name]
+    assert (second / f"{v.name}.o").stat().st_size > 0

@@ -181,9 +181,15 @@ def export_kernel(kernel, folder: str, name: str) -> None:
 
 
 def export_kernels(variants, folder: str) -> list[str]:
-    """Compile ``variants`` and write each as ``FOLDER/<name>.o``; their names."""
+    """Compile ``variants`` and write each as ``FOLDER/<name>.o``; their names. A kernel
+    compiled in this process is reused; one loaded from an exported object cannot be
+    exported again, so it is compiled."""
     for v in variants:
-        export_kernel(get_kernel(v), folder, v.name)
+        with _lock:
+            kernel = _cache.get(v)
+        if not hasattr(kernel, "export_to_c"):
+            kernel = compile_kernel(v)
+        export_kernel(kernel, folder, v.name)
     return [v.name for v in variants]
 
 
