@@ -22,13 +22,12 @@ import functools
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-from report import save_report
+from report import git_revision, save_report
 
 import dash_cuda
 from dash_cuda import backward_problem, tables
@@ -90,18 +89,11 @@ def cudnn_backward(q, k, v, do, causal):
 
 def environment(args) -> dict:
     props = torch.cuda.get_device_properties(0)
-    rev = os.environ.get("DASH_GIT_REV")
-    if not rev:
-        try:
-            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            rev = "unknown"
     import triton
 
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_revision": rev,
+        "git_revision": git_revision(full=True),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": props.name, "sm_count": props.multi_processor_count,
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,

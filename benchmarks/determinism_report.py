@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from report import git_revision
 
 from dash_ref import DETERMINISTIC, Problem
 from verify.audit import audit
@@ -112,9 +111,7 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
-        "git": os.environ.get("DASH_GIT_REV") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip() or "unknown",
+        "git": git_revision(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     rows = []

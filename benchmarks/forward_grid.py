@@ -91,24 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args(argv)
-    import os
-    import subprocess
-
     import torch
 
     if not torch.cuda.is_available():
         print("forward_grid: no CUDA device", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import save_report
+    from report import git_revision, save_report
 
     cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks
              for s in args.seqlens]
     report = {"command": "python benchmarks/forward_grid.py " + " ".join(
         argv if argv is not None else sys.argv[1:]),
-        "git_revision": os.environ.get("DASH_GIT_REV") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "git_revision": git_revision(),
         "rows": run(cells, args.warmup, args.reps)}
     save_report(args.out, "forward_grid", report, markdown(report))
     return 0

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,13 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         print("host_overhead: no CUDA device", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import save_report
+    from report import git_revision, save_report
 
     report = measure(tuple(args.shape), not args.full, args.calls)
     report["command"] = "python benchmarks/host_overhead.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    report["git_revision"] = os.environ.get("DASH_GIT_REV") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report["git_revision"] = git_revision()
 
     save_report(args.out, "host_overhead", report, markdown(report))
     print(markdown(report))

@@ -3,7 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
+
+
+def git_revision(full: bool = False) -> str:
+    """The revision the results come from: ``$DASH_GIT_REV`` (the GPU machine's copy has no
+    git history, so the caller passes it in), else git's (short unless ``full``), else
+    ``"unknown"``."""
+    rev = os.environ.get("DASH_GIT_REV")
+    if rev:
+        return rev
+    try:
+        return subprocess.run(["git", "rev-parse", *([] if full else ["--short"]), "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def save_report(out: Path, stem: str, report: dict, table: str) -> None:
