@@ -101,3 +101,22 @@ def test_the_ops_resolve_auto_to_a_named_schedule():
         assert resolve_schedule(backend, q, q, causal, "auto", True) in NAMES
         assert resolve_schedule(backend, q, q, causal, "spt", True) == "spt"
         assert resolve_schedule(backend, q, q, causal, "auto", False) == "atomic"
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling):
+    """``attention_call`` runs the op's own functions behind an ``autograd.Function`` in eager
+    mode (less host time) and the custom op while ``torch.compile`` traces, with the same
+    arguments either way."""
+    from dash_cuda import ops
+
+    seen = []
+    options = (True, 0.125, "auto", True, False, None, False, "auto")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    monkeypatch.setattr(ops, "attention_op", lambda *a: seen.append(("op", a)) or "op")
+    monkeypatch.setattr(ops.EagerAttention, "apply",
+                        lambda *a: seen.append(("eager", a)) or "eager")
+    q, k, v = (meta(1, 8, 2, 64) for _ in range(3))
+    expected = "op" if compiling else "eager"
+    assert ops.attention_call(q, k, v, *options) == expected
+    assert seen == [(expected, (q, k, v, *options))]
