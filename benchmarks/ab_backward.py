@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     from report import save_report
 
     report = run(args)
-    save_report(args.out, "ab_backward", report, markdown(report))
-    print(markdown(report))
+    save_report(args.out, "ab_backward", report, markdown(report))  # prints the table
     return 0
 
 

@@ -97,14 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         print("forward_grid: no CUDA device", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import git_revision, save_report
+    from report import provenance, save_report
 
     cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks
              for s in args.seqlens]
-    report = {"command": "python benchmarks/forward_grid.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]),
-        "git_revision": git_revision(),
-        "rows": run(cells, args.warmup, args.reps)}
+    report = {**provenance("forward_grid.py", argv), "rows": run(cells, args.warmup, args.reps)}
     save_report(args.out, "forward_grid", report, markdown(report))
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import pstats
 import sys
@@ -88,9 +89,6 @@ STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "attention_forwar
 def breakdown(call, calls: int) -> dict[str, float]:
     """Host microseconds per call inside each of :data:`STEPS` and inside the CuTe kernel
     launches themselves (``kernel launches``); each step includes the steps it calls."""
-    import importlib
-    import time
-
     spent: dict[str, float] = {}
 
     def timer(label, fn):
@@ -153,15 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         print("host_overhead: no CUDA device", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import git_revision, save_report
+    from report import provenance, save_report
 
     report = measure(tuple(args.shape), not args.full, args.calls)
-    report["command"] = "python benchmarks/host_overhead.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    report["git_revision"] = git_revision()
-
+    report.update(provenance("host_overhead.py", argv))
     save_report(args.out, "host_overhead", report, markdown(report))
-    print(markdown(report))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -20,6 +21,14 @@ def git_revision(full: bool = False) -> str:
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def provenance(script: str, argv: list[str] | None) -> dict[str, str]:
+    """``command`` (how to run ``benchmarks/SCRIPT`` again, with the arguments it was given:
+    ``argv``, or the process's own) and ``git_revision`` of a report."""
+    args = argv if argv is not None else sys.argv[1:]
+    return {"command": " ".join(["python", f"benchmarks/{script}", *args]),
+            "git_revision": git_revision()}
 
 
 def save_report(out: Path, stem: str, report: dict, table: str) -> None:
