@@ -19,6 +19,8 @@
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
 #                                        # call; the forward's launch options; kernels per
 #                                        # call and phases inside the CuTe backward
+#   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
+#                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
@@ -126,6 +128,22 @@ train)
     step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
     step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
     [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
+    ;;
+profile)
+    fa4_unpack
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+    step ncu 480 "$NCU" --profile-from-start off --clock-control none --set full \
+        --import-source no -f -o "$LOG/report" \
+        $PY benchmarks/ncu_workload.py --out "$LOG" ${NCU_CASES:+--cases $NCU_CASES}
+    "$NCU" --import "$LOG/report.ncu-rep" --page raw --csv > "$LOG/raw.csv" 2> "$LOG/raw.err"
+    "$NCU" --import "$LOG/report.ncu-rep" --page details --csv > "$LOG/details.csv" \
+        2> "$LOG/details.err"
+    "$NCU" --import "$LOG/report.ncu-rep" --page source --csv --print-source sass \
+        > "$LOG/source.csv" 2> "$LOG/source.err"
+    ls -la "$LOG"
+    tail -n 5 "$LOG/ncu.log"
+    $PY benchmarks/ncu_summary.py "$LOG"
     ;;
 suite)
     step tests 560 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \

@@ -1,0 +1,90 @@
+"""The workload that ``scripts/gpu_release.sh profile`` runs under Nsight Compute.
+
+Each case (head dim, mask, sequence length on the paper's grid) runs every implementation's
+forward and backward once for warm-up (compiles), then once more inside a profiler range
+(``cudaProfilerStart``/``Stop``; ncu runs with ``--profile-from-start off``). Every range
+opens with ``torch.cuda._sleep`` (a kernel named ``spin_kernel``), so that the report's
+kernels split into ranges in order; ``ranges.json`` in ``--out`` names them::
+
+    ncu --profile-from-start off ... python benchmarks/ncu_workload.py --out OUT
+    python benchmarks/ncu_summary.py OUT      # the table, from ncu's CSV exports
+
+Implementations: ``cute:SCHEDULE`` / ``cute:atomic`` (this package), ``fa4`` and ``fa4-det``
+(FlashAttention-4 with and without ``deterministic=True``), on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures
+
+IMPLS = ("cute:shift", "cute:atomic", "fa4-det", "fa4")
+
+
+def cases(spec: list[str]) -> list[tuple[int, str, int]]:
+    """``d:mask:S`` strings as tuples."""
+    out = []
+    for item in spec:
+        d, mask, s = item.split(":")
+        if mask not in ("full", "causal"):
+            raise ValueError(f"mask must be full or causal, got {mask!r}")
+        out.append((int(d), mask, int(s)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", nargs="+", default=["64:full:4096", "128:full:2048"],
+                        help="d:mask:S on the paper's grid (16384 tokens, hidden 2048)")
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS))
+    args = parser.parse_args(argv)
+    try:
+        todo = cases(args.cases)
+    except ValueError as err:
+        print(f"ncu_workload: {err}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("ncu_workload: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from verify.impls import load_fa4
+
+    fa = load_fa4()
+    impls = [i for i in args.impls if fa is not None or not i.startswith("fa4")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ranges = []
+    for d, mask, s in todo:
+        h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                       for _ in range(4))
+        for impl in impls:
+            if impl.startswith("cute:"):
+                fwd, bwd = _dash_closures("cute", impl[5:], q, k, v, do, causal, None)
+            else:
+                fwd, bwd = _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)
+            for name, fn in (("fwd", fwd), ("bwd", bwd)):
+                if name == "fwd" and impl in ("cute:atomic", "fa4-det"):
+                    continue  # the same forward as cute:shift / fa4
+                fn()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                torch.cuda._sleep(1000)  # the range's marker kernel
+                fn()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                ranges.append({"d": d, "mask": mask, "S": s, "B": b, "H": h, "impl": impl,
+                               "pass": name})
+                print(f"profiled {impl} {name} d={d} {mask} S={s}", flush=True)
+    (args.out / "ranges.json").write_text(json.dumps(ranges, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
