@@ -42,8 +42,9 @@ def flops_backward(b: int, h: int, s: int, d: int, causal: bool) -> float:
     return Problem(b, h, h, s, s, d, "causal" if causal else "full").flops_backward()
 
 
-def timed(fn, warmup: int, reps: int) -> tuple[float, str]:
-    """Median milliseconds of ``fn`` on the GPU: a CUDA graph replay if it can be captured."""
+def replayable(fn, warmup: int) -> tuple:
+    """``(run, mode)``: ``fn`` captured in a CUDA graph after ``warmup`` calls (``run`` replays
+    it, mode ``"graph"``), or ``fn`` itself where capture fails (mode ``"eager"``)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -64,6 +65,12 @@ def timed(fn, warmup: int, reps: int) -> tuple[float, str]:
     except Exception as err:  # noqa: BLE001 - any capture failure means "time it eagerly"
         print(f"    (graph capture failed: {type(err).__name__}: {err}; timing eagerly)")
         torch.cuda.synchronize()
+    return run, mode
+
+
+def median_ms(run, reps: int) -> float:
+    """Median milliseconds of ``run`` over ``reps`` calls, CUDA events around each, after two
+    untimed calls."""
     for _ in range(2):
         run()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -73,7 +80,13 @@ def timed(fn, warmup: int, reps: int) -> tuple[float, str]:
         run()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events), mode
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def timed(fn, warmup: int, reps: int) -> tuple[float, str]:
+    """Median milliseconds of ``fn`` on the GPU: a CUDA graph replay if it can be captured."""
+    run, mode = replayable(fn, warmup)
+    return median_ms(run, reps), mode
 
 
 def cudnn_backward(q, k, v, do, causal):

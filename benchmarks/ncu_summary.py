@@ -45,7 +45,8 @@ METRICS = [
     ("L2 hit %", ["lts__t_sector_hit_rate.pct"]),
 ]
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+TIME_UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3,
+              "ms": 1e3, "second": 1e6, "s": 1e6}
 
 
 def read_raw(path: Path) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:

@@ -19,13 +19,15 @@
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
 #                                        # call; the forward's launch options; kernels per
 #                                        # call and phases inside the CuTe backward
+#   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
+#                                        # (benchmarks/versus_fa4.py)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|train OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
@@ -128,6 +130,11 @@ train)
     step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
     step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
     [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
+    ;;
+versus)
+    fa4_unpack
+    step versus 560 $PY benchmarks/versus_fa4.py --out "$LOG" --rounds 5 --time-budget 440
+    [ -f "$LOG/versus_fa4.md" ] && cat "$LOG/versus_fa4.md"
     ;;
 profile)
     fa4_unpack

@@ -1,0 +1,99 @@
+"""Report arithmetic of two GPU benchmark scripts, on made-up measurements: the ratios
+``versus_fa4.py`` reports, and how ``ncu_summary.py`` assigns Nsight Compute's kernels to
+the workload's ranges."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import ncu_summary  # noqa: E402
+import versus_fa4  # noqa: E402
+
+
+def _cell(rounds: int, rng: random.Random) -> dict:
+    def times(mean: float) -> list[float]:
+        return [mean * rng.uniform(0.95, 1.05) for _ in range(rounds)]
+
+    return {"ms": {"cute:auto:bwd": times(2.0), "cute:shift:bwd": times(1.8),
+                   "cute:spt:bwd": times(2.4), "cute:fwd": times(1.0),
+                   "fa4:bwd": times(1.7), "fa4-det:bwd": times(1.9), "fa4:fwd": times(0.9)}}
+
+
+def test_versus_fa4_ratios_are_taken_within_each_round():
+    rng = random.Random(7)
+    cell = _cell(5, rng)
+    ms = cell["ms"]
+    out = versus_fa4.summarize(cell)
+    assert out["best_schedule"] == "shift"  # lowest median time
+    per_round = [ms["fa4-det:bwd"][r] / ms["cute:shift:bwd"][r] for r in range(5)]
+    stat = out["bwd_best_vs_fa4_det"]
+    assert stat["median"] == pytest.approx(sorted(per_round)[2], abs=1e-4)
+    assert stat["min"] == pytest.approx(min(per_round), abs=1e-4)
+    assert stat["max"] == pytest.approx(max(per_round), abs=1e-4)
+    steps = [(ms["fa4:fwd"][r] + ms["fa4-det:bwd"][r])
+             / (ms["cute:fwd"][r] + ms["cute:shift:bwd"][r]) for r in range(5)]
+    assert out["step_vs_fa4_det"]["median"] == pytest.approx(sorted(steps)[2], abs=1e-4)
+    auto = [ms["fa4-det:bwd"][r] / ms["cute:auto:bwd"][r] for r in range(5)]
+    assert out["bwd_auto_vs_fa4_det"]["median"] == pytest.approx(sorted(auto)[2], abs=1e-4)
+
+
+def test_versus_fa4_table_has_a_row_per_cell():
+    rng = random.Random(3)
+    cells = []
+    for s in (512, 1024):
+        cell = _cell(3, rng)
+        cell.update(d=64, mask="full", S=s, B=1, H=32)
+        cell.update(versus_fa4.summarize(cell))
+        cells.append(cell)
+    env = {"command": "python benchmarks/versus_fa4.py", "gpu": "GPU", "torch": "2.x",
+           "git_revision": "abcdef0", "date_utc": "today", "rounds": 3, "reps": 10}
+    table = versus_fa4.markdown({"environment": env, "cells": cells})
+    rows = [line for line in table.splitlines() if line.startswith("| 64 |")]
+    assert len(rows) == 2 and "| shift |" in rows[0]
+
+
+def test_versus_fa4_refuses_bad_arguments(capsys):
+    assert versus_fa4.main(["--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
+def _write_raw(path: Path, kernels: list[tuple[str, float, float]]) -> None:
+    metric = "smsp__issue_active.avg.pct_of_peak_sustained_active"
+    stall = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ID", "Kernel Name", "gpu__time_duration.sum", metric, stall])
+        w.writerow(["", "", "ms", "%", "ratio"])
+        for n, (name, ms, issue) in enumerate(kernels):
+            w.writerow([n, name, ms, issue, issue / 100])
+
+
+def test_ncu_summary_takes_each_ranges_longest_kernel(tmp_path):
+    rng = random.Random(11)
+    big = [rng.uniform(1.0, 3.0) for _ in range(2)]
+    _write_raw(tmp_path / "raw.csv", [
+        ("spin_kernel", 0.002, 1.0), ("prep", 0.03, 10.0), ("attn_a", big[0], 55.0),
+        ("post", 0.04, 12.0), ("spin_kernel", 0.002, 1.0), ("attn_b", big[1], 44.0)])
+    ranges = [{"d": 64, "mask": "full", "S": 4096, "impl": "a", "pass": "bwd"},
+              {"d": 64, "mask": "full", "S": 4096, "impl": "b", "pass": "fwd"}]
+    (tmp_path / "ranges.json").write_text(json.dumps(ranges))
+    rows = ncu_summary.summarize(tmp_path)["rows"]
+    assert [r["kernel"] for r in rows] == ["attn_a", "attn_b"]
+    assert rows[0]["time us"] == pytest.approx(big[0] * 1e3)
+    assert rows[0]["range_us"] == pytest.approx((0.03 + big[0] + 0.04) * 1e3)
+    assert rows[1]["issue %"] == 44.0 and rows[0]["stalls"] == {"barrier": 0.55}
+
+
+def test_ncu_summary_refuses_mismatched_ranges(tmp_path, capsys):
+    _write_raw(tmp_path / "raw.csv", [("spin_kernel", 0.002, 1.0), ("attn", 1.0, 50.0)])
+    (tmp_path / "ranges.json").write_text(json.dumps([{}, {}]))
+    assert ncu_summary.main([str(tmp_path)]) == 2
+    assert "ranges" in capsys.readouterr().err
