@@ -83,30 +83,45 @@ def run(args) -> dict:
         h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
         q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
                        for _ in range(4))
-        runs = {}
+        # the closures own the tensors their graphs read (o and LSE of the forward, ...):
+        # they stay referenced until the cell is done
+        closures = {}
         for name in ["auto", *SCHEDULES[mask][:args.schedules]]:
-            fwd, bwd = _dash_closures("cute", name, q, k, v, do, causal, None)
-            runs[f"cute:{name}:bwd"] = replayable(bwd, args.warmup)[0]
-        runs["cute:fwd"] = replayable(fwd, args.warmup)[0]
+            fwd, bwd = _dash_closures("cute", name, q, k, v, do, causal, args.workers)
+            closures[f"cute:{name}:bwd"] = bwd
+        closures["cute:fwd"] = fwd
         for peer in ("fa4", "fa4-det"):
             fwd, bwd = _fa4_closures(fa, peer == "fa4-det", q, k, v, do, causal)
-            runs[f"{peer}:bwd"] = replayable(bwd, args.warmup)[0]
+            closures[f"{peer}:bwd"] = bwd
             if peer == "fa4":
-                runs["fa4:fwd"] = replayable(fwd, args.warmup)[0]
+                closures["fa4:fwd"] = fwd
+        runs, modes = {}, {}
+        for key, fn in closures.items():
+            runs[key], modes[key] = (fn, "eager") if args.eager else replayable(fn,
+                                                                                 args.warmup)
         keys = list(runs)
         ms: dict[str, list[float]] = {key: [] for key in keys}
         for r in range(args.rounds):
             for key in keys[r % len(keys):] + keys[:r % len(keys)]:
                 ms[key].append(median_ms(runs[key], args.reps))
-        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "ms": ms}
+        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "ms": ms, "timing": modes}
         cell.update(summarize(cell))
         out.append(cell)
         print(f"[{n}/{len(cells)}] d={d} {mask} S={s}: fwd {cell['fwd_vs_fa4']['median']:.3f}"
               f" bwd {cell['best_schedule']} {cell['bwd_best_vs_fa4_det']['median']:.3f} of "
               f"FA4-det", flush=True)
-        del runs
+        del runs, closures
         torch.cuda.empty_cache()
     return {"environment": env, "cells": out}
+
+
+def timing_note(report: dict) -> str:
+    """Which rows ran as CUDA-graph replays and which as plain calls."""
+    modes: dict[str, set] = {}
+    for c in report["cells"]:
+        for key, mode in c.get("timing", {}).items():
+            modes.setdefault(mode, set()).add(key.split(":")[0])
+    return "; ".join(f"{mode}: {', '.join(sorted(names))}" for mode, names in sorted(modes.items()))
 
 
 def _fmt(stat: dict) -> str:
@@ -120,7 +135,8 @@ def markdown(report: dict) -> str:
         "", f"`{env['command']}`", "",
         f"{env['gpu']}, torch {env['torch']}, git {env['git_revision'][:7]}, "
         f"{env['date_utc']}; {env['rounds']} rounds, median of {env['reps']} replays per row "
-        "and round; each ratio is the median over rounds (range in brackets).", "",
+        "and round; each ratio is the median over rounds (range in brackets). Timing: "
+        f"{timing_note(report)}.", "",
         "| d | mask | S | forward / FA4 | best schedule | backward / FA4 det | auto / FA4 det "
         "| backward / FA4 | step / FA4 det |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -148,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=None, help="CuTe workers (default: SMs)")
+    parser.add_argument("--eager", action="store_true",
+                        help="time every row by plain calls (default: CUDA graph replays "
+                             "where capture works)")
     parser.add_argument("--time-budget", type=float, default=float("inf"))
     args = parser.parse_args(argv)
     args.argv = argv
