@@ -27,11 +27,14 @@ def launches(tiles: int, sms: int, heads: int, section: int) -> dict[str, tuple[
                               (tiles, heads), (tiles, section)]))
 
 
-def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int) -> list[dict]:
+def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
+        block_ms: list[int] | None = None) -> list[dict]:
+    """Every launch option of each cell; with ``block_ms``, of each of those tile heights
+    the head dim has (options then named ``m<rows> <option>``)."""
     import torch
     from bench_backward import timed
 
-    from dash_cuda.backends.cute.fwd_kernel import forward_block_m
+    from dash_cuda.backends.cute.fwd_kernel import FORWARD_TILES, forward_block_m
     from dash_cuda.backends.cute.launch import forward_grid, l2_heads, run_forward
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -41,24 +44,31 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int) -> list[dict
         heads, batch = 2048 // d, max(1, 16384 // s)
         q, k, v = (torch.randn(batch, s, heads, d, device="cuda", generator=gen).bfloat16()
                    for _ in range(3))
-        tiles = batch * heads * -(-s // forward_block_m(d, causal, s))
         flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
-        options = launches(tiles, sms, batch * heads, l2_heads(k, batch * heads))
-        rule = forward_grid(d, causal, s, tiles, sms, k, batch * heads)
+        chosen = forward_block_m(d, causal, s)
+        options, rule = {}, None  # name -> (block_m, CTAs, heads per section)
+        for bm in [m for m in (block_ms or [chosen]) if (d, m) in FORWARD_TILES]:
+            tiles = batch * heads * -(-s // bm)
+            for name, launch in launches(tiles, sms, batch * heads,
+                                         l2_heads(k, batch * heads)).items():
+                options[f"m{bm} {name}" if block_ms else name] = (bm, *launch)
+            if bm == chosen:
+                rule = (bm, *forward_grid(d, causal, s, tiles, sms, k, batch * heads))
         tflops: dict[str, float] = {}
         outs = {}
         for _ in range(2):  # in turn, twice: a clock drift hits every option
-            for name, (ctas, section) in options.items():
-                def forward(q=q, k=k, v=v, causal=causal, scale=d ** -0.5, ctas=ctas,
+            for name, (bm, ctas, section) in options.items():
+                def forward(q=q, k=k, v=v, causal=causal, scale=d ** -0.5, bm=bm, ctas=ctas,
                             section=section):
-                    return run_forward(q, k, v, causal, scale, num_ctas=ctas, sections=section)
+                    return run_forward(q, k, v, causal, scale, block_m=bm, num_ctas=ctas,
+                                       sections=section)
                 ms, _ = timed(forward, warmup, reps)
                 tflops[name] = max(tflops.get(name, 0.0), flops / ms / 1e9)
                 outs[name] = forward()
-        first = outs[OPTIONS[0]]
+        first = next(iter(outs.values()))
         row = {"d": d, "mask": "causal" if causal else "full", "S": s,
                "tflops": {n: round(t, 1) for n, t in tflops.items()},
-               "rule": next(n for n, o in options.items() if o == rule),
+               "rule": next((n for n, o in options.items() if o == rule), None),
                "bits_equal": all(torch.equal(a, b) for o in outs.values()
                                  for a, b in zip(o, first))}
         rows.append(row)
@@ -69,6 +79,8 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int) -> list[dict
 
 
 def markdown(report: dict) -> str:
+    if any(set(r["tflops"]) != set(OPTIONS) for r in report["rows"]):
+        return long_markdown(report)
     lines = ["# CuTe forward: launch options, one kernel (TFLOP/s)", "",
              f"`{report['command']}`; git {report['git_revision']}", "",
              "| d | mask | S | " + " | ".join(OPTIONS) + " | rule | rule / best | bits equal |",
@@ -82,6 +94,21 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def long_markdown(report: dict) -> str:
+    """One line per (cell, option): for runs over several tile heights."""
+    lines = ["# CuTe forward: tile heights and launch options, one process (TFLOP/s)", "",
+             f"`{report['command']}`; git {report['git_revision']}", "",
+             "| d | mask | S | option | TFLOP/s | / best | rule | bits equal |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        t = r["tflops"]
+        for name, value in sorted(t.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {name} | {value:.1f} | "
+                         f"{value / max(t.values()):.3f} | {'yes' if name == r['rule'] else ''}"
+                         f" | {'yes' if r['bits_equal'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -90,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--masks", nargs="+", default=["causal"], choices=["full", "causal"])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--block-ms", type=int, nargs="+", default=None,
+                    help="time these tile heights too (those the head dim has)")
+    ap.add_argument("--tag", default="forward_grid")
     args = ap.parse_args(argv)
     import torch
 
@@ -101,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks
              for s in args.seqlens]
-    report = {**provenance("forward_grid.py", argv), "rows": run(cells, args.warmup, args.reps)}
-    save_report(args.out, "forward_grid", report, markdown(report))
+    report = {**provenance("forward_grid.py", argv),
+              "rows": run(cells, args.warmup, args.reps, args.block_ms)}
+    save_report(args.out, args.tag, report, markdown(report))
     return 0
 
 

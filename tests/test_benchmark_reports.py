@@ -97,3 +97,19 @@ def test_ncu_summary_refuses_mismatched_ranges(tmp_path, capsys):
     (tmp_path / "ranges.json").write_text(json.dumps([{}, {}]))
     assert ncu_summary.main([str(tmp_path)]) == 2
     assert "ranges" in capsys.readouterr().err
+
+
+def test_forward_grid_lists_every_option_once_tile_heights_vary():
+    import forward_grid
+
+    rng = random.Random(5)
+    names = [f"m{m} {o}" for m in (128, 192) for o in forward_grid.OPTIONS]
+    speeds = {n: round(rng.uniform(300, 500), 1) for n in names}
+    report = {"command": "c", "git_revision": "r", "rows": [
+        {"d": 64, "mask": "causal", "S": 2048, "tflops": speeds, "rule": names[4],
+         "bits_equal": True}]}
+    lines = [x for x in forward_grid.markdown(report).splitlines() if x.startswith("| 64 |")]
+    assert len(lines) == len(names)
+    best = max(speeds, key=speeds.get)
+    assert lines[0].split(" | ")[3] == best and "| 1.000 |" in lines[0]
+    assert sum(" | yes | yes |" in x for x in lines) == 1  # the rule's line only
