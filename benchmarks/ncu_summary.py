@@ -44,6 +44,13 @@ METRICS = [
                 "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"]),
     ("L2 hit %", ["lts__t_sector_hit_rate.pct"]),
 ]
+# derived: (label, numerator, denominator) as a percentage; SM busy = the average SM's active
+# cycles over the elapsed ones (the rest is tail and imbalance), least busy = the same of the
+# SM that worked least
+DERIVED = [
+    ("SM busy %", "sm__cycles_active.avg", "sm__cycles_elapsed.avg"),
+    ("least busy SM %", "sm__cycles_active.min", "sm__cycles_elapsed.avg"),
+]
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 TIME_UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3,
               "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -103,6 +110,9 @@ def summarize(folder: Path) -> dict:
                 value /= 1e6
             rec[label] = value
             rec.setdefault("metric_names", {})[label] = name
+        for label, num, den in DERIVED:
+            a, b = number(main.get(num, "")), number(main.get(den, ""))
+            rec[label] = 100 * a / b if a is not None and b else None
         stalls = {m.group(1): number(main[c]) for c in header if (m := STALL.match(c))}
         rec["stalls"] = dict(sorted(((k, v) for k, v in stalls.items() if v),
                                     key=lambda kv: -kv[1]))
@@ -111,7 +121,7 @@ def summarize(folder: Path) -> dict:
 
 
 def markdown(report: dict) -> str:
-    labels = [label for label, _ in METRICS]
+    labels = [label for label, _ in METRICS] + [label for label, _, _ in DERIVED]
     lines = ["| d | mask | S | impl | pass | " + " | ".join(labels)
              + " | top stalls (warps per issue) |", "|" + "---|" * (6 + len(labels))]
     for r in report["rows"]:

@@ -147,7 +147,8 @@ profile)
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
     step ncu 480 "$NCU" --profile-from-start off --clock-control none --set full \
         --import-source no -f -o "$LOG/report" \
-        $PY benchmarks/ncu_workload.py --out "$LOG" ${NCU_CASES:+--cases $NCU_CASES}
+        $PY benchmarks/ncu_workload.py --out "$LOG" ${NCU_CASES:+--cases $NCU_CASES} \
+        ${NCU_IMPLS:+--impls $NCU_IMPLS}
     "$NCU" --import "$LOG/report.ncu-rep" --page raw --csv > "$LOG/raw.csv" 2> "$LOG/raw.err"
     "$NCU" --import "$LOG/report.ncu-rep" --page details --csv > "$LOG/details.csv" \
         2> "$LOG/details.err"
