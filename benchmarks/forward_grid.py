@@ -1,7 +1,8 @@
-"""The CuTe forward's launch options side by side: grid size and causal tile order.
+"""The CuTe forward's launch options side by side: grid size, tile hand-out, causal order.
 
-One kernel, four launches of it per cell, through ``launch.run_forward(..., num_ctas=...,
-sections=...)``: persistent (one CTA per SM) or one CTA per tile, with the causal tiles
+One kernel, six launches of it per cell, through ``launch.run_forward(..., num_ctas=...,
+sections=..., dynamic=...)``: persistent (one CTA per SM, each taking every 132nd tile, or
+"dynamic": the next tile from a global counter) or one CTA per tile, with the causal tiles
 longest first over all heads ("interleaved") or within sections of heads whose K and V fit
 in L2 (``launch.l2_heads``). Neither changes the bits (checked with ``torch.equal``), so
 ``launch.forward_grid`` may pick by speed alone; the ``rule`` column is what it picks::
@@ -17,14 +18,18 @@ import argparse
 import sys
 from pathlib import Path
 
-OPTIONS = ("persistent interleaved", "persistent sections", "per-tile interleaved",
-           "per-tile sections")
+OPTIONS = ("persistent interleaved", "persistent sections", "dynamic interleaved",
+           "dynamic sections", "per-tile interleaved", "per-tile sections")
 
 
-def launches(tiles: int, sms: int, heads: int, section: int) -> dict[str, tuple[int, int]]:
-    """``(CTAs, heads per section)`` of each option."""
-    return dict(zip(OPTIONS, [(min(tiles, sms), heads), (min(tiles, sms), section),
-                              (tiles, heads), (tiles, section)]))
+def launches(tiles: int, sms: int, heads: int, section: int
+             ) -> dict[str, tuple[int, int, bool]]:
+    """``(CTAs, heads per section, dynamic)`` of each option: persistent CTAs take every
+    CTAs-th tile (static) or the next one from a counter (dynamic)."""
+    persistent = min(tiles, sms)
+    return dict(zip(OPTIONS, [(persistent, heads, False), (persistent, section, False),
+                              (persistent, heads, True), (persistent, section, True),
+                              (tiles, heads, False), (tiles, section, False)]))
 
 
 def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
@@ -46,7 +51,7 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
                    for _ in range(3))
         flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
         chosen = forward_block_m(d, causal, s)
-        options, rule = {}, None  # name -> (block_m, CTAs, heads per section)
+        options, rule = {}, None  # name -> (block_m, CTAs, heads per section, dynamic)
         for bm in [m for m in (block_ms or [chosen]) if (d, m) in FORWARD_TILES]:
             tiles = batch * heads * -(-s // bm)
             for name, launch in launches(tiles, sms, batch * heads,
@@ -57,11 +62,11 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
         tflops: dict[str, float] = {}
         outs = {}
         for _ in range(2):  # in turn, twice: a clock drift hits every option
-            for name, (bm, ctas, section) in options.items():
+            for name, (bm, ctas, section, dynamic) in options.items():
                 def forward(q=q, k=k, v=v, causal=causal, scale=d ** -0.5, bm=bm, ctas=ctas,
-                            section=section):
+                            section=section, dynamic=dynamic):
                     return run_forward(q, k, v, causal, scale, block_m=bm, num_ctas=ctas,
-                                       sections=section)
+                                       sections=section, dynamic=dynamic)
                 ms, _ = timed(forward, warmup, reps)
                 tflops[name] = max(tflops.get(name, 0.0), flops / ms / 1e9)
                 outs[name] = forward()

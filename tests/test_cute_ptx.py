@@ -148,12 +148,12 @@ def test_the_forward_grid_follows_the_measured_rule():
     assert section < 16  # so that sections and interleaved heads differ below
     short, long = PER_TILE_CAUSAL - 1, PER_TILE_CAUSAL
     for d in (64, 128):
-        assert forward_grid(d, False, long, 5000, 132, k, 16) == (132, 16)
-        assert forward_grid(d, False, short, 100, 132, k, 16) == (100, 16)
-        assert forward_grid(d, True, short, 5000, 132, k, 16) == (132, section)
-    assert forward_grid(64, True, long, 5000, 132, k, 16) == (132, 16)
-    assert forward_grid(128, True, long, 100, 132, k, 16) == (100, section)
-    assert forward_grid(128, True, long, 5000, 132, k, 16) == (5000, section)
+        assert forward_grid(d, False, long, 5000, 132, k, 16) == (132, 16, False)
+        assert forward_grid(d, False, short, 100, 132, k, 16) == (100, 16, False)
+        assert forward_grid(d, True, short, 5000, 132, k, 16) == (132, section, False)
+    assert forward_grid(64, True, long, 5000, 132, k, 16) == (132, 16, False)
+    assert forward_grid(128, True, long, 100, 132, k, 16) == (100, section, False)
+    assert forward_grid(128, True, long, 5000, 132, k, 16) == (5000, section, False)
 
 
 def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():

@@ -113,19 +113,23 @@ def test_zero_softmax_scale_averages_the_visible_values(backend, causal):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_cute_forward_bits_do_not_depend_on_the_grid(d, causal):
-    """A CTA computes whole Q tiles, so the grid (one CTA, seven, one per SM, one per tile)
-    and the order of the tiles (causal: sections of 1, 2 or all 6 heads) leave the O and
-    LSE2 bits as they are."""
+    """A CTA computes whole Q tiles, so the grid (one CTA, seven, one per SM, one per tile),
+    how persistent CTAs take their tiles (every CTAs-th or the next from a counter) and the
+    order of the tiles (causal: sections of 1, 2 or all 6 heads) leave the O and LSE2 bits
+    as they are."""
     need("cute", d)
     from dash_cuda.backends.cute.launch import run_forward
 
     q, k, v, _ = inputs((2, 3, 1, 700, 650), d, torch.bfloat16, seed=53 + d + causal)
     first = run_forward(q, k, v, causal, 0.125, poison=True, num_ctas=1, sections=6)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for num_ctas, sections in ((7, 1), (sms, 2), (10_000, 6), (10_000, 1), (None, None)):
+    for num_ctas, sections, dynamic in ((7, 1, False), (7, 1, True), (sms, 2, False),
+                                        (sms, 2, True), (sms, 6, True), (10_000, 6, None),
+                                        (10_000, 1, True), (None, None, None)):
         again = run_forward(q, k, v, causal, 0.125, poison=True, num_ctas=num_ctas,
-                            sections=sections)
-        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), num_ctas
+                            sections=sections, dynamic=dynamic)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), \
+            (num_ctas, sections, dynamic)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

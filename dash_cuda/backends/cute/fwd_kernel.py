@@ -1,16 +1,20 @@
 """A warp-specialized, persistent attention forward for Hopper (sm_90a) in CuTe DSL.
 
-Each CTA walks a fixed list of Q tiles (``tile = blockIdx.x + k * gridDim.x``) and computes
-each one entirely, streaming its visible KV tiles in ascending order: the bits of O and LSE2
-depend on neither the grid size nor the GPU. Causal tiles are numbered longest first within
-sections of ``l2_heads`` heads (the last Q tiles of the section's heads first), full-mask
-tiles head by head (neighbours share K/V in L2). The launcher picks the grid and the
-section (``launch.forward_grid``): one CTA per SM, or one per tile.
+Each CTA takes Q tiles from one numbered list (``blockIdx.x`` first, then every
+``gridDim.x``-th, or, "dynamic", the next number from a global counter) and computes each
+one entirely, streaming its visible KV tiles in ascending order: the bits of O and LSE2
+depend on neither the grid size, nor which CTA takes which tile, nor the GPU. Causal tiles
+are numbered longest first within sections of ``l2_heads`` heads (the last Q tiles of the
+section's heads first), full-mask tiles head by head (neighbours share K/V in L2). The
+launcher picks the grid, the hand-out and the section (``launch.forward_grid``): one CTA per
+SM, or one per tile.
 
 Roles (``FORWARD_TILES``: 512 threads at d=64, 384 at d=128)::
 
-    warpgroup 0, warp 0   loader: TMA loads of Q_i once per tile and of K_j, V_j per KV tile,
-                          through mbarrier pipelines (K and V apart: S needs K first).
+    warpgroup 0, warp 0   loader: picks the tiles (hands their numbers to the math warps
+                          through shared memory); TMA loads of Q_i once per tile and of
+                          K_j, V_j per KV tile, through mbarrier pipelines (K and V apart:
+                          S needs K first).
     warpgroups 1 ..       math: each owns 64 of the tile's query rows (the MMA rows); three
                           at d=64 (192-row tiles), two at d=128 (128-row tiles).
 
@@ -126,6 +130,8 @@ def forward_block_ms(head_dim: int, causal: bool) -> tuple[int, ...]:
     return tuple(sorted({forward_block_m(head_dim, causal, s)
                          for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}))
 
+TILE_STAGES = 2  # tile numbers in flight from the loader to the math warps
+
 # named barriers per math warpgroup w (0 is syncthreads): BAR_O_FULL + w, its O tile is
 # staged; BAR_TURN + w, its turn to issue MMAs
 BAR_O_FULL = 1
@@ -177,9 +183,9 @@ class DashForwardSm90:
     def __call__(
         self,
         q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer, counter_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        num_ctas: Int32, l2_heads: Int32,
+        num_ctas: Int32, l2_heads: Int32, dynamic: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
         scale_log2: Float32,
         stream: cuda.CUstream,
@@ -191,6 +197,7 @@ class DashForwardSm90:
         mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, batch, d, o_strides)
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, batch * heads),
                                                           stride=(1, seqlen_q)))
+        mCounter = cute.make_tensor(counter_ptr, cute.make_layout(1))
 
         sQ_layout = smem_layout(self.dtype, bm, d, None)
         sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
@@ -212,13 +219,15 @@ class DashForwardSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sO_layout)], 1024]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * TILE_STAGES]
+            tile_ids: cute.struct.MemRange[Int32, TILE_STAGES]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
 
         self.kernel(
-            tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mma_qk, mma_pv, mma_o,
+            tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            l2_heads, scale_log2, Storage,
+            l2_heads, dynamic, scale_log2, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -228,11 +237,12 @@ class DashForwardSm90:
         self,
         tQ: cute.Tensor, tK: cute.Tensor, tV: cute.Tensor, tO: cute.Tensor,
         tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom, tma_o: cute.CopyAtom,
-        mLSE: cute.Tensor, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, mma_o: cute.TiledMma,
+        mLSE: cute.Tensor, mCounter: cute.Tensor,
+        mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, mma_o: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        l2_heads: Int32, scale_log2: Float32,
+        l2_heads: Int32, dynamic: Int32, scale_log2: Float32,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -259,6 +269,10 @@ class DashForwardSm90:
             barrier_storage=st.mbar_v.data_ptr(), num_stages=self.kv_stages,
             producer_group=one_thread, consumer_group=math_warps, tx_count=kv_bytes,
             defer_sync=True)
+        # tile numbers, from the loader (lane 0) to the math warps (lane 0 of each releases)
+        pipe_tile = pipeline.PipelineAsync.create(
+            barrier_storage=st.mbar_tile.data_ptr(), num_stages=TILE_STAGES,
+            producer_group=one_thread, consumer_group=math_warps, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -268,16 +282,19 @@ class DashForwardSm90:
         sO = st.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         n_q = (seqlen_q + self.bm - 1) // self.bm
         tiles = (batch * heads * n_q, batch * heads, n_q, l2_heads)
+        tile_ids = (pipe_tile, st.tile_ids.get_tensor(cute.make_layout(TILE_STAGES)))
 
         if warp < 4:
             cute.arch.setmaxregister_decrease(self.loader_regs)
             if warp == 0:
                 self.loader(tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-                            tiles, heads, heads_kv, seqlen_q, seqlen_k)
+                            tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q,
+                            seqlen_k)
         else:
             cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
-                      pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2)
+                      pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k,
+                      scale_log2)
 
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
@@ -313,16 +330,29 @@ class DashForwardSm90:
     # -- loader warp ---------------------------------------------------------------------------
     @cute.jit
     def loader(self, tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-               tiles, heads, heads_kv, seqlen_q, seqlen_k):
-        """Q_i once per tile, then K_j and V_j of every visible KV tile, in ascending j."""
+               tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q, seqlen_k):
+        """Picks the CTA's tiles and hands their numbers to the math warps; per tile, Q_i
+        once, then K_j and V_j of every visible KV tile, in ascending j.
+
+        The first tile is ``blockIdx.x``; the next is ``t + gridDim.x`` (static), or, with
+        ``dynamic``, ``gridDim.x`` plus a ticket from a global counter (zero at launch): CTAs
+        that finish early take more of the list, which keeps its order. Which CTA computes a
+        tile never changes its bits. A number past the list ends the math warps' loop.
+        """
         bm, bn, d = self.bm, self.bn, self.d
         group = heads // heads_kv
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                 self.kv_stages)
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                  TILE_STAGES)
+        lane = cute.arch.lane_idx()
         bid, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bid, tiles[0], grid, unroll=1):
+        t = Int32(bid)
+        while t < tiles[0]:
+            self.publish_tile(tile_ids, tile_state, t, lane)
+            tile_state.advance()
             i, b, h = self.tile_coords(t, tiles, heads)
             gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (i, 0))
             sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
@@ -342,11 +372,45 @@ class DashForwardSm90:
                 cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
+            t = self.next_tile(t, mCounter, dynamic, grid, lane)
+        self.publish_tile(tile_ids, tile_state, t, lane)
+
+    @cute.jit
+    def next_tile(self, t, mCounter, dynamic, grid, lane):
+        """The CTA's next tile after ``t`` (see :meth:`loader`), the same in every lane."""
+        nxt = t + grid
+        if dynamic != 0:
+            ticket = Int32(0)
+            if lane == 0:
+                ticket = cute.arch.atomic_add(mCounter.iterator, Int32(1), sem="relaxed",
+                                              scope="gpu")
+            nxt = cute.arch.shuffle_sync(ticket, 0) + grid
+        return nxt
+
+    @cute.jit
+    def publish_tile(self, tile_ids, state, t, lane):
+        """Loader lane 0: tile number ``t`` into the next slot for the math warps."""
+        pipe_tile, s_tile = tile_ids
+        if lane == 0:
+            pipe_tile.producer_acquire(state)
+            s_tile[state.index] = t
+            pipe_tile.producer_commit(state)
+
+    @cute.jit
+    def take_tile(self, tile_ids, state, lane):
+        """Math warps: the next tile number from the loader; each warp frees the slot."""
+        pipe_tile, s_tile = tile_ids
+        pipe_tile.consumer_wait(state)
+        t = s_tile[state.index]
+        cute.arch.sync_warp()
+        if lane == 0:
+            pipe_tile.consumer_release(state)
+        return t
 
     # -- math warpgroups -----------------------------------------------------------------------
     @cute.jit
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
-             pipe_q, pipe_k, pipe_v, tiles, heads, seqlen_q, seqlen_k, scale_log2):
+             pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2):
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -383,9 +447,12 @@ class DashForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                 self.kv_stages)
         causal_offset = seqlen_k - seqlen_q
-        bid, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bid, tiles[0], grid, unroll=1):
+        lane = cute.arch.lane_idx()
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                  TILE_STAGES)
+        t = self.take_tile(tile_ids, tile_state, lane)
+        tile_state.advance()
+        while t < tiles[0]:
             i, b, h = self.tile_coords(t, tiles, heads)
             # a thread holds two rows of its warpgroup's 64 (register halves 0 and 1): their
             # running maxima and its partial sums of their probabilities
@@ -443,6 +510,8 @@ class DashForwardSm90:
             q_state.advance()
             self.finish(acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE,
                         o_ready, tid, wg, i, b, h, heads, seqlen_q)
+            t = self.take_tile(tile_ids, tile_state, lane)
+            tile_state.advance()
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 

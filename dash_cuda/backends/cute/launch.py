@@ -127,7 +127,7 @@ class ForwardVariant:
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
         dt = _DTYPES[self.dtype]
-        return [*[_ptr(dt)] * 4, _ptr(Float32), *[Int32(1)] * 7,
+        return [*[_ptr(dt)] * 4, _ptr(Float32), _ptr(Int32), *[Int32(1)] * 8,
                 *[(Int32(1), Int32(1), Int32(1))] * 4, Float32(1.0), cuda.CUstream(0)]
 
 
@@ -305,9 +305,9 @@ PER_TILE_CAUSAL = 2048  # S_q from which causal d=128 forwards launch one CTA pe
 
 
 def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: int,
-                 k: torch.Tensor, heads: int) -> tuple[int, int]:
-    """``(CTAs, heads per causal section)`` of a forward launch, by measurement on the H200
-    (``docs/performance.md``); neither changes the bits.
+                 k: torch.Tensor, heads: int) -> tuple[int, int, bool]:
+    """``(CTAs, heads per causal section, dynamic)`` of a forward launch, by measurement on
+    the H200 (``docs/performance.md``); none of them changes the bits.
 
     Full masks: persistent (one CTA per SM), all heads interleaved. Causal masks run their
     tiles longest first within sections of :func:`l2_heads` heads, whose K and V the tiles
@@ -315,25 +315,27 @@ def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: in
     interleaved measured level or faster. The grid is persistent, except at d=128 with
     ``S_q >= PER_TILE_CAUSAL``: there one CTA per tile (the hardware hands out tiles as SMs
     free up, so uneven causal tiles balance) is 3 - 10 % faster. Persistent sections are
-    4 - 12 % faster than interleaved heads at ``S_q < PER_TILE_CAUSAL``.
+    4 - 12 % faster than interleaved heads at ``S_q < PER_TILE_CAUSAL``. ``dynamic``: a
+    persistent CTA takes its next tile from a global counter instead of every ``CTAs``-th.
     """
     if not causal:
-        return min(tiles, sms), heads
+        return min(tiles, sms), heads, False
     if seqlen_q < PER_TILE_CAUSAL:
-        return min(tiles, sms), l2_heads(k, heads)
+        return min(tiles, sms), l2_heads(k, heads), False
     if head_dim == 128:
-        return tiles, l2_heads(k, heads)
-    return min(tiles, sms), heads
+        return tiles, l2_heads(k, heads), False
+    return min(tiles, sms), heads, False
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 softmax_scale: float, poison: bool = False, block_m: int | None = None,
-                num_ctas: int | None = None, sections: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                num_ctas: int | None = None, sections: int | None = None,
+                dynamic: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
-    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m``, ``num_ctas`` and
-    ``sections`` (tests, measurements) override the measured tile height, the grid and the
-    heads per causal section (:func:`l2_heads`), none of which changes the bits."""
+    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m``, ``num_ctas``,
+    ``sections`` and ``dynamic`` (tests, measurements) override the measured tile height,
+    the grid, the heads per causal section (:func:`l2_heads`) and how persistent CTAs pick
+    their tiles (:func:`forward_grid`), none of which changes the bits."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -352,14 +354,18 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                              block_m or forward_block_m(head_dim, causal, seqlen_q))
     kernel = get_kernel(variant)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
-    grid, heads_per_section = forward_grid(
+    grid, heads_per_section, by_counter = forward_grid(
         head_dim, causal, seqlen_q, tiles,
         device_properties(q.device).multi_processor_count, k, batch * heads)
+    by_counter = by_counter if dynamic is None else dynamic
+    # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
     kernel(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse2.data_ptr(),
+        counter.data_ptr() if by_counter else 0,
         batch, heads, heads_kv, seqlen_q, seqlen_k, num_ctas or grid,
-        sections or heads_per_section, _strides(q), _strides(k), _strides(v), _strides(o),
-        scale_log2_value(softmax_scale), _stream(q),
+        sections or heads_per_section, int(by_counter), _strides(q), _strides(k),
+        _strides(v), _strides(o), scale_log2_value(softmax_scale), _stream(q),
     )
     return o, lse2
 
