@@ -138,22 +138,19 @@ def test_row_stats_are_read_padded_with_zeros(seqlen_q):
 
 
 def test_the_forward_grid_follows_the_measured_rule():
-    """Full masks: one CTA per SM, every head interleaved. Causal masks: L2 sections of
-    heads, persistent, except long problems at d=128 (one CTA per tile) and at d=64 (all
-    heads interleaved)."""
-    from dash_cuda.backends.cute.launch import PER_TILE_CAUSAL, forward_grid, l2_heads
+    """Persistent at every length; full masks: every head interleaved, each CTA taking every
+    CTAs-th tile; causal masks: L2 sections of heads, tiles taken from a counter."""
+    from dash_cuda.backends.cute.launch import forward_grid, l2_heads
 
     k = torch.empty(1, 8192, 1, 128, dtype=torch.bfloat16)
     section = l2_heads(k, 16)
     assert section < 16  # so that sections and interleaved heads differ below
-    short, long = PER_TILE_CAUSAL - 1, PER_TILE_CAUSAL
     for d in (64, 128):
-        assert forward_grid(d, False, long, 5000, 132, k, 16) == (132, 16, False)
-        assert forward_grid(d, False, short, 100, 132, k, 16) == (100, 16, False)
-        assert forward_grid(d, True, short, 5000, 132, k, 16) == (132, section, False)
-    assert forward_grid(64, True, long, 5000, 132, k, 16) == (132, 16, False)
-    assert forward_grid(128, True, long, 100, 132, k, 16) == (100, section, False)
-    assert forward_grid(128, True, long, 5000, 132, k, 16) == (5000, section, False)
+        for s in (512, 2048, 16384):
+            assert forward_grid(d, False, s, 5000, 132, k, 16) == (132, 16, False)
+            assert forward_grid(d, False, s, 100, 132, k, 16) == (100, 16, False)
+            assert forward_grid(d, True, s, 5000, 132, k, 16) == (132, section, True)
+            assert forward_grid(d, True, s, 100, 132, k, 16) == (100, section, True)
 
 
 def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():

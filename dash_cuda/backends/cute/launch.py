@@ -301,30 +301,23 @@ def l2_heads(k: torch.Tensor, heads: int) -> int:
     return min(1 << (fit.bit_length() - 1), heads)
 
 
-PER_TILE_CAUSAL = 2048  # S_q from which causal d=128 forwards launch one CTA per tile
-
-
 def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: int,
                  k: torch.Tensor, heads: int) -> tuple[int, int, bool]:
     """``(CTAs, heads per causal section, dynamic)`` of a forward launch, by measurement on
-    the H200 (``docs/performance.md``); none of them changes the bits.
+    the H200 (``benchmarks/results/forward_grid.md``); none of them changes the bits.
 
-    Full masks: persistent (one CTA per SM), all heads interleaved. Causal masks run their
-    tiles longest first within sections of :func:`l2_heads` heads, whose K and V the tiles
-    in flight share in L2, except at d=64 with ``S_q >= PER_TILE_CAUSAL``, where all heads
-    interleaved measured level or faster. The grid is persistent, except at d=128 with
-    ``S_q >= PER_TILE_CAUSAL``: there one CTA per tile (the hardware hands out tiles as SMs
-    free up, so uneven causal tiles balance) is 3 - 10 % faster. Persistent sections are
-    4 - 12 % faster than interleaved heads at ``S_q < PER_TILE_CAUSAL``. ``dynamic``: a
-    persistent CTA takes its next tile from a global counter instead of every ``CTAs``-th.
+    Persistent (one CTA per SM, or one per tile where there are fewer tiles) at both head
+    dims and every length. Full masks: every CTA takes every CTAs-th tile of the list, all
+    heads interleaved (the tiles are equal). Causal masks: the tiles longest first within
+    sections of :func:`l2_heads` heads, whose K and V the tiles in flight share in L2, each
+    CTA taking the next tile from a counter as it finishes one ("dynamic"), so that uneven
+    tiles balance without a CTA launch per tile: 4 - 10 % faster than every static option at
+    ``S_q`` = 2048 - 8192, level at 1024 and 16384. ``head_dim`` and ``seqlen_q`` do not
+    enter the rule (measured at d = 64 and 128, ``S_q`` = 1024 ... 16384).
     """
     if not causal:
         return min(tiles, sms), heads, False
-    if seqlen_q < PER_TILE_CAUSAL:
-        return min(tiles, sms), l2_heads(k, heads), False
-    if head_dim == 128:
-        return tiles, l2_heads(k, heads), False
-    return min(tiles, sms), heads, False
+    return min(tiles, sms), l2_heads(k, heads), True
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
