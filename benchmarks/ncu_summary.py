@@ -122,7 +122,11 @@ def summarize(folder: Path) -> dict:
 
 def markdown(report: dict) -> str:
     labels = [label for label, _ in METRICS] + [label for label, _, _ in DERIVED]
-    lines = ["| d | mask | S | impl | pass | " + " | ".join(labels)
+    head = ["# Nsight Compute: the main kernel of each range", "",
+            f"`{report['command']}`; git {report['git_revision']}; clocks not locked, each "
+            "kernel replayed alone with caches flushed between passes (ncu's defaults "
+            "besides `--clock-control none`)", ""] if report.get("command") else []
+    lines = head + ["| d | mask | S | impl | pass | " + " | ".join(labels)
              + " | top stalls (warps per issue) |", "|" + "---|" * (6 + len(labels))]
     for r in report["rows"]:
         cells = []
@@ -141,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: the folder")
     parser.add_argument("--tag", default="ncu_summary")
+    parser.add_argument("--command", default=None, help="how the profile was taken")
+    parser.add_argument("--revision", default=None, help="the git revision profiled")
     args = parser.parse_args(argv)
     for name in ("raw.csv", "ranges.json"):
         if not (args.folder / name).is_file():
@@ -151,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"ncu_summary: {err}", file=sys.stderr)
         return 2
+    if args.command:
+        report.update(command=args.command, git_revision=args.revision or "unknown")
     save_report(args.out or args.folder, args.tag, report, markdown(report))
     return 0
 
