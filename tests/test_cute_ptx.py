@@ -139,18 +139,20 @@ def test_row_stats_are_read_padded_with_zeros(seqlen_q):
 
 def test_the_forward_grid_follows_the_measured_rule():
     """Persistent at every length; full masks: every head interleaved, each CTA taking every
-    CTAs-th tile; causal masks: L2 sections of heads, tiles taken from a counter."""
-    from dash_cuda.backends.cute.launch import forward_grid, l2_heads
+    CTAs-th tile; causal masks: L2 sections of heads, tiles taken from a counter from
+    S_q = DYNAMIC_CAUSAL on."""
+    from dash_cuda.backends.cute.launch import DYNAMIC_CAUSAL, forward_grid, l2_heads
 
     k = torch.empty(1, 8192, 1, 128, dtype=torch.bfloat16)
     section = l2_heads(k, 16)
     assert section < 16  # so that sections and interleaved heads differ below
     for d in (64, 128):
-        for s in (512, 2048, 16384):
+        for s in (512, DYNAMIC_CAUSAL - 1, DYNAMIC_CAUSAL, 16384):
+            dynamic = s >= DYNAMIC_CAUSAL
             assert forward_grid(d, False, s, 5000, 132, k, 16) == (132, 16, False)
             assert forward_grid(d, False, s, 100, 132, k, 16) == (100, 16, False)
-            assert forward_grid(d, True, s, 5000, 132, k, 16) == (132, section, True)
-            assert forward_grid(d, True, s, 100, 132, k, 16) == (100, section, True)
+            assert forward_grid(d, True, s, 5000, 132, k, 16) == (132, section, dynamic)
+            assert forward_grid(d, True, s, 100, 132, k, 16) == (100, section, dynamic)
 
 
 def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():

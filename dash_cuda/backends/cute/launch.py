@@ -301,6 +301,9 @@ def l2_heads(k: torch.Tensor, heads: int) -> int:
     return min(1 << (fit.bit_length() - 1), heads)
 
 
+DYNAMIC_CAUSAL = 1024  # S_q from which causal forwards hand out tiles from a counter
+
+
 def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: int,
                  k: torch.Tensor, heads: int) -> tuple[int, int, bool]:
     """``(CTAs, heads per causal section, dynamic)`` of a forward launch, by measurement on
@@ -309,15 +312,16 @@ def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: in
     Persistent (one CTA per SM, or one per tile where there are fewer tiles) at both head
     dims and every length. Full masks: every CTA takes every CTAs-th tile of the list, all
     heads interleaved (the tiles are equal). Causal masks: the tiles longest first within
-    sections of :func:`l2_heads` heads, whose K and V the tiles in flight share in L2, each
-    CTA taking the next tile from a counter as it finishes one ("dynamic"), so that uneven
-    tiles balance without a CTA launch per tile: 4 - 10 % faster than every static option at
-    ``S_q`` = 2048 - 8192, level at 1024 and 16384. ``head_dim`` and ``seqlen_q`` do not
-    enter the rule (measured at d = 64 and 128, ``S_q`` = 1024 ... 16384).
+    sections of :func:`l2_heads` heads, whose K and V the tiles in flight share in L2; from
+    ``S_q = DYNAMIC_CAUSAL`` on, each CTA takes the next tile from a counter as it finishes
+    one ("dynamic"), so that uneven tiles balance without a CTA launch per tile: 4 - 10 %
+    faster than every static option at ``S_q`` = 2048 - 8192, level at 1024 and 16384 (not
+    measured below 1024, where the static sections stay). ``head_dim`` does not enter the
+    rule (measured at d = 64 and 128).
     """
     if not causal:
         return min(tiles, sms), heads, False
-    return min(tiles, sms), l2_heads(k, heads), True
+    return min(tiles, sms), l2_heads(k, heads), seqlen_q >= DYNAMIC_CAUSAL
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
