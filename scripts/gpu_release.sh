@@ -156,8 +156,10 @@ profile)
         > "$LOG/source.csv" 2> "$LOG/source.err"
     ls -la "$LOG"
     tail -n 5 "$LOG/ncu.log"
-    $PY benchmarks/ncu_summary.py "$LOG" --revision "$DASH_GIT_REV" --command \
-        "NCU_CASES='${NCU_CASES:-}' NCU_IMPLS='${NCU_IMPLS:-}' scripts/gpu_release.sh profile OUT"
+    for tool in ncu_summary ncu_hotspots; do
+        $PY benchmarks/$tool.py "$LOG" --revision "$DASH_GIT_REV" --command \
+            "NCU_CASES='${NCU_CASES:-}' NCU_IMPLS='${NCU_IMPLS:-}' scripts/gpu_release.sh profile OUT"
+    done
     ;;
 suite)
     step tests 560 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \

@@ -113,3 +113,38 @@ def test_forward_grid_lists_every_option_once_tile_heights_vary():
     best = max(speeds, key=speeds.get)
     assert lines[0].split(" | ")[3] == best and "| 1.000 |" in lines[0]
     assert sum(" | yes | yes |" in x for x in lines) == 1  # the rule's line only
+
+
+def _write_source(path: Path, sections: list[tuple[str, list[tuple[str, int, int]]]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        for name, rows in sections:
+            w.writerow(["Kernel Name", name])
+            w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)",
+                        "Warp Stall Sampling (Not-issued Samples)", "Instructions Executed"])
+            for n, (sass, samples, executed) in enumerate(rows):
+                w.writerow([hex(n * 16), f"      {sass}", samples, samples // 2, executed])
+
+
+def test_ncu_hotspots_shares_the_main_kernels_samples_by_opcode(tmp_path):
+    import ncu_hotspots
+
+    rng = random.Random(13)
+    mufu, sts, bra = (rng.randint(50, 500) for _ in range(3))
+    _write_source(tmp_path / "source.csv", [
+        ("spin_kernel", [("EXIT ;", 1, 1)]),
+        ("prep", [("LDG.E R2, desc[UR4][R2.64] ;", 3, 10)]),
+        ("attn", [("MUFU.EX2 R4, R4 ;", mufu, 64), ("@!P0 BRA 0x10 ;", bra, 8),
+                  ("STS [R2], R4 ;", sts, 32), ("STS [R3], R5 ;", 0, 32),
+                  ("NOP ;", 0, 0)]),
+    ])
+    (tmp_path / "ranges.json").write_text(json.dumps(
+        [{"d": 64, "mask": "full", "S": 1024, "impl": "x", "pass": "bwd"}]))
+    (row,) = ncu_hotspots.hotspots(tmp_path)["rows"]
+    total = mufu + sts + bra
+    assert row["kernel"] == "attn" and row["samples"] == total
+    assert row["share"]["MUFU.EX2"] == pytest.approx(100 * mufu / total, abs=0.01)
+    assert row["share"]["BRA"] == pytest.approx(100 * bra / total, abs=0.01)
+    assert row["code"] == {"MUFU.EX2": 1, "BRA": 1, "STS": 2}  # NOP never executed
+    table = ncu_hotspots.markdown({"rows": [row]})
+    assert "| 2 / 0 / 0 / 1 |" in table
