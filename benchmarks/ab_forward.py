@@ -14,7 +14,9 @@ clock hits all), FlashAttention-4's forward when importable, and checks O and LS
 base against the candidate with ``torch.equal``: a change that only reorders independent
 work must keep the bits. All run through ``dash_cuda.attention_forward``'s launch, whose grid
 follows the candidate's tile height (a persistent base kernel walks its own tiles whatever
-the grid). Writes ``ab_forward.json`` and ``ab_forward.md``.
+the grid); a base from before the tile counter (``17957ae``) gets the launch's arguments
+less the counter and hands its tiles out statically. Writes ``ab_forward.json`` and
+``ab_forward.md``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,30 @@ def load_base(path: Path):
     sys.modules[spec.name] = module  # dataclasses look their module up there
     exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - our own file
     return module
+
+
+# Positions, in the launch arguments of ``launch.ForwardVariant.placeholder_args`` and
+# ``launch.run_forward``, of the tile counter's pointer and the ``dynamic`` flag, which
+# kernels from before ``17957ae`` do not take.
+COUNTER_ARGS = (5, 13)
+
+
+def takes_counter(module) -> bool:
+    """Whether a base kernel takes the tile counter (it hands out tiles dynamically)."""
+    return "counter_ptr" in Path(module.__file__).read_text()
+
+
+def without_counter(args):
+    """A launch's arguments as a kernel from before the tile counter takes them."""
+    return [a for n, a in enumerate(args) if n not in COUNTER_ARGS]
+
+
+def callable_as_candidate(module, kernel):
+    """The base kernel, called with the candidate's launch arguments (an older base runs
+    its static tile hand-out whatever the launch asks for)."""
+    if takes_counter(module):
+        return kernel
+    return lambda *args: kernel(*without_counter(args))
 
 
 def base_kernel(module, variant, seqlen_q: int):
@@ -71,13 +97,14 @@ def grid_variants(args):
 def compile_base(module, variant, seqlen_q: int):
     """The base's compiled kernel for ``variant``'s cell and its tile height."""
     obj, block_m = base_kernel(module, variant, seqlen_q)
-    return compile_object(obj, variant), block_m
+    return compile_object(obj, variant, module), block_m
 
 
-def compile_object(obj, variant):
+def compile_object(obj, variant, module):
     from dash_cuda.backends.cute import launch
 
-    return launch.compile_object(obj, variant.placeholder_args())
+    args = variant.placeholder_args()
+    return launch.compile_object(obj, args if takes_counter(module) else without_counter(args))
 
 
 def aot_name(variant, block_m: int) -> str:
@@ -109,8 +136,10 @@ def load_or_compile(path: Path, module, variant, seqlen_q: int, aot: Path | None
     obj, block_m = base_kernel(module, variant, seqlen_q)
     name = aot_name(variant, block_m)
     if aot is not None and (aot / path.stem / (name + ".o")).is_file():
-        return launch.load_exported(str(aot / path.stem), name), block_m
-    return compile_object(obj, variant), block_m
+        kernel = launch.load_exported(str(aot / path.stem), name)
+    else:
+        kernel = compile_object(obj, variant, module)
+    return callable_as_candidate(module, kernel), block_m
 
 
 def run(args) -> dict:
