@@ -112,3 +112,26 @@ def test_portable_auto_repeats_across_worker_counts(backend):
     again = dash_cuda.attention_backward(q, k, v, o, lse, do, causal=True, portable=True,
                                          num_workers=132, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cute_forward_repeats_with_tiles_handed_out_from_a_counter(d):
+    """L0 for the forward's dynamic tile hand-out (causal, S_q >= DYNAMIC_CAUSAL): which CTA
+    takes which tile changes from run to run, more so with a busy second stream; O and LSE2
+    must not, and every element is written (outputs poisoned with NaN each time)."""
+    from gpu_cases import need
+
+    need("cute", d)
+    from dash_cuda.backends.cute.launch import DYNAMIC_CAUSAL, run_forward
+
+    q, k, v, _ = inputs((2, 8, 2, DYNAMIC_CAUSAL + 517, DYNAMIC_CAUSAL + 517), d,
+                        torch.bfloat16, seed=31 + d)
+    first = run_forward(q, k, v, True, 0.125, poison=True)
+    assert torch.isfinite(first[0]).all()
+    busy = BusyStream(32)
+    for trial in range(TRIALS):
+        if trial % 2:
+            busy.kick()
+        again = run_forward(q, k, v, True, 0.125, poison=True, dynamic=True)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), trial
+    torch.cuda.synchronize()
