@@ -13,14 +13,12 @@ many instructions of each kind the kernel's code has::
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
-from report import save_report
+from ncu_summary import profile_main, ranges_of
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -51,20 +49,9 @@ def kernels(path: Path) -> list[dict]:
 
 
 def hotspots(folder: Path) -> dict:
-    ranges = json.loads((folder / "ranges.json").read_text())
-    groups: list[list[dict]] = []
-    for k in kernels(folder / "source.csv"):
-        if "spin_kernel" in k["name"]:
-            groups.append([])
-        elif groups:
-            groups[-1].append(k)
-    if len(groups) != len(ranges):
-        raise ValueError(f"{len(groups)} marked ranges in source.csv, {len(ranges)} in "
-                         "ranges.json")
     rows = []
-    for meta, group in zip(ranges, groups):
-        if not group:
-            continue
+    for meta, group in ranges_of(folder, kernels(folder / "source.csv"), "source.csv",
+                                 lambda k: k["name"]):
         main = max(group, key=lambda k: sum(s for _, s, _ in k["rows"]))
         total = sum(s for _, s, _ in main["rows"]) or 1
         by_op: Counter = Counter()
@@ -90,37 +77,19 @@ def markdown(report: dict) -> str:
              "in the code |", "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         top = ", ".join(f"{op} {v:.1f}" for op, v in list(r["share"].items())[:TOP])
-        code = r["code"]
-        counts = " / ".join(str(sum(n for op, n in code.items() if op.split(".")[0] == kind))
-                            for kind in ("STS", "STSM"))
-        counts += f" / {sum(n for op, n in code.items() if op.split('.')[0] == 'LDS')}"
-        counts += f" / {code.get('MUFU.EX2', 0)}"
+        kinds: Counter = Counter()
+        for op, n in r["code"].items():
+            kinds[op.split(".")[0]] += n
+        counts = " / ".join(str(kinds[k]) for k in ("STS", "STSM", "LDS"))
+        counts += f" / {r['code'].get('MUFU.EX2', 0)}"
         lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {r['impl']} | {r['pass']} | "
                      f"{top} | {counts} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="default: the folder")
-    parser.add_argument("--tag", default="ncu_hotspots")
-    parser.add_argument("--command", default=None, help="how the profile was taken")
-    parser.add_argument("--revision", default=None, help="the git revision profiled")
-    args = parser.parse_args(argv)
-    for name in ("source.csv", "ranges.json"):
-        if not (args.folder / name).is_file():
-            print(f"ncu_hotspots: {args.folder / name} not found", file=sys.stderr)
-            return 2
-    try:
-        report = hotspots(args.folder)
-    except ValueError as err:
-        print(f"ncu_hotspots: {err}", file=sys.stderr)
-        return 2
-    if args.command:
-        report.update(command=args.command, git_revision=args.revision or "unknown")
-    save_report(args.out or args.folder, args.tag, report, markdown(report))
-    return 0
+    return profile_main(argv, "ncu_hotspots", __doc__.splitlines()[0], "source.csv",
+                        hotspots, markdown)
 
 
 if __name__ == "__main__":

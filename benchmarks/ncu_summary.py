@@ -71,29 +71,30 @@ def number(text: str) -> float | None:
         return None
 
 
-def split_ranges(kernels: list[dict[str, str]]) -> list[list[dict[str, str]]]:
-    """Kernels after each ``spin_kernel`` marker, up to the next one."""
-    out: list[list[dict[str, str]]] = []
+def ranges_of(folder: Path, kernels: list, source: str, name=lambda k: k["Kernel Name"]
+              ) -> list[tuple[dict, list]]:
+    """``(range, its kernels)`` for every range of ``ranges.json`` that ran a kernel: the
+    kernels after each ``spin_kernel`` marker up to the next (``name`` gives a kernel's
+    name; ``source`` names the export in the error when the counts differ)."""
+    ranges = json.loads((folder / "ranges.json").read_text())
+    groups: list[list] = []
     for k in kernels:
-        if "spin_kernel" in k.get("Kernel Name", ""):
-            out.append([])
-        elif out:
-            out[-1].append(k)
-    return out
+        if "spin_kernel" in name(k):
+            groups.append([])
+        elif groups:
+            groups[-1].append(k)
+    if len(groups) != len(ranges):
+        raise ValueError(f"{len(groups)} marked ranges in {source}, {len(ranges)} in "
+                         "ranges.json")
+    return [(meta, group) for meta, group in zip(ranges, groups) if group]
 
 
 def summarize(folder: Path) -> dict:
     header, units, kernels = read_raw(folder / "raw.csv")
-    ranges = json.loads((folder / "ranges.json").read_text())
-    groups = split_ranges(kernels)
-    if len(groups) != len(ranges):
-        raise ValueError(f"{len(groups)} marked ranges in raw.csv, {len(ranges)} in ranges.json")
     time_col = "gpu__time_duration.sum"
     scale = TIME_UNITS.get(units.get(time_col, "usecond"), 1.0)
     rows = []
-    for meta, group in zip(ranges, groups):
-        if not group:
-            continue
+    for meta, group in ranges_of(folder, kernels, "raw.csv", lambda k: k.get("Kernel Name", "")):
         main = max(group, key=lambda k: number(k.get(time_col, "")) or 0.0)
         rec = dict(meta)
         rec["kernel"] = main.get("Kernel Name", "")[:60]
@@ -140,27 +141,35 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def profile_main(argv: list[str] | None, tool: str, description: str, export: str,
+                 build, table) -> int:
+    """The command line of a report over a profile folder (``export`` and ``ranges.json``
+    in it): ``build(folder)`` makes the report, ``table(report)`` its Markdown."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: the folder")
-    parser.add_argument("--tag", default="ncu_summary")
+    parser.add_argument("--tag", default=tool)
     parser.add_argument("--command", default=None, help="how the profile was taken")
     parser.add_argument("--revision", default=None, help="the git revision profiled")
     args = parser.parse_args(argv)
-    for name in ("raw.csv", "ranges.json"):
+    for name in (export, "ranges.json"):
         if not (args.folder / name).is_file():
-            print(f"ncu_summary: {args.folder / name} not found", file=sys.stderr)
+            print(f"{tool}: {args.folder / name} not found", file=sys.stderr)
             return 2
     try:
-        report = summarize(args.folder)
+        report = build(args.folder)
     except ValueError as err:
-        print(f"ncu_summary: {err}", file=sys.stderr)
+        print(f"{tool}: {err}", file=sys.stderr)
         return 2
     if args.command:
         report.update(command=args.command, git_revision=args.revision or "unknown")
-    save_report(args.out or args.folder, args.tag, report, markdown(report))
+    save_report(args.out or args.folder, args.tag, report, table(report))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return profile_main(argv, "ncu_summary", __doc__.splitlines()[0], "raw.csv", summarize,
+                        markdown)
 
 
 if __name__ == "__main__":

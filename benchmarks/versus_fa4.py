@@ -97,8 +97,10 @@ def run(args) -> dict:
                 closures["fa4:fwd"] = fwd
         runs, modes = {}, {}
         for key, fn in closures.items():
-            runs[key], modes[key] = (fn, "eager") if args.eager else replayable(fn,
-                                                                                 args.warmup)
+            if args.eager:
+                runs[key], modes[key] = fn, "eager"
+            else:
+                runs[key], modes[key] = replayable(fn, args.warmup)
         keys = list(runs)
         ms: dict[str, list[float]] = {key: [] for key in keys}
         for r in range(args.rounds):
