@@ -3,7 +3,9 @@
 Runs :func:`verify.audit.audit` (forward + backward on identical inputs, with a busy second
 stream, fresh allocations and unrelated work between runs) for every implementation that
 is importable here, on the paper's grid at S = 1k and 8k, and a long audit (1000 trials by
-default) of every dash_cuda schedule and of its atomic peer on one shape. Writes
+default) of every dash_cuda schedule and of its atomic peer on one shape per mask (the causal
+forward hands its tiles out from a counter: the order CTAs take tiles in varies from run to
+run, the bits must not). Writes
 ``determinism.json`` and ``determinism.md`` to ``--out``.
 
     PYTHONPATH=. python benchmarks/determinism_report.py --out benchmarks/results
@@ -89,7 +91,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--seqlens", default="1024,8192")
@@ -97,10 +99,17 @@ def main() -> int:
     ap.add_argument("--long-trials", type=int, default=1000, help="per dash_cuda schedule")
     ap.add_argument("--backends", default="triton",
                     help="comma-separated dash_cuda backends of the long audit")
+    ap.add_argument("--long-masks", default="full,causal",
+                    help="comma-separated masks of the long audit (one shape each)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="only the long audit of the dash_cuda schedules")
     ap.add_argument("--tag", default="determinism", help="file stem of the report")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    masks = args.long_masks.split(",")
+    if not set(masks) <= {"full", "causal"}:
+        print(f"--long-masks: unknown mask in {args.long_masks!r} (full, causal)",
+              file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("determinism_report needs a CUDA device", file=sys.stderr)
         return 2
@@ -117,10 +126,11 @@ def main() -> int:
     rows = []
     ours = [f"dash-{be}:{n}" for be in args.backends.split(",")
             for n in (*DETERMINISTIC, "atomic")]
-    long_problem = Problem(4, 32, 32, 4096, 4096, 64, "full")
     print(f"long audit, {args.long_trials} trials each:", flush=True)
-    for name in ours:
-        rows.append(run_audit(name, long_problem, args.long_trials))
+    for mask in masks:
+        long_problem = Problem(4, 32, 32, 4096, 4096, 64, mask)
+        for name in ours:
+            rows.append(run_audit(name, long_problem, args.long_trials))
     peers = available(list(PEERS)) if args.grid else []
     if args.grid:
         print(f"grid audit, {args.trials} trials each:", flush=True)

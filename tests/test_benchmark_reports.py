@@ -1,6 +1,6 @@
-"""Report arithmetic of two GPU benchmark scripts, on made-up measurements: the ratios
-``versus_fa4.py`` reports, and how ``ncu_summary.py`` assigns Nsight Compute's kernels to
-the workload's ranges."""
+"""Report arithmetic of the GPU benchmark scripts, on made-up measurements: the ratios
+``versus_fa4.py`` reports, how ``ncu_summary.py`` assigns Nsight Compute's kernels to the
+workload's ranges, and their refusals of bad arguments."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import determinism_report  # noqa: E402
 import ncu_summary  # noqa: E402
 import versus_fa4  # noqa: E402
 
@@ -63,6 +64,11 @@ def test_versus_fa4_table_has_a_row_per_cell():
 def test_versus_fa4_refuses_bad_arguments(capsys):
     assert versus_fa4.main(["--rounds", "0"]) == 2
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_determinism_report_refuses_an_unknown_mask_before_looking_for_a_gpu(capsys):
+    assert determinism_report.main(["--long-masks", "full,sliding"]) == 2
+    assert "--long-masks" in capsys.readouterr().err
 
 
 def _write_raw(path: Path, kernels: list[tuple[str, float, float]]) -> None:
