@@ -103,12 +103,18 @@ class TileConfig:
     # d = 64: 2 - 10 %, once dS^T is packed explicitly, see [ds] in the visit loop: before,
     # ptxas serialized every wgmma of the late d = 64 kernel and early won by 10 - 19 %).
     early_dk: bool = False
+    # Full masks: every tile runs [softmax_p]'s selects (they keep every element of a tile
+    # that needs no mask) instead of a branch around them. Without the branch, the
+    # exponentials and [ds] are one basic block and ptxas interleaves them across the wait
+    # for dP. Measured on an H200 (docs/performance.md): d = 128 +1 - 6 % deterministic;
+    # d = 64 spills inside the visit loop. Causal masks keep the branch.
+    full_mask_selects: bool = False
 
 
 # The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
 # 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
 # would make the tiling depend on the mask).
-TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128)}
+TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, full_mask_selects=True)}
 
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
@@ -197,6 +203,7 @@ class DashBackwardSm90:
         self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
         assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
         self.early_dk = cfg.early_dk
+        self.always_select = cfg.full_mask_selects and not causal
         self.cvt_kind = "bf16" if dtype is cutlass.BFloat16 else "f16"
 
     # -- MMAs ----------------------------------------------------------------------------------
@@ -688,20 +695,28 @@ class DashBackwardSm90:
         In tile-local coordinates (key row ``r``, query column ``c``) an element is visible
         iff ``r < keys_left`` (key < S_k), ``c < rows_left`` (query < S_q) and, causal,
         ``r - c <= diagonal`` (key <= query + S_k - S_q). Tiles that need none of the three
-        tests skip the selects entirely.
+        tests skip the selects by a branch, unless the variant selects on every tile
+        (``TileConfig.full_mask_selects``).
         """
-        bm, bn = self.bm, self.bn
-        ragged = (keys_left < bn) | (rows_left < bm)
-        if const_expr(self.causal):
-            ragged = ragged | (diagonal < bn - 1)
-        if ragged:
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r, c = coords[e][0], coords[e][1]
-                visible = (r < keys_left) & (c < rows_left)
-                if const_expr(self.causal):
-                    visible = visible & (r - c <= diagonal)
-                acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(0.0))
+        if const_expr(self.always_select):
+            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
+        else:
+            bm, bn = self.bm, self.bn
+            ragged = (keys_left < bn) | (rows_left < bm)
+            if const_expr(self.causal):
+                ragged = ragged | (diagonal < bn - 1)
+            if ragged:
+                self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
 
+    @cute.jit
+    def select_visible(self, acc_s, coords, keys_left, rows_left, diagonal):
+        """The selects of :meth:`mask_scores`, one per element."""
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r, c = coords[e][0], coords[e][1]
+            visible = (r < keys_left) & (c < rows_left)
+            if const_expr(self.causal):
+                visible = visible & (r - c <= diagonal)
+            acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(0.0))
 
     @cute.jit
     def store_dkv_tma(self, acc_dk, acc_dv, out, epi_bar, tid, b, h_kv, j, softmax_scale,
