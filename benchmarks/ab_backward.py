@@ -149,14 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"ab_backward: no folder {', '.join(missing)}", file=sys.stderr)
         return 2
-    import torch
-
-    if not torch.cuda.is_available():
-        print("ab_backward: no CUDA device", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import save_report
+    from report import no_cuda, save_report
 
+    if no_cuda("ab_backward"):
+        return 2
     report = run(args)
     save_report(args.out, "ab_backward", report, markdown(report))  # prints the table
     return 0

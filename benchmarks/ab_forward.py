@@ -236,13 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         export(args)
         return 0
-    import torch
+    from report import no_cuda, save_report
 
-    if not torch.cuda.is_available():
-        print("ab_forward: no CUDA device", file=sys.stderr)
+    if no_cuda("ab_forward"):
         return 2
-    from report import save_report
-
     report = run(args)
     save_report(args.out, "ab_forward", report, markdown(report))  # prints the table
     return 0

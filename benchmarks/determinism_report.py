@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from report import git_revision
+from report import git_revision, no_cuda
 
 from dash_ref import DETERMINISTIC, Problem
 from verify.audit import audit
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--long-masks: unknown mask in {args.long_masks!r} (full, causal)",
               file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("determinism_report needs a CUDA device", file=sys.stderr)
+    if no_cuda("determinism_report"):
         return 2
     t0 = time.time()
     meta = {

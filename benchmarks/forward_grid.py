@@ -126,14 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="time these tile heights too (those the head dim has)")
     ap.add_argument("--tag", default="forward_grid")
     args = ap.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("forward_grid: no CUDA device", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import provenance, save_report
+    from report import no_cuda, provenance, save_report
 
+    if no_cuda("forward_grid"):
+        return 2
     cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks
              for s in args.seqlens]
     report = {**provenance("forward_grid.py", argv),

@@ -145,14 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="full mask (default causal)")
     ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("host_overhead: no CUDA device", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import provenance, save_report
+    from report import no_cuda, provenance, save_report
 
+    if no_cuda("host_overhead"):
+        return 2
     report = measure(tuple(args.shape), not args.full, args.calls)
     report.update(provenance("host_overhead.py", argv))
     save_report(args.out, "host_overhead", report, markdown(report))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures
+from report import no_cuda
 
 IMPLS = ("cute:shift", "cute:atomic", "fa4-det", "fa4")
 
@@ -48,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"ncu_workload: {err}", file=sys.stderr)
         return 2
+    if no_cuda("ncu_workload"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("ncu_workload: needs a CUDA GPU", file=sys.stderr)
-        return 2
     from verify.impls import load_fa4
 
     fa = load_fa4()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from profile_backward import kernel_times, parse_cell
-from report import save_report
+from report import no_cuda, save_report
 
 TOKENS, HIDDEN = 16384, 2048
 PHASES = {  # name: (from slot, to slot), visit slots of bwd_kernel's probe
@@ -148,11 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", nargs="+", default=["shift", "atomic"])
     args = ap.parse_args(argv)
 
+    if no_cuda("probe_backward"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("probe_backward: needs a CUDA GPU", file=sys.stderr)
-        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for d, mask, s in args.cells:

@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from report import save_report
+from report import no_cuda, save_report
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -92,11 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args(argv)
 
+    if no_cuda("profile_backward"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("profile_backward: needs a CUDA GPU", file=sys.stderr)
-        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     cells = []
     for d, mask, s in args.cells:

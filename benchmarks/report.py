@@ -31,6 +31,17 @@ def provenance(script: str, argv: list[str] | None) -> dict[str, str]:
             "git_revision": git_revision()}
 
 
+def no_cuda(tool: str) -> bool:
+    """True, after a one-line message on stderr, where this process sees no CUDA device: a
+    GPU benchmark's ``main`` then exits 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"{tool}: needs a CUDA device", file=sys.stderr)
+    return True
+
+
 def save_report(out: Path, stem: str, report: dict, table: str) -> None:
     """``OUT/STEM.json`` (every measurement) and ``OUT/STEM.md`` (the table); prints the table."""
     out.mkdir(parents=True, exist_ok=True)

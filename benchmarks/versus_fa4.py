@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import provenance, save_report
+from report import no_cuda, provenance, save_report
 
 SCHEDULES = {"full": ["shift", "symmetric_shift", "spt", "descending", "naive"],
              "causal": ["symmetric_shift", "spt", "descending", "shift", "naive"]}
@@ -177,10 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print("versus_fa4: --rounds and --reps must be >= 1, --schedules in 0..5",
               file=sys.stderr)
         return 2
-    import torch
-
-    if not torch.cuda.is_available():
-        print("versus_fa4: needs a CUDA GPU", file=sys.stderr)
+    if no_cuda("versus_fa4"):
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
     report = run(args)

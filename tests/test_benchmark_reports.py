@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import determinism_report  # noqa: E402
 import ncu_summary  # noqa: E402
+import report  # noqa: E402
 import versus_fa4  # noqa: E402
 
 
@@ -69,6 +70,14 @@ def test_versus_fa4_refuses_bad_arguments(capsys):
 def test_determinism_report_refuses_an_unknown_mask_before_looking_for_a_gpu(capsys):
     assert determinism_report.main(["--long-masks", "full,sliding"]) == 2
     assert "--long-masks" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_benchmarks_refuse_to_run_without_a_cuda_device(capsys):
+    assert report.no_cuda("versus_fa4") is True
+    assert capsys.readouterr().err == "versus_fa4: needs a CUDA device\n"
+    assert versus_fa4.main(["--rounds", "1"]) == 2
+    assert "versus_fa4: needs a CUDA device" in capsys.readouterr().err
 
 
 def _write_raw(path: Path, kernels: list[tuple[str, float, float]]) -> None:
