@@ -15,7 +15,9 @@
 #
 #   scripts/gpu_release.sh stage OUT     # copy the first half of the FA4 bundle to /tmp
 #   scripts/gpu_release.sh verify OUT    # unpack; warm up; the whole GPU suite, both backends
-#   scripts/gpu_release.sh grid OUT      # the benchmark grid; the CuTe determinism report
+#   scripts/gpu_release.sh grid OUT      # the benchmark grid
+#   scripts/gpu_release.sh determinism OUT  # the CuTe determinism report (1000 trials per
+#                                        # schedule, full and causal)
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
 #                                        # call; the forward's launch options; kernels per
 #                                        # call and phases inside the CuTe backward
@@ -27,7 +29,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|determinism|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
@@ -84,7 +86,7 @@ audit)
     step tests 200 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py
     step determinism 380 $PY benchmarks/determinism_report.py --out "$LOG" \
-        --long-trials 1000 --trials 20
+        --long-trials 1000 --trials 20 --long-masks full
     tail -n 3 "$LOG/tests.log"
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 70
@@ -116,11 +118,14 @@ grid)
     fa4_unpack
     step bench 400 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
         --backends cute triton --time-budget 350
-    step determinism 170 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
-        --no-grid --long-trials 1000 --tag determinism_cute
     [ -f "$LOG/bench_attention.md" ] && sed -n -e '/best deterministic `cute`/,/^$/p' \
         -e '/## Forward/,$p' "$LOG/bench_attention.md"
-    grep -E "repeatable" "$LOG/determinism.log" | tail -n 8
+    ;;
+determinism)
+    fa4_unpack
+    step determinism 300 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
+        --no-grid --long-trials 1000 --tag determinism_cute
+    grep -E "repeatable" "$LOG/determinism.log" | tail -n 14
     ;;
 train)
     fa4_unpack
