@@ -26,33 +26,21 @@ from pathlib import Path
 
 
 def variants(head_dims):
-    """The kernels the grid runs: bf16, both masks, deterministic and atomic (aligned too,
-    where the head dim has that variant: the grid's lengths are tile multiples)."""
+    """The kernels the grid runs: bf16, both masks, deterministic and atomic."""
     import torch
 
     from dash_cuda.backends.cute import launch
-    from dash_cuda.backends.cute.bwd_kernel import TILES
 
-    return [launch.Variant(torch.bfloat16, d, causal, det, False, False, aligned=aligned)
-            for d in head_dims for causal in (False, True) for det in (True, False)
-            for aligned in ((False, True) if TILES[d].aligned_variant and not causal
-                            else (False,))]
+    return [launch.Variant(torch.bfloat16, d, causal, det, False, False)
+            for d in head_dims for causal in (False, True) for det in (True, False)]
 
 
 def load_base(folder: Path, head_dims) -> dict:
-    """``{variant: kernel}`` of the objects exported into ``folder``. A revision without an
-    aligned variant ran its plain kernel on aligned shapes: that kernel stands in for it."""
-    from dataclasses import replace
-
+    """``{variant: kernel}`` of the objects exported into ``folder``."""
     from dash_cuda.backends.cute import launch
 
-    kernels = {v: launch.load_exported(str(folder), v.name)
-               for v in variants(head_dims) if (folder / f"{v.name}.o").is_file()}
-    for v in variants(head_dims):
-        plain = replace(v, aligned=False)
-        if v not in kernels and plain in kernels:
-            kernels[v] = kernels[plain]
-    return kernels
+    return {v: launch.load_exported(str(folder), v.name)
+            for v in variants(head_dims) if (folder / f"{v.name}.o").is_file()}
 
 
 def run(args) -> dict:

@@ -68,7 +68,6 @@ def cute_variants(dtypes, head_dims) -> list:
     dK/dV, and so does GQA)."""
     import torch
 
-    from dash_cuda.backends.cute.bwd_kernel import TILES
     from dash_cuda.backends.cute.fwd_kernel import forward_block_ms
     from dash_cuda.backends.cute.launch import ForwardVariant, Variant
 
@@ -78,10 +77,9 @@ def cute_variants(dtypes, head_dims) -> list:
     for dtype, d, causal, det in itertools.product(dtypes, head_dims, (False, True),
                                                    (True, False)):
         dt = getattr(torch, DTYPES[dtype])
-        for aligned in (False, True) if TILES[d].aligned_variant and not causal else (False,):
-            out += [Variant(dt, d, causal, det, audit=False, per_head=False, aligned=aligned),
-                    Variant(dt, d, causal, det, audit=False, per_head=True, aligned=aligned),
-                    Variant(dt, d, causal, det, audit=True, per_head=True, aligned=aligned)]
+        out += [Variant(dt, d, causal, det, audit=False, per_head=False),
+                Variant(dt, d, causal, det, audit=False, per_head=True),
+                Variant(dt, d, causal, det, audit=True, per_head=True)]
     return out
 
 

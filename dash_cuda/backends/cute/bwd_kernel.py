@@ -109,17 +109,12 @@ class TileConfig:
     # for dP. Measured on an H200 (docs/performance.md): d = 128 +1 - 6 % deterministic;
     # d = 64 spills inside the visit loop. Causal masks keep the branch.
     full_mask_selects: bool = False
-    # Full masks whose S_q and S_k are tile multiples need no select at all: such shapes get
-    # a variant without them (``aligned``), whose bits are those of the selects. Measured on
-    # an H200 (docs/performance.md): d = 128 +0 - 7 %; d = 64 spills inside the visit loop.
-    aligned_variant: bool = False
 
 
 # The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
 # 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
 # would make the tiling depend on the mask).
-TILES = {64: TileConfig(128, 128),
-         128: TileConfig(64, 128, full_mask_selects=True, aligned_variant=True)}
+TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, full_mask_selects=True)}
 
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
@@ -176,18 +171,15 @@ class DashBackwardSm90:
     wait for their rank; otherwise they run in arrival order. ``audit``: every partial is also
     copied to ``partials``. ``probe``: a diagnostic variant that writes cycle stamps over
     ``partials`` instead (see ``PROBE_VISIT_SLOTS``); its gradients are those of the plain
-    variant. ``aligned``: for a full mask with S_q and S_k tile multiples, where no element is
-    masked, a variant without selects (head dims whose ``TileConfig.aligned_variant`` is set).
+    variant.
     """
 
     def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool, probe: bool = False, aligned: bool = False):
+                 per_head: bool, probe: bool = False):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
         if head_dim not in TILES:
             raise ValueError(f"head_dim {head_dim} not supported (have {sorted(TILES)})")
-        if aligned and (causal or not TILES[head_dim].aligned_variant):
-            raise ValueError(f"no aligned variant for head_dim {head_dim}, causal={causal}")
         self.dtype = dtype
         self.d = head_dim
         cfg = TILES[head_dim]
@@ -212,7 +204,6 @@ class DashBackwardSm90:
         assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
         self.early_dk = cfg.early_dk
         self.always_select = cfg.full_mask_selects and not causal
-        self.aligned = aligned
         self.cvt_kind = "bf16" if dtype is cutlass.BFloat16 else "f16"
 
     # -- MMAs ----------------------------------------------------------------------------------
@@ -705,11 +696,11 @@ class DashBackwardSm90:
         iff ``r < keys_left`` (key < S_k), ``c < rows_left`` (query < S_q) and, causal,
         ``r - c <= diagonal`` (key <= query + S_k - S_q). Tiles that need none of the three
         tests skip the selects by a branch, unless the variant selects on every tile
-        (``TileConfig.full_mask_selects``). The aligned variant has no element to mask.
+        (``TileConfig.full_mask_selects``).
         """
-        if const_expr(self.always_select and not self.aligned):
+        if const_expr(self.always_select):
             self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
-        elif const_expr(not self.aligned):
+        else:
             bm, bn = self.bm, self.bn
             ragged = (keys_left < bn) | (rows_left < bm)
             if const_expr(self.causal):

@@ -51,8 +51,7 @@ CONTRACT: dict[str, Instruction] = {
                              "element (FFMA, MUFU.EX2: approximate, subnormals flushed); "
                              "masked: `selp.f32` 0 (FSEL), only in tiles that touch S_q, S_k "
                              "or the causal diagonal (d = 128 full masks: in every tile, "
-                             "keeping the elements no mask hides; none where S_q and S_k are "
-                             "tile multiples, the aligned variant)"),
+                             "keeping the elements no mask hides)"),
     "dv_step": Instruction("`wgmma.mma_async` with A = rnd(P^T) in registers, B = dO^T from "
                            "shared memory, dV_j as its accumulator (k = BM)"),
     "dp": Instruction("`wgmma.mma_async`, fresh accumulator, computed as dP^T = V_j dO_i^T "

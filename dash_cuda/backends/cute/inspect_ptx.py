@@ -45,8 +45,6 @@ def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVar
     for d, dt, causal, det, audit in itertools.product(dims, dtypes, (False, True),
                                                        (True, False), (False, True)):
         out.append(launch.Variant(dt, d, causal, det, audit, per_head=audit))
-        if TILES[d].aligned_variant and not causal:
-            out.append(launch.Variant(dt, d, causal, det, audit, per_head=audit, aligned=True))
     # GQA runs the per-head epilogue without audit
     for d, causal, det in itertools.product(dims, (False, True), (True, False)):
         out.append(launch.Variant(torch.bfloat16, d, causal, det, False, per_head=True))
@@ -134,12 +132,9 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
     need(len(pairs) == scores and all(a == b for a, b in pairs),
          f"{len(pairs)} fma.rn.f32 -> ex2.approx.ftz.f32 pairs, expected {scores}")
     # [softmax_p]'s mask: a select of the value or 0 per score element (ptxas may copy it
-    # into several paths), none in the aligned variant
+    # into several paths)
     n_selp = len(re.findall(r"\bselp\.(?:b32|f32)\s+%\w+,\s*%\w+,\s*0(?:f0+)?,\s*%p\w+;", ptx))
-    if v.aligned:
-        need(n_selp == 0, f"aligned variant has {n_selp} mask selects")
-    else:
-        need(n_selp >= scores, f"{n_selp} mask selects (selp x, 0), expected at least {scores}")
+    need(n_selp >= scores, f"{n_selp} mask selects (selp x, 0), expected at least {scores}")
     # [ds]: sub then mul, both rounded (no contraction into an fma)
     ds = re.findall(r"sub\.rn\.f32\s+(\w+),[^;]*;\s*mul\.rn\.f32\s+[^,]+,\s*[^,]+,\s*(\w+);", ptx)
     need(len(ds) == scores and all(a == b for a, b in ds),

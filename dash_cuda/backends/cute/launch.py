@@ -68,7 +68,6 @@ class Variant:
     audit: bool
     per_head: bool
     probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
-    aligned: bool = False  # full mask, tile-multiple lengths: no selects (see ``aligned``)
 
     @property
     def name(self) -> str:
@@ -78,14 +77,12 @@ class Variant:
         flags += ["audit"] if self.audit else []
         flags += ["perhead"] if self.per_head else []
         flags += ["probe"] if self.probe else []
-        flags += ["aligned"] if self.aligned else []
         return "dash_bwd_" + "_".join(flags)
 
     def kernel_object(self) -> DashBackwardSm90:
         return DashBackwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
                                 deterministic=self.deterministic, audit=self.audit,
-                                per_head=self.per_head, probe=self.probe,
-                                aligned=self.aligned)
+                                per_head=self.per_head, probe=self.probe)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -101,14 +98,7 @@ class Variant:
     def of(cls, launch: Launch) -> Variant:
         p = launch.problem
         return cls(launch.q.dtype, p.head_dim, p.mask == "causal", launch.deterministic,
-                   launch.audit, launch.per_head, aligned=aligned(p))
-
-
-def aligned(p: Problem) -> bool:
-    """Whether ``p`` runs the aligned variant: a full mask whose S_q and S_k are multiples
-    of the tiles (no element to mask), at a head dim that has one (``aligned_variant``)."""
-    return (p.mask == "full" and TILES[p.head_dim].aligned_variant
-            and p.seqlen_q % p.block_m == 0 and p.seqlen_k % p.block_n == 0)
+                   launch.audit, launch.per_head)
 
 
 def _ptr(dtype, address: int = 16):
