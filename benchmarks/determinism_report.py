@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from report import git_revision, no_cuda
 
-from dash_ref import DETERMINISTIC, Problem
+from dash_ref import DETERMINISTIC, MASKS, Problem
 from verify.audit import audit
 from verify.impls import get_impl, load_fa4
 
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="determinism", help="file stem of the report")
     args = ap.parse_args(argv)
     masks = args.long_masks.split(",")
-    if not set(masks) <= {"full", "causal"}:
-        print(f"--long-masks: unknown mask in {args.long_masks!r} (full, causal)",
+    if not set(masks) <= set(MASKS):
+        print(f"--long-masks: unknown mask in {args.long_masks!r} ({', '.join(MASKS)})",
               file=sys.stderr)
         return 2
     if no_cuda("determinism_report"):
