@@ -25,22 +25,23 @@ import sys
 from pathlib import Path
 
 
-def variants(head_dims):
-    """The kernels the grid runs: bf16, both masks, deterministic and atomic."""
+def variants(head_dims, per_head: bool = False):
+    """The kernels the grid runs: bf16, both masks, deterministic and atomic (``per_head``:
+    the grouped-query ones, which keep dK and dV per query head)."""
     import torch
 
     from dash_cuda.backends.cute import launch
 
-    return [launch.Variant(torch.bfloat16, d, causal, det, False, False)
+    return [launch.Variant(torch.bfloat16, d, causal, det, False, per_head)
             for d in head_dims for causal in (False, True) for det in (True, False)]
 
 
-def load_base(folder: Path, head_dims) -> dict:
+def load_base(folder: Path, head_dims, per_head: bool = False) -> dict:
     """``{variant: kernel}`` of the objects exported into ``folder``."""
     from dash_cuda.backends.cute import launch
 
     return {v: launch.load_exported(str(folder), v.name)
-            for v in variants(head_dims) if (folder / f"{v.name}.o").is_file()}
+            for v in variants(head_dims, per_head) if (folder / f"{v.name}.o").is_file()}
 
 
 def run(args) -> dict:
@@ -50,18 +51,22 @@ def run(args) -> dict:
     import dash_cuda
     from dash_cuda.backends.cute import launch
 
-    bases = {name: load_base(Path(folder), args.head_dims) for name, folder in args.base}
+    per_head = args.group > 1
+    bases = {name: load_base(Path(folder), args.head_dims, per_head)
+             for name, folder in args.base}
     if "candidate" in bases:
         raise SystemExit("ab_backward: 'candidate' names the working tree; rename that base")
-    candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims)}
+    candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims, per_head)}
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for d in args.head_dims:
         for causal in (False, True):
             for s in args.seqlens:
                 h, b = 2048 // d, 16384 // s
-                q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                               for _ in range(4))
+                q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                         for _ in range(2))
+                k, v = (torch.randn(b, s, h // args.group, d, device="cuda",
+                                    generator=gen).bfloat16() for _ in range(2))
                 o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
@@ -134,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--group", type=int, default=1,
+                    help="query heads per KV head: > 1 times the grouped-query kernels")
     args = ap.parse_args(argv)
+    if args.group < 1 or any((2048 // d) % args.group for d in args.head_dims):
+        print("ab_backward: --group must divide the head count 2048 / d", file=sys.stderr)
+        return 2
     if args.export is not None:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         from dash_cuda.backends.cute import launch
 
-        names = launch.export_kernels(variants(args.head_dims), str(args.export))
+        names = launch.export_kernels(variants(args.head_dims, args.group > 1),
+                                      str(args.export))
         print(f"exported {len(names)} kernels to {args.export}")
         return 0
     if not args.base:

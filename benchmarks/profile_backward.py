@@ -67,8 +67,9 @@ def parse_cell(text: str) -> tuple[int, str, int]:
 def markdown(report: dict) -> str:
     lines = [f"# Kernels of one backward call ({report['environment']})", ""]
     for cell in report["cells"]:
+        kv = f", H_kv={cell['H_kv']}" if cell.get("H_kv", cell["H"]) != cell["H"] else ""
         lines += [f"## d={cell['d']} {cell['mask']} S={cell['S']} (B={cell['B']}, "
-                  f"H={cell['H']})", "", "| impl | kernel | us per call |", "|---|---|---|"]
+                  f"H={cell['H']}{kv})", "", "| impl | kernel | us per call |", "|---|---|---|"]
         for impl, times in cell["kernels"].items():
             if isinstance(times, str):
                 lines.append(f"| {impl} | FAILED: {times} | |")
@@ -90,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", nargs="+", default=["cute:shift", "cute:atomic", "fa4-det",
                                                    "fa4"])
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--group", type=int, default=1,
+                    help="query heads per KV head (grouped-query attention)")
     args = ap.parse_args(argv)
+    if args.group < 1 or any((HIDDEN // d) % args.group for d, _, _ in args.cells):
+        print(f"profile_backward: --group must divide the head count {HIDDEN} / d",
+              file=sys.stderr)
+        return 2
 
     if no_cuda("profile_backward"):
         return 2
@@ -100,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     for d, mask, s in args.cells:
         h, b = HIDDEN // d, TOKENS // s
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                       for _ in range(4))
+        q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                 for _ in range(2))
+        k, v = (torch.randn(b, s, h // args.group, d, device="cuda", generator=gen).bfloat16()
+                for _ in range(2))
         kernels: dict[str, object] = {}
         for impl in args.impls:
             try:
@@ -112,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - record, keep profiling
                 kernels[impl] = f"{type(err).__name__}: {str(err)[:200]}"
                 print(f"d={d} {mask} S={s} {impl}: FAILED {kernels[impl]}", flush=True)
-        cells.append({"d": d, "mask": mask, "S": s, "B": b, "H": h, "kernels": kernels})
+        cells.append({"d": d, "mask": mask, "S": s, "B": b, "H": h, "H_kv": h // args.group,
+                      "kernels": kernels})
     env = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, mean of {args.reps}"
     report = {"environment": env, "cells": cells}
     save_report(args.out, args.tag, report, markdown(report))

@@ -9,7 +9,8 @@ median over the rounds with their range::
 
     python benchmarks/versus_fa4.py --out benchmarks/results --rounds 5
 
-Rows per cell (bf16, 16384 tokens, hidden 2048):
+Rows per cell (bf16, 16384 tokens, hidden 2048; ``--group G`` gives K and V ``H / G`` heads,
+grouped-query attention):
 
 * backward: every deterministic CuTe schedule of ``--schedules`` and ``auto`` (the one
   ``dash_cuda`` picks), FA4 with ``deterministic=True`` (``fa4-det``) and without (``fa4``).
@@ -81,8 +82,10 @@ def run(args) -> dict:
             print(f"time budget spent: {len(cells) - n + 1} cells not measured", flush=True)
             break
         h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                       for _ in range(4))
+        q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+                 for _ in range(2))
+        k, v = (torch.randn(b, s, h // args.group, d, device="cuda", generator=gen).bfloat16()
+                for _ in range(2))
         # the closures own the tensors their graphs read (o and LSE of the forward, ...):
         # they stay referenced until the cell is done
         closures = {}
@@ -106,7 +109,8 @@ def run(args) -> dict:
         for r in range(args.rounds):
             for key in keys[r % len(keys):] + keys[:r % len(keys)]:
                 ms[key].append(median_ms(runs[key], args.reps))
-        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "ms": ms, "timing": modes}
+        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "H_kv": h // args.group, "ms": ms,
+                "timing": modes}
         cell.update(summarize(cell))
         out.append(cell)
         print(f"[{n}/{len(cells)}] d={d} {mask} S={s}: fwd {cell['fwd_vs_fa4']['median']:.3f}"
@@ -132,13 +136,16 @@ def _fmt(stat: dict) -> str:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
+    groups = sorted({c["H"] // c.get("H_kv", c["H"]) for c in report["cells"]})
+    gqa = f"; grouped-query attention, {' or '.join(map(str, groups))} query heads per KV head" \
+        if groups != [1] else ""
     lines = [
         "# CuTe against FlashAttention-4, interleaved rounds (speed ratios, > 1: ours faster)",
         "", f"`{env['command']}`", "",
         f"{env['gpu']}, torch {env['torch']}, git {env['git_revision'][:7]}, "
         f"{env['date_utc']}; {env['rounds']} rounds, median of {env['reps']} replays per row "
         "and round; each ratio is the median over rounds (range in brackets). Timing: "
-        f"{timing_note(report)}.", "",
+        f"{timing_note(report)}{gqa}.", "",
         "| d | mask | S | forward / FA4 | best schedule | backward / FA4 det | auto / FA4 det "
         "| backward / FA4 | step / FA4 det |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -170,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action="store_true",
                         help="time every row by plain calls (default: CUDA graph replays "
                              "where capture works)")
+    parser.add_argument("--group", type=int, default=1,
+                        help="query heads per KV head (grouped-query attention)")
     parser.add_argument("--time-budget", type=float, default=float("inf"))
     args = parser.parse_args(argv)
     args.argv = argv
@@ -177,9 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         print("versus_fa4: --rounds and --reps must be >= 1, --schedules in 0..5",
               file=sys.stderr)
         return 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_attention import HIDDEN
+
+    if args.group < 1 or any((HIDDEN // d) % args.group for d in args.head_dims):
+        print(f"versus_fa4: --group must divide the head count {HIDDEN} / d", file=sys.stderr)
+        return 2
     if no_cuda("versus_fa4"):
         return 2
-    sys.path.insert(0, str(Path(__file__).parent))
     report = run(args)
     save_report(args.out, args.tag, report, markdown(report))
     return 0

@@ -163,3 +163,10 @@ def test_ncu_hotspots_shares_the_main_kernels_samples_by_opcode(tmp_path):
     assert row["code"] == {"MUFU.EX2": 1, "BRA": 1, "STS": 2}  # NOP never executed
     table = ncu_hotspots.markdown({"rows": [row]})
     assert "| 2 / 0 / 0 / 1 |" in table
+
+
+def test_versus_fa4_refuses_a_group_that_does_not_divide_the_heads(capsys):
+    """``--group`` must divide every head count of the grid (32 at d = 64, 16 at d = 128)."""
+    assert versus_fa4.main(["--group", "3"]) == 2
+    assert "--group" in capsys.readouterr().err
+    assert versus_fa4.main(["--group", "0"]) == 2

@@ -291,7 +291,10 @@ class DashBackwardSm90:
         store = cpasync.CopyBulkTensorTileS2GOp()
         tma_dk, tdK = cpasync.make_tiled_tma_atom(store, mdK, sOut_layout, (bn, d))
         tma_dv, tdV = cpasync.make_tiled_tma_atom(store, mdV, sOut_layout, (bn, d))
-        sEpi_layout = smem_layout(self.dtype, bn, d, self.epilogue_slots)
+        # the epilogue's tiles: rounded, over the dS buffers; fp32 per query head, over sK
+        # and sV (one (BN, d) fp32 tile is their bytes together)
+        sEpi_layout = (sOut_layout if const_expr(self.per_head)
+                       else smem_layout(self.dtype, bn, d, self.epilogue_slots))
 
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
@@ -380,7 +383,11 @@ class DashBackwardSm90:
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         # the same bytes as (BN, d) output tiles for the chain epilogue
-        sEpi = st.sdS.get_tensor(sEpi_layout.outer, swizzle=sEpi_layout.inner)
+        if const_expr(self.per_head):
+            sEpi = st.sK.get_tensor(sEpi_layout.outer, swizzle=sEpi_layout.inner,
+                                    dtype=Float32)
+        else:
+            sEpi = st.sdS.get_tensor(sEpi_layout.outer, swizzle=sEpi_layout.inner)
         sLSE = st.s_lse.get_tensor(cute.make_layout((bm, self.q_stages)))
         sDelta = st.s_delta.get_tensor(cute.make_layout((bm, self.q_stages)))
         # staged partials: [v, t, g, w, stage] holds register 4 g + v of math thread t of
@@ -675,13 +682,19 @@ class DashBackwardSm90:
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
                 self.stamp(mProbe, slot + 5, lead)
-            if has_visits:
-                pipe_kv.consumer_release(kv_state)
-                kv_state.advance()
             self.stamp(mProbe, self.chain_slot(tables, c, 2), lead)
             if const_expr(self.per_head):
-                self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
+                if has_visits:
+                    # through sK and sV, which go back to the loader after the stores
+                    self.store_dkv_scratch(acc_dk, acc_dv, out, epi_bar, tid, b, h, j)
+                    pipe_kv.consumer_release(kv_state)
+                    kv_state.advance()
+                else:  # the loader may be filling sK and sV for a later chain
+                    self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
             else:
+                if has_visits:
+                    pipe_kv.consumer_release(kv_state)
+                    kv_state.advance()
                 self.store_dkv_tma(acc_dk, acc_dv, out, epi_bar, tid, b, h // group, j,
                                    softmax_scale, q_state.index)
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
@@ -759,6 +772,27 @@ class DashBackwardSm90:
             self.tile_to_smem(acc_dk, epi_slots[None, None, None, 0], softmax_scale, True)
             self.publish(epi_bar)
             self.tma_store(tma_dk, sEpi[None, None, 0], gdK, tid)
+            self.drain(epi_bar, tid)
+
+    @cute.jit
+    def store_dkv_scratch(self, acc_dk, acc_dv, out, epi_bar, tid, b, h, j):
+        """[epilogue] of a chain with several query heads per KV head (or audit): the fp32
+        accumulators of query head ``h``, unscaled, into the per-head scratch (the GQA pass
+        sums heads), through shared memory and TMA stores: dV, then dK, each as one fp32
+        tile over sK and sV, free once both warpgroups' last MMAs are done (the first
+        barrier) and drained before the caller hands them back to the loader. TMA clips rows
+        past S_k.
+        """
+        sEpi, tdK, tdV, tma_dk, tma_dv = out
+        bn, d = self.bn, self.d
+        epi_slots = self._tiled_mmas()[1].get_slice(tid).partition_C(sEpi)
+        gdK = cute.local_tile(tdK[None, None, h, b], (bn, d), (j, 0))
+        gdV = cute.local_tile(tdV[None, None, h, b], (bn, d), (j, 0))
+        epi_bar.arrive_and_wait()
+        for acc, tma, g_tile in ((acc_dv, tma_dv, gdV), (acc_dk, tma_dk, gdK)):
+            cute.autovec_copy(acc, epi_slots)
+            self.publish(epi_bar)
+            self.tma_store(tma, sEpi, g_tile, tid)
             self.drain(epi_bar, tid)
 
     @cute.jit

@@ -173,12 +173,12 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
          "no setmaxnreg.dec 24")
     need(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx) is not None,
          "no setmaxnreg.inc 240")
-    # loads of Q, dO, K, V and stores of dK, dV (unless fp32 scratch): one box per 64
-    # columns (a 128-byte swizzle row)
+    # loads of Q, dO, K, V: one box per 64 columns (a 128-byte swizzle row)
     n_load = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", ptx))
     need(n_load == 4 * (d // 64), f"{n_load} TMA tensor loads, expected {4 * (d // 64)}")
     n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
-    stores = 0 if v.per_head else 2 * (d // 64)
+    # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
+    stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
     return bad
 
