@@ -30,7 +30,7 @@ Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton 
 ``rnd`` is cvt.rn to the input dtype (bf16 or fp16). The epilogue of a chain writes
 ``rnd(dK_j * softmax_scale)`` and ``rnd(dV_j)`` through shared memory (the dS buffers) by TMA
 stores (one query head per KV head, no audit), or the fp32 accumulators per query head into
-scratch from registers (GQA or audit; a separate pass sums heads).
+scratch through sK and sV by TMA stores (GQA or audit; a separate pass sums heads).
 
 Layouts the kernel expects (the launcher prepares them):
 
@@ -828,9 +828,10 @@ class DashBackwardSm90:
 
     @cute.jit
     def store_dkv(self, acc_dk, acc_dv, coords, mdK, mdV, b, h, j, seqlen_k):
-        """Chain epilogue with several query heads per KV head (or audit): the fp32 accumulators
-        of query head h go to scratch (unscaled), from registers; the GQA pass sums them.
-        Rows past S_k are never written.
+        """Chain epilogue with several query heads per KV head (or audit), for a chain without
+        visits (its zeros; sK and sV may hold a later chain's K and V already): the fp32
+        accumulators of query head h go to scratch (unscaled), from registers; the GQA pass
+        sums them. Rows past S_k are never written.
 
         A thread's accumulator covers two key rows (wgmma layout: registers 0 and 2 start
         them) and d / 4 columns of each; addresses are formed per row so that no per-element
