@@ -212,10 +212,12 @@ def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tenso
                  dv: torch.Tensor, softmax_scale: float) -> None:
     """dK, dV from per-query-head fp32 ``(B, S_k, H, d)`` accumulators (GQA sum, rounding)."""
     batch, seqlen_k, heads_kv, head_dim = dk.shape
+    # 64 rows, 4 warps: with 4 query heads per KV head at 16k tokens this pass takes 84 us
+    # at d = 64 and 128 on an H200, where 8 warps took 112 us at d = 64 (docs/performance.md)
     dash_gqa_kernel[(triton.cdiv(seqlen_k, 64), batch * heads_kv)](
         dk_heads, dv_heads, dk, dv,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
         heads_kv, seqlen_k, softmax_scale,
-        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=8,
+        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=4,
     )

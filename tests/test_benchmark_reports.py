@@ -170,3 +170,10 @@ def test_versus_fa4_refuses_a_group_that_does_not_divide_the_heads(capsys):
     assert versus_fa4.main(["--group", "3"]) == 2
     assert "--group" in capsys.readouterr().err
     assert versus_fa4.main(["--group", "0"]) == 2
+
+
+def test_bench_gqa_pass_refuses_a_group_that_does_not_divide_the_heads(capsys):
+    import bench_gqa_pass
+
+    assert bench_gqa_pass.main(["--groups", "3"]) == 2
+    assert "group" in capsys.readouterr().err
