@@ -46,6 +46,7 @@ def load_base(folder: Path, head_dims, per_head: bool = False) -> dict:
 
 def run(args) -> dict:
     import torch
+    from bench_attention import grid_inputs
     from bench_backward import timed
 
     import dash_cuda
@@ -63,10 +64,7 @@ def run(args) -> dict:
         for causal in (False, True):
             for s in args.seqlens:
                 h, b = 2048 // d, 16384 // s
-                q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                         for _ in range(2))
-                k, v = (torch.randn(b, s, h // args.group, d, device="cuda",
-                                    generator=gen).bfloat16() for _ in range(2))
+                q, k, v, do = grid_inputs(d, s, gen, args.group)
                 o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
@@ -142,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head: > 1 times the grouped-query kernels")
     args = ap.parse_args(argv)
-    if args.group < 1 or any((2048 // d) % args.group for d in args.head_dims):
-        print("ab_backward: --group must divide the head count 2048 / d", file=sys.stderr)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_attention import group_error
+
+    error = group_error(args.group, args.head_dims)
+    if error:
+        print(f"ab_backward: --group: {error}", file=sys.stderr)
         return 2
     if args.export is not None:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -160,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"ab_backward: no folder {', '.join(missing)}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).parent))
     from report import no_cuda, save_report
 
     if no_cuda("ab_backward"):

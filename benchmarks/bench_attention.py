@@ -28,6 +28,24 @@ TOKENS, HIDDEN = 16384, 2048
 REPEATS = 20
 
 
+def group_error(group: int, head_dims) -> str | None:
+    """Why the grid cannot run ``group`` query heads per KV head at ``head_dims`` (the grid's
+    head counts are ``HIDDEN / d``), or None."""
+    if group < 1 or any((HIDDEN // d) % group for d in head_dims):
+        return f"the group must divide the head count {HIDDEN} / d for d in {list(head_dims)}"
+    return None
+
+
+def grid_inputs(d: int, s: int, gen, group: int = 1):
+    """``(q, k, v, dO)`` of the grid cell ``(d, S)``: bf16 ``(B, S, H, d)``, 16384 tokens,
+    hidden 2048; K and V with ``H / group`` heads (grouped-query attention)."""
+    import torch
+
+    h, b = HIDDEN // d, TOKENS // s
+    return tuple(torch.randn(b, s, heads, d, device="cuda", generator=gen).bfloat16()
+                 for heads in (h, h // group, h // group, h))
+
+
 def _sdpa_closures(backend: str, q, k, v, do, causal):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -17,9 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench_attention import HIDDEN, TOKENS, group_error
 from report import no_cuda, provenance, save_report
 
-TOKENS, HIDDEN, SEQLEN = 16384, 2048, 1024
+SEQLEN = 1024
+HEAD_DIMS = (64, 128)
 CONFIGS = [(64, 8), (64, 4), (128, 8), (128, 4), (32, 4), (256, 8)]  # (rows, warps)
 
 
@@ -49,7 +51,7 @@ def run(groups: list[int]) -> list[dict]:
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for d in (64, 128):
+    for d in HEAD_DIMS:
         heads, batch = HIDDEN // d, TOKENS // SEQLEN
         for group in groups:
             dk_heads, dv_heads = (torch.randn(batch, SEQLEN, heads, d, device="cuda",
@@ -88,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="gqa_pass_configs")
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 1])
     args = ap.parse_args(argv)
-    if any(g < 1 or (HIDDEN // 128) % g for g in args.groups):
-        print("bench_gqa_pass: each group must divide the head count 16", file=sys.stderr)
+    errors = [group_error(g, HEAD_DIMS) for g in args.groups]
+    if any(errors):
+        print(f"bench_gqa_pass: --groups: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
     if no_cuda("bench_gqa_pass"):
         return 2

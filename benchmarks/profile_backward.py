@@ -20,8 +20,6 @@ from pathlib import Path
 
 from report import no_cuda, save_report
 
-TOKENS, HIDDEN = 16384, 2048
-
 
 def _backward_closure(impl: str, q, k, v, do, causal: bool):
     """A no-argument backward of ``impl`` (``BACKEND:SCHEDULE``, ``fa4`` or ``fa4-det``): the
@@ -94,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head (grouped-query attention)")
     args = ap.parse_args(argv)
-    if args.group < 1 or any((HIDDEN // d) % args.group for d, _, _ in args.cells):
-        print(f"profile_backward: --group must divide the head count {HIDDEN} / d",
-              file=sys.stderr)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_attention import HIDDEN, TOKENS, grid_inputs, group_error
+
+    error = group_error(args.group, sorted({d for d, _, _ in args.cells}))
+    if error:
+        print(f"profile_backward: --group: {error}", file=sys.stderr)
         return 2
 
     if no_cuda("profile_backward"):
@@ -107,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     for d, mask, s in args.cells:
         h, b = HIDDEN // d, TOKENS // s
-        q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                 for _ in range(2))
-        k, v = (torch.randn(b, s, h // args.group, d, device="cuda", generator=gen).bfloat16()
-                for _ in range(2))
+        q, k, v, do = grid_inputs(d, s, gen, args.group)
         kernels: dict[str, object] = {}
         for impl in args.impls:
             try:

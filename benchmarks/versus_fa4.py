@@ -63,7 +63,7 @@ def summarize(cell: dict) -> dict:
 
 def run(args) -> dict:
     import torch
-    from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures
+    from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures, grid_inputs
     from bench_backward import environment, median_ms, replayable
 
     from verify.impls import load_fa4
@@ -82,10 +82,7 @@ def run(args) -> dict:
             print(f"time budget spent: {len(cells) - n + 1} cells not measured", flush=True)
             break
         h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
-        q, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                 for _ in range(2))
-        k, v = (torch.randn(b, s, h // args.group, d, device="cuda", generator=gen).bfloat16()
-                for _ in range(2))
+        q, k, v, do = grid_inputs(d, s, gen, args.group)
         # the closures own the tensors their graphs read (o and LSE of the forward, ...):
         # they stay referenced until the cell is done
         closures = {}
@@ -187,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_attention import HIDDEN
+    from bench_attention import group_error
 
-    if args.group < 1 or any((HIDDEN // d) % args.group for d in args.head_dims):
-        print(f"versus_fa4: --group must divide the head count {HIDDEN} / d", file=sys.stderr)
+    error = group_error(args.group, args.head_dims)
+    if error:
+        print(f"versus_fa4: --group: {error}", file=sys.stderr)
         return 2
     if no_cuda("versus_fa4"):
         return 2

@@ -177,3 +177,20 @@ def test_bench_gqa_pass_refuses_a_group_that_does_not_divide_the_heads(capsys):
 
     assert bench_gqa_pass.main(["--groups", "3"]) == 2
     assert "group" in capsys.readouterr().err
+
+
+def test_every_grid_tool_refuses_a_group_that_does_not_divide_the_heads(capsys):
+    """The grid has 32 heads at d = 64 and 16 at d = 128: a group of 3 or 0 is refused with
+    exit 2 and one line, before any GPU is looked for, by each tool that takes ``--group``."""
+    import ab_backward
+    import bench_attention
+    import profile_backward
+
+    assert bench_attention.group_error(4, (64, 128)) is None
+    assert bench_attention.group_error(32, (64,)) is None
+    assert bench_attention.group_error(32, (64, 128)) is not None
+    for bad in ("3", "0"):
+        assert ab_backward.main(["--group", bad, "--base", "x=/tmp"]) == 2
+        assert profile_backward.main(["--out", "/tmp/unused", "--group", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 2 and all("--group" in line for line in err)
