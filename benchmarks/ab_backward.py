@@ -15,6 +15,13 @@ clock hits all) on the best deterministic schedule of the mask (``shift`` full, 
 shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
 against the candidate with ``torch.equal``: a change that moves no add must keep the bits.
 Writes ``ab_backward.json`` and ``ab_backward.md``.
+
+``--export DIR --dq-add red`` exports the working tree's kernels with the diagnostic
+``red.add`` dQ writer under the plain kernels' names, so that they run as a base against
+the bulk reduce-add (``docs/performance.md``, the dQ add instruction)::
+
+    python benchmarks/ab_backward.py --export ab/red --dq-add red                # CPU
+    python benchmarks/ab_backward.py --base red=ab/red --out OUT                 # GPU
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -139,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head: > 1 times the grouped-query kernels")
+    ap.add_argument("--dq-add", choices=("bulk", "red"), default="bulk",
+                    help="with --export: the dQ writer's add instruction (red: the "
+                         "diagnostic red.add writer, exported under the plain names)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_attention import group_error
@@ -151,10 +162,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         from dash_cuda.backends.cute import launch
 
-        names = launch.export_kernels(variants(args.head_dims, args.group > 1),
-                                      str(args.export))
-        print(f"exported {len(names)} kernels to {args.export}")
+        plain = variants(args.head_dims, args.group > 1)
+        for v in plain:
+            kernel = launch.compile_kernel(replace(v, dq_add=args.dq_add))
+            launch.export_kernel(kernel, str(args.export), v.name)
+        print(f"exported {len(plain)} kernels ({args.dq_add} dQ add) to {args.export}")
         return 0
+    if args.dq_add != "bulk":
+        print("ab_backward: --dq-add goes with --export", file=sys.stderr)
+        return 2
     if not args.base:
         print("ab_backward: give at least one --base NAME=DIR", file=sys.stderr)
         return 2

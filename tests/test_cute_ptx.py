@@ -26,6 +26,9 @@ VARIANTS = [
     ForwardVariant(torch.bfloat16, 64, causal=True, block_m=192),
     ForwardVariant(torch.bfloat16, 64, causal=True, block_m=128),
     ForwardVariant(torch.float16, 128, causal=False, block_m=128),
+    # the diagnostic red.add dQ writer, measured against the bulk reduce-add
+    Variant(torch.bfloat16, 64, causal=False, deterministic=True, audit=False, per_head=False,
+            dq_add="red"),
 ]
 
 
@@ -78,6 +81,29 @@ def test_probe_and_audit_exclude_each_other():
     with pytest.raises(ValueError, match="partials"):
         DashBackwardSm90(plain_dtype(), 64, causal=False, deterministic=True, audit=True,
                          per_head=True, probe=True)
+
+
+def test_the_red_writer_checks_can_fail():
+    """The red.add writer's checks refuse a bulk hand-off, and one without its barriers."""
+    red = VARIANTS[-1]
+    assert red.dq_add == "red" and red.name.endswith("_red")
+    bulk = ".target sm_90a\nld.acquire.gpu.b32 %r1, [%rd1];\n" \
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%rd2], [%r2], 32768;\n"
+    assert any("red.global.add.v4.f32" in f for f in inspect_ptx.check_red_writer(bulk, red))
+    no_barriers = ".target sm_90a\nld.acquire.gpu.b32 %r1, [%rd1];\n" + \
+        "red.global.add.v4.f32 [%rd2], {%f1, %f2, %f3, %f4};\n" * 2 + \
+        "st.release.gpu.b32 [%rd1], %r3;\n"
+    failures = inspect_ptx.check_red_writer(no_barriers, red)
+    assert any("before the adds" in f for f in failures)
+    assert any("after the adds" in f for f in failures)
+
+
+def test_the_red_writer_has_no_audit_variant():
+    from dash_cuda.backends.cute.bwd_kernel import DashBackwardSm90
+
+    with pytest.raises(ValueError, match="red.add"):
+        DashBackwardSm90(plain_dtype(), 64, causal=False, deterministic=True, audit=True,
+                         per_head=True, dq_add="red")
 
 
 def plain_dtype():

@@ -76,6 +76,7 @@ from .ptx import (
     bulk_store_1d,
     cvt_pack,
     ds_value,
+    red_add_v4_f32,
     sm_clock,
     softmax_p,
 )
@@ -158,6 +159,10 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
 PROBE_VISIT_SLOTS = 8
 PROBE_CHAIN_SLOTS = 4
 
+# The ``dq_add="red"`` writer's unroll: it runs with the producer warps' 24 registers, so a
+# deeper unroll spills (ptxas: 8 bytes more than the bulk writer at unroll 1, 16 at 2, 56 at 4).
+RED_UNROLL = 2
+
 # ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
@@ -171,13 +176,19 @@ class DashBackwardSm90:
     wait for their rank; otherwise they run in arrival order. ``audit``: every partial is also
     copied to ``partials``. ``probe``: a diagnostic variant that writes cycle stamps over
     ``partials`` instead (see ``PROBE_VISIT_SLOTS``); its gradients are those of the plain
-    variant.
+    variant. ``dq_add``: ``"bulk"``, the dQ writer adds a staged partial with one TMA bulk
+    reduce-add; ``"red"`` (a diagnostic variant, measured against it in
+    ``docs/performance.md``), its 32 lanes add it with vector ``red.global.add.v4.f32``.
     """
 
     def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool, probe: bool = False):
+                 per_head: bool, probe: bool = False, dq_add: str = "bulk"):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
+        if dq_add not in ("bulk", "red"):
+            raise ValueError(f"dq_add must be 'bulk' or 'red', got {dq_add!r}")
+        if dq_add == "red" and (audit or probe):
+            raise ValueError("the red.add dQ writer has no audit or probe variant")
         if head_dim not in TILES:
             raise ValueError(f"head_dim {head_dim} not supported (have {sorted(TILES)})")
         self.dtype = dtype
@@ -190,6 +201,7 @@ class DashBackwardSm90:
         self.audit = audit
         self.per_head = per_head
         self.probe = probe
+        self.dq_add = dq_add
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
@@ -499,7 +511,11 @@ class DashBackwardSm90:
             for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
                 t = tile_base + visit_q[vis]
                 pipe_dq.consumer_wait(state)
-                if lane == 0:
+                if const_expr(self.dq_add == "red"):
+                    self.red_add_tile(mDQacc[None, t].iterator,
+                                      s_dq[None, None, None, None, state.index].iterator,
+                                      mSem.iterator + t, visit_rank[vis], lane)
+                elif lane == 0:
                     staged = s_dq[None, None, None, None, state.index].iterator
                     if const_expr(self.deterministic):
                         rank = visit_rank[vis]
@@ -523,6 +539,31 @@ class DashBackwardSm90:
                 state.advance()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def red_add_tile(self, dst: cute.Pointer, staged: cute.Pointer, sem: cute.Pointer,
+                     rank: Int32, lane: Int32):
+        """The ``dq_add="red"`` hand-off: the warp adds the staged tile element-wise.
+
+        Lane 0 acquires the tile's turn; the warp barrier orders every lane's adds after it
+        (and after the turn's previous adds). The adds are relaxed reductions performed at
+        L2: the release store after the second warp barrier makes them visible to the next
+        rank's acquire, so no wait for their completion is needed before it.
+        """
+        if const_expr(self.deterministic):
+            if lane == 0:
+                seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+                while seen != rank:
+                    seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+            cute.arch.sync_warp()
+        # 16-byte vectors, lane-interleaved: each warp instruction covers 512 consecutive bytes
+        for k in cutlass.range(self.dq_tile_elems // 128, unroll=RED_UNROLL):
+            offset = (k * 32 + lane) * 4
+            red_add_v4_f32(dst + offset, staged + offset)
+        cute.arch.sync_warp()
+        if const_expr(self.deterministic):  # noqa: SIM102 - compile time, then run time
+            if lane == 0:
+                cute.arch.store(sem, rank + 1, sem="release", scope="gpu")
 
     @cute.jit
     def wait_turn(self, sem: cute.Pointer, rank: Int32):

@@ -32,7 +32,7 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
 from . import launch  # noqa: E402
-from .bwd_kernel import TILES, DashBackwardSm90, staging_coords  # noqa: E402
+from .bwd_kernel import RED_UNROLL, TILES, DashBackwardSm90, staging_coords  # noqa: E402
 from .fwd_kernel import FORWARD_TILES, forward_block_ms  # noqa: E402
 
 
@@ -147,6 +147,35 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
     cvt = "cvt.rn.bf16x2.f32" if v.dtype == torch.bfloat16 else "cvt.rn.f16x2.f32"
     need(len(re.findall(re.escape(cvt), ptx)) >= scores, f"fewer than {scores} {cvt}")
     # [dq_add]
+    if v.dq_add == "red":
+        bad += check_red_writer(ptx, v)
+    else:
+        bad += check_bulk_writer(ptx, v)
+    need("setmaxnreg.dec.sync.aligned.u32 \t24" in ptx or
+         re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx) is not None,
+         "no setmaxnreg.dec 24")
+    need(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx) is not None,
+         "no setmaxnreg.inc 240")
+    # loads of Q, dO, K, V: one box per 64 columns (a 128-byte swizzle row)
+    n_load = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", ptx))
+    need(n_load == 4 * (d // 64), f"{n_load} TMA tensor loads, expected {4 * (d // 64)}")
+    n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
+    # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
+    stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
+    need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
+    return bad
+
+
+def check_bulk_writer(ptx: str, v: launch.Variant) -> list[str]:
+    """[dq_add] by the TMA unit: one bulk reduce-add per staged tile; deterministic: the
+    acquire spin before it, the wait for its completion and a proxy fence before the
+    release."""
+    bad = []
+
+    def need(cond, msg):
+        if not cond:
+            bad.append(msg)
+
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     need(ptx.count(red) == 1, f"{red} appears {ptx.count(red)} times, expected once")
     audit_copy = "cp.async.bulk.global.shared::cta.bulk_group "
@@ -168,18 +197,34 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
              "atomic variant has semaphore code")
         need(re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx) is not None,
              "atomic variant: no wait_group.read before freeing the staging buffer")
-    need("setmaxnreg.dec.sync.aligned.u32 \t24" in ptx or
-         re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx) is not None,
-         "no setmaxnreg.dec 24")
-    need(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx) is not None,
-         "no setmaxnreg.inc 240")
-    # loads of Q, dO, K, V: one box per 64 columns (a 128-byte swizzle row)
-    n_load = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", ptx))
-    need(n_load == 4 * (d // 64), f"{n_load} TMA tensor loads, expected {4 * (d // 64)}")
-    n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
-    # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
-    stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
-    need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
+    return bad
+
+
+def check_red_writer(ptx: str, v: launch.Variant) -> list[str]:
+    """[dq_add], the diagnostic ``dq_add="red"`` writer: vector ``red.global.add.v4.f32``
+    (``RED_UNROLL`` of them in the unrolled loop), no bulk reduce-add; deterministic: the
+    acquire spin, a warp barrier, the adds, a warp barrier, then the release store."""
+    bad = []
+
+    def need(cond, msg):
+        if not cond:
+            bad.append(msg)
+
+    red = "red.global.add.v4.f32"
+    need(ptx.count(red) == RED_UNROLL, f"{red} appears {ptx.count(red)} times, expected "
+         f"{RED_UNROLL}")
+    need("cp.reduce.async.bulk" not in ptx, "a bulk reduce-add in the red.add writer")
+    if v.deterministic and red in ptx:
+        head, tail = ptx[:ptx.index(red)], ptx[ptx.rindex(red):]
+        acquire = head.rfind("ld.acquire.gpu")
+        need(acquire >= 0 and "bar.warp.sync" in head[acquire:],
+             "no acquire spin and warp barrier before the adds")
+        m_rel = re.search(r"st\.release\.gpu", tail)
+        need(m_rel is not None and "bar.warp.sync" in tail[:m_rel.start()],
+             "no warp barrier, then release store, after the adds")
+    elif not v.deterministic:
+        need("ld.acquire" not in ptx and "st.release" not in ptx,
+             "atomic variant has semaphore code")
     return bad
 
 

@@ -68,6 +68,7 @@ class Variant:
     audit: bool
     per_head: bool
     probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
+    dq_add: str = "bulk"  # "red": the red.add dQ writer, measured against bulk (diagnostic)
 
     @property
     def name(self) -> str:
@@ -77,12 +78,13 @@ class Variant:
         flags += ["audit"] if self.audit else []
         flags += ["perhead"] if self.per_head else []
         flags += ["probe"] if self.probe else []
+        flags += ["red"] if self.dq_add == "red" else []
         return "dash_bwd_" + "_".join(flags)
 
     def kernel_object(self) -> DashBackwardSm90:
         return DashBackwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
                                 deterministic=self.deterministic, audit=self.audit,
-                                per_head=self.per_head, probe=self.probe)
+                                per_head=self.per_head, probe=self.probe, dq_add=self.dq_add)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
