@@ -3,7 +3,8 @@
 Runs :func:`verify.audit.audit` (forward + backward on identical inputs, with a busy second
 stream, fresh allocations and unrelated work between runs) for every implementation that
 is importable here, on the paper's grid at S = 1k and 8k, and a long audit (1000 trials by
-default) of every dash_cuda schedule and of its atomic peer on one shape per mask (the causal
+default) of every dash_cuda schedule and of its atomic peer on one shape per mask and head
+dim (``--long-head-dims``; hidden 2048, S = 4096; the causal
 forward hands its tiles out from a counter: the order CTAs take tiles in varies from run to
 run, the bits must not). Writes
 ``determinism.json`` and ``determinism.md`` to ``--out``.
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated dash_cuda backends of the long audit")
     ap.add_argument("--long-masks", default="full,causal",
                     help="comma-separated masks of the long audit (one shape each)")
+    ap.add_argument("--long-head-dims", default="64",
+                    help="comma-separated head dims of the long audit (hidden 2048, S 4096)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="only the long audit of the dash_cuda schedules")
     ap.add_argument("--tag", default="determinism", help="file stem of the report")
@@ -108,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     masks = args.long_masks.split(",")
     if not set(masks) <= set(MASKS):
         print(f"--long-masks: unknown mask in {args.long_masks!r} ({', '.join(MASKS)})",
+              file=sys.stderr)
+        return 2
+    try:
+        head_dims = [int(d) for d in args.long_head_dims.split(",")]
+    except ValueError:
+        head_dims = []
+    if not head_dims or any(d <= 0 or 2048 % d for d in head_dims):
+        print(f"--long-head-dims: expected divisors of 2048, got {args.long_head_dims!r}",
               file=sys.stderr)
         return 2
     if no_cuda("determinism_report"):
@@ -126,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     ours = [f"dash-{be}:{n}" for be in args.backends.split(",")
             for n in (*DETERMINISTIC, "atomic")]
     print(f"long audit, {args.long_trials} trials each:", flush=True)
-    for mask in masks:
-        long_problem = Problem(4, 32, 32, 4096, 4096, 64, mask)
-        for name in ours:
-            rows.append(run_audit(name, long_problem, args.long_trials))
+    for d in head_dims:
+        for mask in masks:
+            long_problem = Problem(4, 2048 // d, 2048 // d, 4096, 4096, d, mask)
+            for name in ours:
+                rows.append(run_audit(name, long_problem, args.long_trials))
     peers = available(list(PEERS)) if args.grid else []
     if args.grid:
         print(f"grid audit, {args.trials} trials each:", flush=True)

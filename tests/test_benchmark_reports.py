@@ -72,6 +72,13 @@ def test_determinism_report_refuses_an_unknown_mask_before_looking_for_a_gpu(cap
     assert "--long-masks" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("dims", ["96x", "64,100", ""])
+def test_determinism_report_refuses_a_bad_head_dim_before_looking_for_a_gpu(capsys, dims):
+    assert determinism_report.main(["--long-head-dims", dims]) == 2
+    err = capsys.readouterr().err
+    assert "--long-head-dims" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_benchmarks_refuse_to_run_without_a_cuda_device(capsys):
     assert report.no_cuda("versus_fa4") is True
