@@ -57,6 +57,14 @@ def test_the_checks_can_fail():
     assert any("mask selects" in f for f in failures)
 
 
+def test_the_launch_register_count_is_checked_against_ptxas():
+    backward, forward = VARIANTS[0], VARIANTS[3]
+    assert inspect_ptx.check_launch_registers("regs=168 spill_st=0 spill_ld=0", backward) == []
+    assert inspect_ptx.check_launch_registers("regs=176 spill_st=0 spill_ld=0", backward)
+    assert inspect_ptx.check_launch_registers("ptxas not found", backward) == []
+    assert inspect_ptx.check_launch_registers("regs=128 spill_st=0 spill_ld=0", forward) == []
+
+
 def test_the_staged_dq_tile_order_is_the_mmas_own():
     assert inspect_ptx.check_staging_layout() == []
 

@@ -248,6 +248,19 @@ def compile_ptx(v: launch.Variant, folder: str) -> tuple[object, str, str, float
         return kernel, f.read(), path, seconds
 
 
+def check_launch_registers(report: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
+    """The backward's residency (``launch.ctas_per_sm``) assumes ``REGISTERS_AT_LAUNCH``
+    registers per thread: ptxas must agree (nothing to check where ptxas did not run)."""
+    m = re.match(r"regs=(\d+)", report)
+    if m is None or not isinstance(v, launch.Variant):
+        return []
+    regs = int(m.group(1))
+    if regs != launch.REGISTERS_AT_LAUNCH:
+        return [f"ptxas gives {regs} registers per thread, launch.REGISTERS_AT_LAUNCH says "
+                f"{launch.REGISTERS_AT_LAUNCH}"]
+    return []
+
+
 def ptxas_report(ptx_path: str) -> str:
     """Registers, spills and wgmma serialization warnings from ``ptxas -v``: the first ptxas
     on PATH that accepts the PTX's version (an older one, such as Triton's, refuses it)."""
@@ -334,8 +347,10 @@ def main() -> int:
             failures += 1
             continue
         bad = check_ptx(ptx, v)
+        report = ptxas_report(ptx_path)
+        bad += check_launch_registers(report, v)
         failures += bool(bad)
-        rows.append((v.name, seconds, "OK" if not bad else "FAIL", ptxas_report(ptx_path)))
+        rows.append((v.name, seconds, "OK" if not bad else "FAIL", report))
         print(f"{v.name:48s} {seconds:5.1f}s  {'OK  ' if not bad else 'FAIL'}  {rows[-1][3]}",
               flush=True)
         for b in bad:

@@ -135,7 +135,8 @@ class ForwardVariant:
 
 #: every kernel is compiled with CuTe DSL's TVM-FFI host entry: a call takes plain Python
 #: values (``data_ptr()`` ints, int tuples, floats, the stream handle) in about 5 us, where
-#: the default entry spent 60 - 150 us converting ``cute`` argument objects
+#: the default entry spent 66 - 170 us converting ``cute`` argument objects (docs/design.md
+#: section 9)
 COMPILE_OPTIONS = "--gpu-arch=sm_90a --enable-tvm-ffi"
 
 
