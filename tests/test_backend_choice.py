@@ -1,0 +1,51 @@
+"""Which backend runs a call, and what a user is told when the one asked for cannot."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from dash_cuda.backends import Case, choose_backend, get_backend
+
+CASE = Case(head_dim=64, dtype=torch.bfloat16, exact=False, deterministic=True)
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """``without(*modules)``: those modules look uninstalled to the backends."""
+    real = importlib.util.find_spec
+
+    def hide(*modules):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name in modules else real(name, *a))
+    return hide
+
+
+def test_cute_without_cute_dsl_says_what_to_install(without):
+    without("cutlass")
+    with pytest.raises(ValueError) as err:
+        choose_backend("cute", CASE)
+    message = str(err.value)
+    assert "backend 'cute' cannot run this call" in message
+    assert "nvidia-cutlass-dsl" in message and "dash-attention[gpu]" in message
+    assert "\n" not in message
+
+
+def test_auto_names_every_backend_it_could_not_use(without):
+    without("cutlass", "triton")
+    with pytest.raises(ValueError, match=r"no backend can run this call \(cute: .*; triton: "):
+        choose_backend("auto", CASE)
+
+
+def test_a_named_backend_refuses_what_it_does_not_support():
+    if get_backend("cute").missing():
+        pytest.skip("CuTe DSL is not installed here")
+    with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
+        choose_backend("cute", Case(96, torch.bfloat16, exact=False, deterministic=True))
+
+
+def test_an_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; choose from 'auto', triton"):
+        choose_backend("cuda", CASE)
