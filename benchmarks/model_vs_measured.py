@@ -10,11 +10,20 @@ Calibration (per head dim), from a ``bench_attention.py`` JSON:
   ``M_shift(1, rho) * c = T_shift`` in each full-mask cell, and the median over the
   calibration lengths is used everywhere.
 
-Prediction: every deterministic schedule's makespan with ``(c, rho * c)`` in the ``sync``
-worker model, reported as speed-up over ``naive`` beside the measured one. Runs on the
-CPU (pure Python simulation; minutes for the whole grid)::
+Prediction: every deterministic schedule's makespan with ``(c, rho * c)`` in the worker
+model of the backend (``sync`` for Triton, whose program adds its partials in line;
+``async`` for CuTe, whose dQ writer warp adds them beside the MMAs), reported as speed-up
+over ``naive`` beside the measured one. Runs on the CPU (pure Python simulation; minutes
+for the whole grid)::
 
     python benchmarks/model_vs_measured.py benchmarks/results/bench_attention.json
+
+In the ``async`` model a hand-off shorter than a visit hides behind the next visits, so the
+grid's times cannot fit ``rho``; give it from the timing probe instead (``--rho D=VALUE``,
+the dQ writer's add latency over the visit period of ``probe_backward.md``)::
+
+    python benchmarks/model_vs_measured.py benchmarks/results/bench_attention.json \
+        --backend cute --rho 64=0.32 128=0.39
 """
 
 from __future__ import annotations
@@ -28,43 +37,53 @@ from pathlib import Path
 
 from report import save_report
 
+from dash_cuda.api import backward_problem
 from dash_ref import DETERMINISTIC, Problem, build_schedule
 from dash_ref.model.simulator import simulate
 
-BM, BN = 64, 128  # the backward tiles the benchmark ran (dash_cuda.backends.triton.config)
+#: per backend: the grid's impl prefixes and the worker model of its kernel
+BACKENDS = {"triton": (("dash", "triton"), "sync"), "cute": (("cute",), "async")}
 
 
-def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float = 0.0
-             ) -> float:
-    return simulate(build_schedule(p, name, workers), "sync", c, r, partial=True,
+def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float = 0.0,
+             model: str = "sync") -> float:
+    return simulate(build_schedule(p, name, workers), model, c, r, partial=True,
                     handoff_latency=lat).makespan
 
 
-def fit_latency(p: Problem, workers: int, rho: float, target: float, hi: float = 4.0,
+def problem_of(key: tuple, backend: str) -> Problem:
+    """The grid cell ``(d, mask, S, B, H)`` with the tiles ``backend``'s backward ran."""
+    d, mask, s, b, h = key
+    return backward_problem(b, h, h, s, s, d, mask == "causal", backend=backend)
+
+
+def fit_latency(p: Problem, workers: int, rho: float, target: float, model: str,
+                hi: float = 4.0,
                 steps: int = 10) -> float:
     """The hand-off latency (in units of c) at which ``naive``'s makespan meets ``target``."""
     lo = 0.0
-    if makespan(p, "naive", workers, 1.0, rho, hi) < target:
+    if makespan(p, "naive", workers, 1.0, rho, hi, model) < target:
         return float("inf")
     for _ in range(steps):
         mid = (lo + hi) / 2
-        if makespan(p, "naive", workers, 1.0, rho, mid) < target:
+        if makespan(p, "naive", workers, 1.0, rho, mid, model) < target:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
 
 
-def latency_study(report: dict, rho: dict[int, float], max_seqlen: int) -> list[dict]:
+def latency_study(report: dict, rho: dict[int, float], max_seqlen: int, backend: str
+                  ) -> list[dict]:
     """Full masks: the latency that would explain naive's measured time, cell by cell."""
-    workers = report["environment"]["num_workers"]
+    workers, model = report["environment"]["num_workers"], BACKENDS[backend][1]
     rows = []
-    for key, t in sorted(cells(report, max_seqlen).items()):
+    for key, t in sorted(cells(report, max_seqlen, backend).items()):
         if key[1] != "full":
             continue
-        p = Problem(key[3], key[4], key[4], key[2], key[2], key[0], "full", BM, BN)
-        c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0)
-        lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c)
+        p = problem_of(key, backend)
+        c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0, model=model)
+        lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c, model)
         rows.append({"d": key[0], "S": key[2], "c_us": round(c * 1e3, 3),
                      "latency_over_c": round(lat, 3), "latency_us": round(lat * c * 1e3, 3),
                      "measured_shift_over_naive": round(t["naive"] / t["shift"], 3)})
@@ -72,31 +91,32 @@ def latency_study(report: dict, rho: dict[int, float], max_seqlen: int) -> list[
     return rows
 
 
-def cells(report: dict, max_seqlen: int) -> dict[tuple, dict[str, float]]:
+def cells(report: dict, max_seqlen: int, backend: str) -> dict[tuple, dict[str, float]]:
     out: dict[tuple, dict[str, float]] = {}
     for row in report["results"]:
-        backend, _, name = row["impl"].rpartition(":")
-        if backend in ("dash", "triton") and "bwd_ms" in row and row["S"] <= max_seqlen:
+        prefix, _, name = row["impl"].rpartition(":")
+        if prefix in BACKENDS[backend][0] and "bwd_ms" in row and row["S"] <= max_seqlen:
             out.setdefault((row["d"], row["mask"], row["S"], row["B"], row["H"]), {})[name] = \
                 row["bwd_ms"]
     return out
 
 
-def run(report: dict, max_seqlen: int, calibrate_max: int) -> dict:
-    workers = report["environment"]["num_workers"]
-    data = cells(report, max_seqlen)
-    problems = {key: Problem(key[3], key[4], key[4], key[2], key[2], key[0], key[1], BM, BN)
-                for key in data}
-    c_of = {key: t["atomic"] / makespan(problems[key], "atomic", workers, 1.0, 0.0)
+def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
+        given_rho: dict[int, float]) -> dict:
+    workers, model = report["environment"]["num_workers"], BACKENDS[backend][1]
+    data = cells(report, max_seqlen, backend)
+    problems = {key: problem_of(key, backend) for key in data}
+    c_of = {key: t["atomic"] / makespan(problems[key], "atomic", workers, 1.0, 0.0,
+                                        model=model)
             for key, t in data.items()}
-    rho: dict[int, float] = {}
-    for d in sorted({k[0] for k in data}):
+    rho: dict[int, float] = dict(given_rho)
+    for d in sorted({k[0] for k in data} - set(rho)):
         fits = []
         for key, t in data.items():
             if key[0] != d or key[1] != "full" or key[2] > calibrate_max:
                 continue
-            m0 = makespan(problems[key], "shift", workers, 1.0, 0.0)
-            m1 = makespan(problems[key], "shift", workers, 1.0, 1.0)
+            m0 = makespan(problems[key], "shift", workers, 1.0, 0.0, model=model)
+            m1 = makespan(problems[key], "shift", workers, 1.0, 1.0, model=model)
             fits.append((t["shift"] / c_of[key] - m0) / (m1 - m0))
         rho[d] = statistics.median(fits)
         print(f"d={d}: rho = r / c = {rho[d]:.3f} (fits {[round(f, 3) for f in fits]})",
@@ -105,7 +125,8 @@ def run(report: dict, max_seqlen: int, calibrate_max: int) -> dict:
     for key, t in sorted(data.items()):
         d, mask, s = key[:3]
         t0 = time.perf_counter()
-        pred = {n: makespan(problems[key], n, workers, 1.0, rho[d]) for n in DETERMINISTIC}
+        pred = {n: makespan(problems[key], n, workers, 1.0, rho[d], model=model)
+                for n in DETERMINISTIC}
         rows.append({
             "d": d, "mask": mask, "S": s, "c_us": round(c_of[key] * 1e3, 3),
             "predicted_speedup": {n: round(pred["naive"] / pred[n], 3) for n in pred},
@@ -114,18 +135,31 @@ def run(report: dict, max_seqlen: int, calibrate_max: int) -> dict:
             "measured_ms": {n: t[n] for n in pred if n in t},
         })
         print(f"d={d} {mask} S={s}: done in {time.perf_counter() - t0:.1f} s", flush=True)
-    return {"source": "benchmarks/results/bench_attention.json", "workers": workers,
-            "tiles": [BM, BN], "rho": rho, "rows": rows,
-            "latency": latency_study(report, rho, calibrate_max)}
+    return {"source": "benchmarks/results/bench_attention.json", "backend": backend,
+            "model": model, "rho_given": sorted(given_rho), "workers": workers,
+            "tiles": {d: [problems[k].block_m, problems[k].block_n]
+                      for k in problems for d in [k[0]]},
+            "rho": rho, "rows": rows,
+            "latency": latency_study(report, rho, calibrate_max, backend)}
 
 
 def markdown(out: dict) -> str:
     names = [n for n in DETERMINISTIC if n != "naive"]
-    lines = ["# The DAG model against the H200", "",
-             f"`python benchmarks/model_vs_measured.py {out['source']}`", "",
-             "Sync worker model, diagonal tiles weighted by their unmasked fraction, "
-             f"{out['workers']} workers, tiles {out['tiles'][0]} x {out['tiles'][1]}. "
-             "Calibrated hand-off over dense-tile compute: "
+    backend, given = out.get("backend", "triton"), out.get("rho_given", [])
+    command = f"python benchmarks/model_vs_measured.py {out['source']}"
+    if backend != "triton":
+        command += f" --backend {backend}"
+    if given:
+        command += " --rho " + " ".join(f"{d}={out['rho'][d]:g}" for d in given)
+    tiles = out["tiles"]
+    tiles = ([tiles] if isinstance(tiles, list)  # files written before tiles per head dim
+             else [f"d = {d}: {t[0]} x {t[1]}" for d, t in tiles.items()])
+    lines = [f"# The DAG model against the H200: the {backend} backend", "",
+             f"`{command}`", "",
+             f"{out.get('model', 'sync').capitalize()} worker model, diagonal tiles weighted "
+             f"by their unmasked fraction, {out['workers']} workers, tiles "
+             + ", ".join(str(t) for t in tiles) + ". Hand-off over dense-tile compute ("
+             + ("given, from the timing probe" if given else "fitted on full masks") + "): "
              + ", ".join(f"d = {d}: r / c = {v:.2f}" for d, v in out["rho"].items()) + ".",
              "", "Speed-up over `naive`, predicted / measured:", "",
              "| d | mask | S | c (us) | " + " | ".join(names) + " |",
@@ -158,15 +192,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="longest full-mask cell used to fit r / c")
     ap.add_argument("--latency-only", action="store_true",
                     help="keep the committed predictions, redo only the latency study")
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default="triton",
+                    help="whose grid rows to model (its tiles and worker model)")
+    ap.add_argument("--rho", nargs="+", default=[], metavar="D=VALUE",
+                    help="hand-off over compute per head dim instead of a fit (needed for "
+                         "the async model)")
     args = ap.parse_args(argv)
+    try:
+        given = {int(d): float(v) for d, v in (x.split("=") for x in args.rho)}
+    except ValueError:
+        print(f"model_vs_measured: --rho takes D=VALUE pairs, got {args.rho}", file=sys.stderr)
+        return 2
+    if BACKENDS[args.backend][1] == "async" and not given:
+        print("model_vs_measured: the async model cannot fit r / c from the grid; give --rho "
+              "D=VALUE per head dim (probe_backward.md)", file=sys.stderr)
+        return 2
+    tag = "model_vs_measured" + ("" if args.backend == "triton" else f"_{args.backend}")
     report = json.loads(args.report.read_text())
     if args.latency_only:
-        out = json.loads((args.out / "model_vs_measured.json").read_text())
+        out = json.loads((args.out / f"{tag}.json").read_text())
         rho = {int(d): v for d, v in out["rho"].items()}
-        out["latency"] = latency_study(report, rho, args.calibrate_max)
+        out["latency"] = latency_study(report, rho, args.calibrate_max, args.backend)
     else:
-        out = run(report, args.max_seqlen, args.calibrate_max)
-    save_report(args.out, "model_vs_measured", out, markdown(out))
+        out = run(report, args.max_seqlen, args.calibrate_max, args.backend, given)
+    save_report(args.out, tag, out, markdown(out))
     return 0
 
 

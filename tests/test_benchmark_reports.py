@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import determinism_report  # noqa: E402
+import model_vs_measured  # noqa: E402
 import ncu_summary  # noqa: E402
 import report  # noqa: E402
 import versus_fa4  # noqa: E402
@@ -201,3 +202,14 @@ def test_every_grid_tool_refuses_a_group_that_does_not_divide_the_heads(capsys):
         assert profile_backward.main(["--out", "/tmp/unused", "--group", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 2 and all("--group" in line for line in err)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--backend", "cute"], "--rho"),  # the async model needs r / c from the probe
+    (["--rho", "64x"], "D=VALUE"),
+])
+def test_model_vs_measured_refuses_what_it_cannot_fit(capsys, argv, says):
+    grid = "benchmarks/results/bench_attention.json"
+    assert model_vs_measured.main([grid, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
