@@ -134,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a run cut short keeps what it measured
+        (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows},
+                                                         indent=1))
+        (out / f"{args.tag}.md").write_text(markdown(rows, meta))
+
     ours = [f"dash-{be}:{n}" for be in args.backends.split(",")
             for n in (*DETERMINISTIC, "atomic")]
     print(f"long audit, {args.long_trials} trials each:", flush=True)
@@ -142,16 +150,15 @@ def main(argv: list[str] | None = None) -> int:
             long_problem = Problem(4, 2048 // d, 2048 // d, 4096, 4096, d, mask)
             for name in ours:
                 rows.append(run_audit(name, long_problem, args.long_trials))
+                save()
     peers = available(list(PEERS)) if args.grid else []
     if args.grid:
         print(f"grid audit, {args.trials} trials each:", flush=True)
     for p in grid([int(s) for s in args.seqlens.split(",")]) if args.grid else []:
         for name in ["dash:auto", "dash:atomic", *peers]:
             rows.append(run_audit(name, p, args.trials))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / f"{args.tag}.md").write_text(markdown(rows, meta))
+            save()
+    save()
     print(f"wrote {out}/{args.tag}.json and .md in {time.time() - t0:.0f} s", flush=True)
     return 0
 
