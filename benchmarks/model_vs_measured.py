@@ -18,9 +18,11 @@ for the whole grid)::
 
     python benchmarks/model_vs_measured.py benchmarks/results/bench_attention.json
 
-In the ``async`` model a hand-off shorter than a visit hides behind the next visits, so the
-grid's times cannot fit ``rho``; give it from the timing probe instead (``--rho D=VALUE``,
-the dQ writer's add latency over the visit period of ``probe_backward.md``)::
+The ``async`` model has as many staging buffers per worker as the kernel (a visit starts
+once the partial two visits back has been added). A hand-off shorter than a visit hides
+behind the next visits, so the grid's times cannot fit ``rho``; give it from the timing
+probe instead (``--rho D=VALUE``, the dQ writer's add latency over the visit period of
+``probe_backward.md``)::
 
     python benchmarks/model_vs_measured.py benchmarks/results/bench_attention.json \
         --backend cute --rho 64=0.32 128=0.39
@@ -46,9 +48,19 @@ BACKENDS = {"triton": (("dash", "triton"), "sync"), "cute": (("cute",), "async")
 
 
 def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float = 0.0,
-             model: str = "sync") -> float:
+             model: str = "sync", staging: int | None = None) -> float:
     return simulate(build_schedule(p, name, workers), model, c, r, partial=True,
-                    handoff_latency=lat).makespan
+                    handoff_latency=lat, staging=staging).makespan
+
+
+def staging_of(backend: str, head_dim: int) -> int | None:
+    """The staged partials between a worker's MMAs and its dQ writer (CuTe's
+    ``TileConfig.dq_stages``); None where the model has no bound (Triton: ``sync``)."""
+    if BACKENDS[backend][1] != "async":
+        return None
+    from dash_cuda.backends.cute.bwd_kernel import TILES
+
+    return TILES[head_dim].dq_stages
 
 
 def problem_of(key: tuple, backend: str) -> Problem:
@@ -58,15 +70,15 @@ def problem_of(key: tuple, backend: str) -> Problem:
 
 
 def fit_latency(p: Problem, workers: int, rho: float, target: float, model: str,
-                hi: float = 4.0,
+                staging: int | None, hi: float = 4.0,
                 steps: int = 10) -> float:
     """The hand-off latency (in units of c) at which ``naive``'s makespan meets ``target``."""
     lo = 0.0
-    if makespan(p, "naive", workers, 1.0, rho, hi, model) < target:
+    if makespan(p, "naive", workers, 1.0, rho, hi, model, staging) < target:
         return float("inf")
     for _ in range(steps):
         mid = (lo + hi) / 2
-        if makespan(p, "naive", workers, 1.0, rho, mid, model) < target:
+        if makespan(p, "naive", workers, 1.0, rho, mid, model, staging) < target:
             lo = mid
         else:
             hi = mid
@@ -82,8 +94,9 @@ def latency_study(report: dict, rho: dict[int, float], max_seqlen: int, backend:
         if key[1] != "full":
             continue
         p = problem_of(key, backend)
-        c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0, model=model)
-        lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c, model)
+        staging = staging_of(backend, key[0])
+        c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0, model=model, staging=staging)
+        lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c, model, staging)
         rows.append({"d": key[0], "S": key[2], "c_us": round(c * 1e3, 3),
                      "latency_over_c": round(lat, 3), "latency_us": round(lat * c * 1e3, 3),
                      "measured_shift_over_naive": round(t["naive"] / t["shift"], 3)})
@@ -106,8 +119,9 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
     workers, model = report["environment"]["num_workers"], BACKENDS[backend][1]
     data = cells(report, max_seqlen, backend)
     problems = {key: problem_of(key, backend) for key in data}
+    staging = {key: staging_of(backend, key[0]) for key in data}
     c_of = {key: t["atomic"] / makespan(problems[key], "atomic", workers, 1.0, 0.0,
-                                        model=model)
+                                        model=model, staging=staging[key])
             for key, t in data.items()}
     rho: dict[int, float] = dict(given_rho)
     for d in sorted({k[0] for k in data} - set(rho)):
@@ -115,8 +129,10 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
         for key, t in data.items():
             if key[0] != d or key[1] != "full" or key[2] > calibrate_max:
                 continue
-            m0 = makespan(problems[key], "shift", workers, 1.0, 0.0, model=model)
-            m1 = makespan(problems[key], "shift", workers, 1.0, 1.0, model=model)
+            m0 = makespan(problems[key], "shift", workers, 1.0, 0.0, model=model,
+                          staging=staging[key])
+            m1 = makespan(problems[key], "shift", workers, 1.0, 1.0, model=model,
+                          staging=staging[key])
             fits.append((t["shift"] / c_of[key] - m0) / (m1 - m0))
         rho[d] = statistics.median(fits)
         print(f"d={d}: rho = r / c = {rho[d]:.3f} (fits {[round(f, 3) for f in fits]})",
@@ -125,7 +141,8 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
     for key, t in sorted(data.items()):
         d, mask, s = key[:3]
         t0 = time.perf_counter()
-        pred = {n: makespan(problems[key], n, workers, 1.0, rho[d], model=model)
+        pred = {n: makespan(problems[key], n, workers, 1.0, rho[d], model=model,
+                            staging=staging[key])
                 for n in DETERMINISTIC}
         rows.append({
             "d": d, "mask": mask, "S": s, "c_us": round(c_of[key] * 1e3, 3),
@@ -136,7 +153,8 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
         })
         print(f"d={d} {mask} S={s}: done in {time.perf_counter() - t0:.1f} s", flush=True)
     return {"source": "benchmarks/results/bench_attention.json", "backend": backend,
-            "model": model, "rho_given": sorted(given_rho), "workers": workers,
+            "model": model, "staging": {k[0]: v for k, v in staging.items()},
+            "rho_given": sorted(given_rho), "workers": workers,
             "tiles": {d: [problems[k].block_m, problems[k].block_n]
                       for k in problems for d in [k[0]]},
             "rho": rho, "rows": rows,
@@ -156,7 +174,10 @@ def markdown(out: dict) -> str:
              else [f"d = {d}: {t[0]} x {t[1]}" for d, t in tiles.items()])
     lines = [f"# The DAG model against the H200: the {backend} backend", "",
              f"`{command}`", "",
-             f"{out.get('model', 'sync').capitalize()} worker model, diagonal tiles weighted "
+             f"{out.get('model', 'sync').capitalize()} worker model"
+             + "".join(f" ({v} staged partials per worker at d = {d})"
+                       for d, v in out.get("staging", {}).items() if v)
+             + ", diagonal tiles weighted "
              f"by their unmasked fraction, {out['workers']} workers, tiles "
              + ", ".join(str(t) for t in tiles) + ". Hand-off over dense-tile compute ("
              + ("given, from the timing probe" if given else "fitted on full masks") + "): "

@@ -182,6 +182,37 @@ def test_simulator_matches_critical_path(problem, workers, cr, partial) -> None:
             assert 0.0 <= sim.idle_fraction <= 1.0
 
 
+@settings(max_examples=25, deadline=None)
+@given(problem=problems(), workers=st.integers(1, 16), cr=costs, staging=st.integers(1, 3))
+def test_bounded_staging_lies_between_the_two_worker_models(problem, workers, cr, staging):
+    """``async`` with ``s`` staging buffers: the simulator and the DAG agree; one buffer is
+    the ``sync`` model; more buffers never slow a schedule; unbounded is the plain ``async``."""
+    c, r = cr
+    for name in NAMES:
+        s = build_schedule(problem, name, workers)
+        bounded = critical_path(s, "async", c, r, staging=staging).length
+        assert simulate(s, "async", c, r, staging=staging).makespan == pytest.approx(
+            bounded, abs=1e-9), name
+        sync = critical_path(s, "sync", c, r).length
+        free = critical_path(s, "async", c, r).length
+        assert free - 1e-9 <= bounded <= sync + 1e-9
+        more = critical_path(s, "async", c, r, staging=staging + 1).length
+        assert more <= bounded + 1e-9
+        if staging == 1:
+            assert bounded == pytest.approx(sync, abs=1e-9)
+
+
+@pytest.mark.parametrize("model, staging, error", [("sync", 2, ValueError),
+                                                  ("async", 0, ValueError),
+                                                  ("async", 1.5, TypeError)])
+def test_staging_is_refused_where_it_means_nothing(model, staging, error) -> None:
+    s = build_schedule(square(2, 1, "full"), "naive", 2)
+    with pytest.raises(error, match="staging"):
+        build_dag(s, model, 1.0, 1.0, staging=staging)
+    with pytest.raises(error, match="staging"):
+        simulate(s, model, 1.0, 1.0, staging=staging)
+
+
 @settings(max_examples=30, deadline=None)
 @given(problem=problems(), workers=st.integers(1, 16), cr=costs)
 def test_model_inequalities(problem, workers, cr) -> None:

@@ -15,7 +15,10 @@ Edges (a node starts when all its predecessors have finished):
   compute_{k+1}`` in program order;
 - ``async`` worker model (a separate dQ writer per worker): computes run back to back
   (``compute_k -> compute_{k+1}``), reduces queue behind them in program order
-  (``reduce_k -> reduce_{k+1}``);
+  (``reduce_k -> reduce_{k+1}``); with ``staging = s`` staging buffers between the two
+  (a kernel's staged partials), ``reduce_{k-s} -> compute_k`` on a worker: a visit starts
+  once the partial ``s`` visits back has left its buffer (``s = 1`` is the ``sync``
+  model; unbounded by default);
 - dQ order: each reduce after the previous reduce in its tile's dQ order (none for
   ``atomic``, whose adds land in arrival order).
 
@@ -67,7 +70,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from .._checks import choice, number
+from .._checks import choice, integer, number
 from ..schedules.problem import Problem
 from ..schedules.schedule import Schedule, ScheduleError
 
@@ -212,6 +215,15 @@ def checked_costs(model: str, cost_compute: float, cost_reduce: float) -> tuple[
             number("cost_reduce", cost_reduce, minimum=0))
 
 
+def checked_staging(model: str, staging: int | None) -> int | None:
+    """``staging`` as an int >= 1, or None (unbounded); only the ``async`` model has it."""
+    if staging is None:
+        return None
+    if model != "async":
+        raise ValueError(f"staging bounds the async model's dQ writer; model is {model!r}")
+    return integer("staging", staging, minimum=1)
+
+
 def build_dag(
     schedule: Schedule,
     model: str = "sync",
@@ -219,8 +231,12 @@ def build_dag(
     cost_reduce: float = 1.0,
     partial: bool = False,
     dq_edges: bool = True,
+    staging: int | None = None,
 ) -> DAG:
     """The DAG of ``schedule`` under worker ``model`` (``sync`` or ``async``).
+
+    ``staging`` (``async`` only): the staging buffers between a worker's computes and its
+    dQ writer; None leaves them unbounded.
 
     ``partial=True`` weights each compute by its tile's unmasked fraction; otherwise every
     active tile costs ``cost_compute`` (the idealized model). ``dq_edges=False`` leaves out
@@ -229,12 +245,14 @@ def build_dag(
     numbered worker by worker in program order. Costs are finite and non-negative.
     """
     cost_compute, cost_reduce = checked_costs(model, cost_compute, cost_reduce)
+    staging = checked_staging(model, staging)
     p = schedule.problem
     tasks: list[Task] = []
     edges: list[tuple[int, int]] = []
     visit: dict[tuple[int, int, int, int], int] = {}
     for w, chains in enumerate(schedule.workers):
         prev = -1
+        first = len(tasks) // 2  # the worker's first visit
         for c in chains:
             for i in c.visits:
                 k = len(tasks) // 2
@@ -249,6 +267,8 @@ def build_dag(
                     else:
                         edges.append((2 * prev, 2 * k))
                         edges.append((2 * prev + 1, 2 * k + 1))
+                if staging is not None and k - staging >= first:
+                    edges.append((2 * (k - staging) + 1, 2 * k))  # the buffer is free
                 prev = k
     if dq_edges:
         for (b, h, i), order in schedule.dq_orders.items():
@@ -265,9 +285,11 @@ def critical_path(
     cost_compute: float = 1.0,
     cost_reduce: float = 1.0,
     partial: bool = False,
+    staging: int | None = None,
 ) -> CriticalPath:
     """Shorthand: ``build_dag(...).critical_path()``."""
-    return build_dag(schedule, model, cost_compute, cost_reduce, partial).critical_path()
+    return build_dag(schedule, model, cost_compute, cost_reduce, partial,
+                     staging=staging).critical_path()
 
 
 # ---------------------------------------------------------------------------------------

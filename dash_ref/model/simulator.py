@@ -8,7 +8,9 @@ of its ``j`` in the tile's dQ order, exactly as a kernel does. An event loop adv
 Worker models (``docs/design.md`` section 4): ``sync``, one unit per worker does compute then
 reduce, visit after visit; ``async``, a compute unit runs computes back to back and a dQ
 writer per worker runs the reduces in program order, each once its compute is done and
-its semaphore allows. ``atomic`` schedules never wait on a semaphore.
+its semaphore allows; with ``staging = s`` buffers between them, a compute starts only
+while fewer than ``s`` computed partials wait for their reduce. ``atomic`` schedules
+never wait on a semaphore.
 
 Costs: every reduce costs ``cost_reduce``; every compute costs ``cost_compute``, or with
 ``partial=True`` ``cost_compute`` times the tile's unmasked fraction.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from .._checks import number
 from ..schedules.schedule import Schedule, ScheduleError
-from .dag import COMPUTE, REDUCE, checked_costs, compute_cost
+from .dag import COMPUTE, REDUCE, checked_costs, checked_staging, compute_cost
 
 WAIT = "wait"
 RELEASE = "release"
@@ -86,13 +88,15 @@ def simulate(
     cost_reduce: float = 1.0,
     partial: bool = False,
     handoff_latency: float = 0.0,
+    staging: int | None = None,
 ) -> SimResult:
     """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock.
 
     Costs and the hand-off latency are finite and non-negative (a ``ValueError`` says which
-    is not).
+    is not); ``staging`` (``async`` only) is None (unbounded) or at least 1.
     """
     cost_compute, cost_reduce = checked_costs(model, cost_compute, cost_reduce)
+    staging = checked_staging(model, staging)
     handoff_latency = number("handoff_latency", handoff_latency, minimum=0)
     p = schedule.problem
     W = schedule.num_workers
@@ -112,6 +116,7 @@ def simulate(
     computed = [0] * W
     reduced = [0] * W
     writer_busy = [False] * W  # reducing, or blocked on a semaphore
+    computing = [False] * W
     started = [0.0] * W  # start of the stage in flight (compute unit / writer share it in sync)
     writer_started = [0.0] * W
     intervals: list[Interval] = []
@@ -136,8 +141,16 @@ def simulate(
 
     def start_compute(w: int, t: float) -> None:
         b, h, i, j = progs[w][computed[w]]
+        computing[w] = True
         started[w] = t
         push(t + compute_cost(p, i, j, cost_compute, partial), COMPUTE, w)
+
+    def try_compute(w: int, t: float) -> None:
+        """``async``: start the next compute if the unit is free and a buffer is."""
+        if computing[w] or computed[w] >= len(progs[w]):
+            return
+        if staging is None or computed[w] - reduced[w] < staging:
+            start_compute(w, t)
 
     def try_reduce(w: int, t: float) -> None:
         if writer_busy[w] or reduced[w] >= computed[w]:
@@ -165,8 +178,9 @@ def simulate(
             b, h, i, j = progs[w][computed[w]]
             intervals.append(Interval(w, COMPUTE, b, h, i, j, started[w], t))
             computed[w] += 1
-            if model == "async" and computed[w] < len(progs[w]):
-                start_compute(w, t)
+            computing[w] = False
+            if model == "async":
+                try_compute(w, t)
             try_reduce(w, t)
         else:
             b, h, i, j = progs[w][reduced[w]]
@@ -180,6 +194,8 @@ def simulate(
                     release((b, h, i), t)
             if model == "sync" and computed[w] < len(progs[w]):
                 start_compute(w, t)
+            elif model == "async":
+                try_compute(w, t)
             try_reduce(w, t)
 
     stuck = [w for w in range(W) if reduced[w] < len(progs[w])]
