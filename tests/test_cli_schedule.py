@@ -117,6 +117,11 @@ def test_simulate_one_name_causal_async_partial(run) -> None:
     assert json.loads(out)["result"]["symmetric_shift"]["makespan"] < m * (n + 1) * 1.5 / 2
     rc, out, _ = run(*args, "--model", "async")
     assert json.loads(out)["result"]["symmetric_shift"]["makespan"] <= m * (n + 1) * 1.5 / 2
+    # one staging buffer is the sync model
+    rc, out, _ = run(*args, "--model", "async", "--staging", "1")
+    assert json.loads(out)["result"]["symmetric_shift"]["makespan"] == m * (n + 1) * 1.5 / 2
+    rc, _, err = run(*args, "--staging", "2")  # sync has no staging: usage error, one line
+    assert rc == 2 and "staging" in err and len(err.strip().splitlines()) == 1
 
 
 def test_simulate_text_and_timeline(run) -> None:

@@ -42,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="cost of one dQ reduce (finite, >= 0)")
     p.add_argument("--model", choices=MODELS, default="sync",
                    help="sync: compute then reduce on one unit; async: separate dQ writer")
+    p.add_argument("--staging", type=at_least(1), default=None, metavar="S",
+                   help="async: S staging buffers between a worker's computes and its dQ "
+                        "writer (the CuTe kernel has 2; default unbounded)")
     p.add_argument("--partial", action="store_true",
                    help="weight each compute by its tile's unmasked fraction (otherwise "
                         "every active tile costs C, the idealized model)")
@@ -62,14 +65,15 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     c, r = args.cost_compute, args.cost_reduce
     results, paths = [], []
     for s in schedules:
-        results.append(simulate(s, args.model, c, r, args.partial))
-        dag = build_dag(s, args.model, c, r, args.partial)
+        results.append(simulate(s, args.model, c, r, args.partial, staging=args.staging))
+        dag = build_dag(s, args.model, c, r, args.partial, staging=args.staging)
         paths.append((dag, dag.critical_path()))
 
     p = problem
     print(f"B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} S_k={p.seqlen_k} "
           f"mask={p.mask} BM={p.block_m} BN={p.block_n} (n_q={p.n_q}, n_kv={p.n_kv}); "
           f"W={args.workers} c={c:g} r={r:g} model={args.model}"
+          f"{f' staging={args.staging}' if args.staging else ''}"
           f"{' partial' if args.partial else ''}", file=out)
     best = min((res.makespan for res in results), default=0.0)
     print(f"{'schedule':<16} {'makespan':>10} {'critical path':>14} {'idle':>7} "
