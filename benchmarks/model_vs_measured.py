@@ -162,26 +162,29 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
 
 
 def markdown(out: dict) -> str:
-    names = [n for n in DETERMINISTIC if n != "naive"]
+    modelled = out["rows"][0]["predicted_speedup"] if out["rows"] else {}
+    names = [n for n in DETERMINISTIC if n != "naive" and n in modelled]
     backend, given = out.get("backend", "triton"), out.get("rho_given", [])
+    rho = {int(d): v for d, v in out["rho"].items()}  # JSON keys are strings
     command = f"python benchmarks/model_vs_measured.py {out['source']}"
     if backend != "triton":
         command += f" --backend {backend}"
     if given:
-        command += " --rho " + " ".join(f"{d}={out['rho'][d]:g}" for d in given)
+        command += " --rho " + " ".join(f"{d}={rho[int(d)]:g}" for d in given)
     tiles = out["tiles"]
     tiles = ([tiles] if isinstance(tiles, list)  # files written before tiles per head dim
              else [f"d = {d}: {t[0]} x {t[1]}" for d, t in tiles.items()])
     lines = [f"# The DAG model against the H200: the {backend} backend", "",
              f"`{command}`", "",
              f"{out.get('model', 'sync').capitalize()} worker model"
-             + "".join(f" ({v} staged partials per worker at d = {d})"
-                       for d, v in out.get("staging", {}).items() if v)
+             + ("" if not any(out.get("staging", {}).values()) else " with staging buffers "
+                "per worker (" + ", ".join(f"d = {d}: {v}" for d, v in out["staging"].items())
+                + ")")
              + ", diagonal tiles weighted "
              f"by their unmasked fraction, {out['workers']} workers, tiles "
              + ", ".join(str(t) for t in tiles) + ". Hand-off over dense-tile compute ("
              + ("given, from the timing probe" if given else "fitted on full masks") + "): "
-             + ", ".join(f"d = {d}: r / c = {v:.2f}" for d, v in out["rho"].items()) + ".",
+             + ", ".join(f"d = {d}: r / c = {v:.2f}" for d, v in rho.items()) + ".",
              "", "Speed-up over `naive`, predicted / measured:", "",
              "| d | mask | S | c (us) | " + " | ".join(names) + " |",
              "|---|---|---|---|" + "---|" * len(names)]
