@@ -155,8 +155,7 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
     return {"source": "benchmarks/results/bench_attention.json", "backend": backend,
             "model": model, "staging": {k[0]: v for k, v in staging.items()},
             "rho_given": sorted(given_rho), "workers": workers,
-            "tiles": {d: [problems[k].block_m, problems[k].block_n]
-                      for k in problems for d in [k[0]]},
+            "tiles": {k[0]: [p.block_m, p.block_n] for k, p in problems.items()},
             "rho": rho, "rows": rows,
             "latency": latency_study(report, rho, calibrate_max, backend)}
 

@@ -552,9 +552,7 @@ class DashBackwardSm90:
         """
         if const_expr(self.deterministic):
             if lane == 0:
-                seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
-                while seen != rank:
-                    seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+                self.acquire_turn(sem, rank)
             cute.arch.sync_warp()
         # 16-byte vectors, lane-interleaved: each warp instruction covers 512 consecutive bytes
         for k in cutlass.range(self.dq_tile_elems // 128, unroll=RED_UNROLL):
@@ -566,14 +564,17 @@ class DashBackwardSm90:
                 cute.arch.store(sem, rank + 1, sem="release", scope="gpu")
 
     @cute.jit
-    def wait_turn(self, sem: cute.Pointer, rank: Int32):
-        """Spin (one thread) until the tile's semaphore equals ``rank``; acquire at GPU scope.
-
-        The fence afterwards orders the following bulk add (async proxy) after the acquire.
-        """
+    def acquire_turn(self, sem: cute.Pointer, rank: Int32):
+        """Spin (one thread) until the tile's semaphore equals ``rank``; acquire at GPU scope."""
         seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
         while seen != rank:
             seen = cute.arch.load(sem, Int32, sem="acquire", scope="gpu")
+
+    @cute.jit
+    def wait_turn(self, sem: cute.Pointer, rank: Int32):
+        """:meth:`acquire_turn`, then a fence that orders the following bulk add (async
+        proxy) after the acquire."""
+        self.acquire_turn(sem, rank)
         cute.arch.fence_proxy("async.global")
 
     @cute.jit
