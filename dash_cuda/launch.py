@@ -23,6 +23,7 @@ from functools import lru_cache
 import torch
 
 from dash_ref import Problem, Schedule
+from dash_ref.arithmetic.steps import arithmetic as arithmetic_named
 
 from .backends import Backend, Launch, device_properties
 from .tables import device_schedule
@@ -43,8 +44,9 @@ class BackwardAudit:
     ``(B, S_k, H, d)`` dK / dV accumulators before the GQA sum (dK unscaled); ``delta`` is
     the fp32 ``D = rowsum(dO * O)``, ``(B, S_q, H)``. The arithmetic the launch chose
     travels with it: ``flush_subnormals`` (the dQ additions flushed subnormal inputs and
-    results), ``exact`` (the arithmetic ``dash_ref`` reproduces bit for bit) and
-    ``backend``.
+    results), ``exact`` (the launch ran ``exact=True``), ``arithmetic`` (the name of the
+    ``dash_ref`` arithmetic that reproduces every step bit for bit, None where none does)
+    and ``backend``.
     """
 
     schedule: Schedule
@@ -56,6 +58,7 @@ class BackwardAudit:
     flush_subnormals: bool = False
     exact: bool = False
     backend: str = "triton"
+    arithmetic: str | None = None
 
 
 # -- residency ------------------------------------------------------------------------------
@@ -130,7 +133,9 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
     if do.stride(-1) != 1:
         do = do.contiguous()
 
-    delta = prepost.preprocess_delta(o, do, problem.block_m, exact)
+    arithmetic = "exact" if exact else backend.default_arithmetic
+    pairwise = arithmetic is not None and arithmetic_named(arithmetic).delta_order == "pairwise"
+    delta = prepost.preprocess_delta(o, do, problem.block_m, pairwise)
     if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)
     dq_acc = backend.new_dq_acc(problem, device)
@@ -173,6 +178,6 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
         record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),
                                backend.dq_acc_rows(dq_acc, problem), dk_out, dv_out, delta,
                                flush_subnormals=backend.dq_add_flushes_subnormals,
-                               exact=exact, backend=backend.name)
+                               exact=exact, backend=backend.name, arithmetic=arithmetic)
     return dq, dk, dv, record
 

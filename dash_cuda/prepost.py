@@ -160,12 +160,13 @@ def dash_gqa_kernel(
 
 
 # -- launchers --------------------------------------------------------------------------------
-def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, exact: bool = False
+def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: bool = False
                      ) -> torch.Tensor:
     """``D = rowsum(dO * O)`` in fp32, a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer.
 
-    Laid out like the ``LSE2`` the backward reads with the same strides; with ``exact`` in
-    the pairwise order of :func:`dash_ref.arithmetic.steps.delta` (``EXACT``).
+    Laid out like the ``LSE2`` the backward reads with the same strides; with ``pairwise``
+    in the pairwise order of :func:`dash_ref.arithmetic.steps.delta` (the ``exact`` and
+    ``fast`` arithmetics), else by ``tl.sum`` (an order of its own, contractions allowed).
     """
     batch, seqlen_q, heads, head_dim = o.shape
     delta = new_row_stats(batch, seqlen_q, heads, o.device)
@@ -174,8 +175,8 @@ def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, exact: boo
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, BM=block_m, HEAD_DIM=head_dim, EXACT=exact,
-        enable_fp_fusion=not exact,
+        heads, seqlen_q, BM=block_m, HEAD_DIM=head_dim, EXACT=pairwise,
+        enable_fp_fusion=not pairwise,
     )
     return delta
 

@@ -94,41 +94,51 @@ class ForwardResult:
 
 @single_threaded
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-            softmax_scale: float | None = None, block_m: int = 64, block_n: int = 64
-            ) -> ForwardResult:
+            softmax_scale: float | None = None, block_m: int = 64, block_n: int = 64,
+            arithmetic: str | Arithmetic = "ieee") -> ForwardResult:
     """Tile-level forward: an online softmax over each query tile's KV tiles, ascending.
 
     The steps ``fwd_scores``, ``fwd_max``, ``fwd_probs``, ``fwd_accumulate`` and
-    ``fwd_finish`` of :mod:`dash_ref.arithmetic.steps`, in IEEE arithmetic.
+    ``fwd_finish`` of :mod:`dash_ref.arithmetic.steps`. ``arithmetic`` is ``"ieee"`` or
+    ``"fast"``: the CuTe forward bit for bit, given its KV tile (``block_n = 128``); its
+    bits do not depend on ``block_m``, since a row's sums never leave the row.
     """
+    a = steps.arithmetic(arithmetic)
+    if a.exp2 == "fma":
+        raise ValueError(f"the forward is emulated in 'ieee' and 'fast' arithmetic, not "
+                         f"{a.name!r}")
     p = problem_of(q, k, causal, block_m, block_n)
     _check_inputs(p, q, k, v)
     c = steps.scale_log2(steps.resolve_scale(softmax_scale, p.head_dim))
     o = torch.zeros(q.shape, dtype=F32)
     lse2 = torch.full(q.shape[:3], -math.inf, dtype=F32)
-    qf, kf, vf = q.to(F32), k.to(F32), v.to(F32)
+    dtype = q.dtype
+    if not a.tensor_cores:  # PyTorch's CPU products take fp32 operands
+        q, k, v = q.to(F32), k.to(F32), v.to(F32)
+    partial_sums = (4,) if a.exp2 == "mufu" else ()  # fast: each of a row's 4 threads' sum
     for b in range(p.batch):
         for h in range(p.heads):
             hk = h // p.group
             for i in range(p.n_q):
                 rows = p.rows(i)
                 m = torch.full((len(rows),), -math.inf, dtype=F32)
-                ell = torch.zeros(len(rows), dtype=F32)
+                ell = torch.zeros(len(rows), *partial_sums, dtype=F32)
                 acc = torch.zeros(len(rows), p.head_dim, dtype=F32)
                 for j in p.tile_cols[i]:
                     cols = p.cols(j)
-                    s = steps.fwd_scores(qf[b, rows.start:rows.stop, h],
-                                         kf[b, cols.start:cols.stop, hk], c,
+                    s = steps.fwd_scores(a, q[b, rows.start:rows.stop, h],
+                                         k[b, cols.start:cols.stop, hk], c,
                                          visible(p, rows, cols))
-                    m_new, m_safe = steps.fwd_max(m, s)
-                    pt, alpha = steps.fwd_probs(s, m, m_safe)
-                    ell, acc = steps.fwd_accumulate(ell, acc, alpha, pt,
-                                                    vf[b, cols.start:cols.stop, hk], q.dtype)
+                    m_new, m_safe = steps.fwd_max(a, m, s, c)
+                    pt, alpha = steps.fwd_probs(a, s, m, m_safe, c)
+                    ell, acc = steps.fwd_accumulate(a, ell, acc, alpha, pt,
+                                                    v[b, cols.start:cols.stop, hk], dtype,
+                                                    p.block_n)
                     m = m_new
-                o_tile, lse_tile = steps.fwd_finish(acc, m, ell)
+                o_tile, lse_tile = steps.fwd_finish(a, acc, m, ell)
                 o[b, rows.start:rows.stop, h] = o_tile
                 lse2[b, rows.start:rows.stop, h] = lse_tile
-    return ForwardResult(o.to(q.dtype), lse2)
+    return ForwardResult(o.to(dtype), lse2)
 
 
 # ---------------------------------------------------------------------------------------

@@ -76,12 +76,19 @@ def hardware(op: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def sass_of(op: str) -> list[str]:
-    """The SASS lines of the measuring kernel that compute (MUFU and float arithmetic)."""
+    """The SASS lines of the measuring kernel that compute (MUFU and float arithmetic): the
+    instruction must be a bare MUFU, without the range scaling of the non-.ftz forms."""
+    import tempfile
+
     x = torch.ones(BLOCK, device="cuda")
-    y = torch.empty_like(x)
-    compiled = KERNELS[op][(1,)](x, y, BLOCK, BLOCK=BLOCK)
-    sass = compiled.asm.get("sass", "")
-    return [ln.strip() for ln in sass.splitlines()
+    compiled = KERNELS[op][(1,)](x, torch.empty_like(x), BLOCK, BLOCK=BLOCK)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True,
+                              text=True).stdout
+    return [" ".join(ln.split("*/")[-1].split()) for ln in sass.splitlines()
             if any(k in ln for k in ("MUFU", "FMUL", "FFMA", "FADD", "FSETP", "FSEL"))]
 
 
@@ -159,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: validate_mufu needs a CUDA GPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.tables:
-        t = mufu.decode_tables(args.tables.read_bytes())
-    else:
-        t = measure()
+    t = mufu.decode_tables(args.tables.read_bytes()) if args.tables else measure()
     blob = mufu.encode_tables(t)
     back = mufu.decode_tables(blob)
     roundtrip = all(torch.equal(getattr(t, n), getattr(back, n)) for n in mufu._NAMES) and (
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tables: {len(blob)} bytes encoded, round trip {'exact' if roundtrip else 'BROKEN'}",
           flush=True)
     results = {op: validate(op, t) for op in ("ex2", "lg2")}
-    for op, r in results.items():
+    for r in results.values():
         print(f"{r['instruction']}: {r['mismatches']} mismatches of {r['inputs']} inputs "
               f"({r['seconds']} s) {r['mismatches_by_class']}", flush=True)
         for m in r["first_mismatches"][:8]:
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Shipped tables: {len(blob)} bytes (`dash_ref/arithmetic/mufu_tables.bin`), "
               f"round trip {'exact' if roundtrip else 'BROKEN'}.", "",
               "SASS of the measuring kernels (the arithmetic lines):", ""]
-    lines += [f"- `{op}`: " + "; ".join(f"`{s}`" for s in lines_) for op, lines_ in sass.items()]
+    lines += [f"- `{op}`: " + "; ".join(f"`{s}`" for s in found) for op, found in sass.items()]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     ok = roundtrip and all(r["mismatches"] == 0 for r in results.values())
     return 0 if ok else 1

@@ -1,17 +1,21 @@
-"""L2: every step of an exact-mode backward, the kernel's bits beside the CPU emulation's.
+"""L2: every step of a forward and backward, the kernel's bits beside the CPU emulation's.
 
 Given the kernel's inputs, its ``O`` and ``LSE2`` and what its audit mode wrote,
-:func:`l2_steps` recomputes the backward with ``dash_ref.emulate.backward(...,
-arithmetic=EXACT)`` and pairs each kernel value with the emulator's, in the order the
-backward computes them: ``D``, the dQ partials (on the query rows that exist), the dQ
+:func:`l2_steps` recomputes the backward with ``dash_ref.emulate.backward`` in the
+arithmetic the kernel ran and pairs each kernel value with the emulator's, in the order
+the backward computes them: ``D``, the dQ partials (on the query rows that exist), the dQ
 accumulators, the per-head dK/dV accumulators (one query head per KV head only; with GQA
-the emulator keeps only their sums) and the rounded ``dQ``, ``dK``, ``dV``. A kernel in
-``exact`` mode must match on every step (``torch.equal``).
+the emulator keeps only their sums) and the rounded ``dQ``, ``dK``, ``dV``.
+:func:`forward_steps` does the same for the forward's ``O`` and ``LSE2``. A kernel whose
+arithmetic ``dash_ref`` reproduces must match on every step (``torch.equal``).
 
-The arithmetic choices a launch makes travel in the kernel's audit record and are honoured
-here: whether the dQ additions flushed subnormals (:func:`record_steps` reads
-``flush_subnormals`` from the record); a record of the fast arithmetic is refused with a
-message, never compared.
+Which arithmetic that is travels in the kernel's audit record (``BackwardAudit.arithmetic``:
+``"exact"`` for ``exact=True`` runs, ``"fast"`` for default runs of the CuTe backend,
+None for the Triton backend's default, which no CPU arithmetic reproduces), together with
+whether the dQ additions flushed subnormals (``flush_subnormals``). :func:`record_steps`
+honours both; a record no arithmetic reproduces is refused with a one-line reason, never
+compared. :func:`first_difference` names the first step that differs and how many
+elements differ there.
 """
 
 from __future__ import annotations
@@ -19,34 +23,38 @@ from __future__ import annotations
 import torch
 
 from dash_ref import Schedule
-from dash_ref.arithmetic.steps import EXACT, delta
-from dash_ref.emulate import backward
+from dash_ref.arithmetic.steps import Arithmetic, arithmetic, delta
+from dash_ref.emulate import backward, forward
 
 #: what the kernel must provide, by name: its audit record's fields and its gradients
 KERNEL_VALUES = ("delta", "partials", "dq_acc", "dk_heads", "dv_heads", "dq", "dk", "dv")
 
+Steps = list[tuple[str, torch.Tensor, torch.Tensor]]
+
 
 def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
              kernel: dict[str, torch.Tensor], softmax_scale: float | None = None,
-             flush_subnormals: bool = True) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """``[(step, kernel value, emulated value)]`` for one exact-mode backward.
+             flush_subnormals: bool = True, arithmetic_name: str | Arithmetic = "exact"
+             ) -> Steps:
+    """``[(step, kernel value, emulated value)]`` for one backward.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` and ``kernel`` maps :data:`KERNEL_VALUES` to
-    the kernel's tensors, all on the CPU. ``flush_subnormals`` is how the kernel's dQ
-    additions treated subnormals (its audit record says).
+    the kernel's tensors, all on the CPU. ``arithmetic_name`` is the arithmetic the kernel
+    ran (``"exact"`` or ``"fast"``) and ``flush_subnormals`` how its dQ additions treated
+    subnormals (its audit record says both).
     """
     missing = [name for name in KERNEL_VALUES if name not in kernel]
     if missing:
         raise ValueError(f"kernel values missing: {missing}")
     q, k, v, o, lse2, do = inputs
     p = schedule.problem
-    arithmetic = EXACT.with_dq_adds(flush_subnormals)
+    a = arithmetic(arithmetic_name).with_dq_adds(flush_subnormals)
     emu = backward(schedule, q, k, v, o, lse2, do, softmax_scale, return_partials=True,
-                   arithmetic=arithmetic)
+                   arithmetic=a)
     rows = torch.tensor([min(p.block_m, p.seqlen_q - i * p.block_m)
                          for i in schedule.to_tables().visit_q.tolist()])
     real_rows = torch.arange(p.block_m)[None, :] < rows[:, None]  # padding rows are not read
-    steps = [("D", kernel["delta"], delta(arithmetic, o, do)),
+    steps = [("D", kernel["delta"], delta(a, o, do)),
              ("partials", kernel["partials"][real_rows], emu.partials[real_rows]),
              ("dq_acc", kernel["dq_acc"], emu.dq_acc)]
     if p.heads == p.heads_kv:
@@ -57,6 +65,19 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
     return steps
 
 
+def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
+                  kernel_lse2: torch.Tensor, causal: bool, softmax_scale: float | None,
+                  block_n: int, arithmetic_name: str | Arithmetic = "fast") -> Steps:
+    """``[("O", kernel, emulated), ("LSE2", kernel, emulated)]`` for one forward.
+
+    ``inputs`` is ``(q, k, v)`` on the CPU, ``block_n`` the forward's KV tile (its query
+    tile does not change the bits).
+    """
+    q, k, v = inputs
+    emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic_name)
+    return [("O", kernel_o, emu.o), ("LSE2", kernel_lse2.contiguous(), emu.lse2)]
+
+
 def kernel_values(record, grads: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
     """:data:`KERNEL_VALUES` on the CPU from a ``BackwardAudit`` and the ``(dQ, dK, dV)``."""
     values = {name: getattr(record, name).cpu() for name in KERNEL_VALUES[:5]}
@@ -64,18 +85,45 @@ def kernel_values(record, grads: tuple[torch.Tensor, ...]) -> dict[str, torch.Te
     return values
 
 
+def record_arithmetic(record) -> str:
+    """The arithmetic that reproduces an audit record; ``ValueError`` where none does."""
+    name = getattr(record, "arithmetic", None) or ("exact" if record.exact else None)
+    if name is None:
+        raise ValueError(
+            f"L2 cannot reproduce this record: the {getattr(record, 'backend', 'triton')} "
+            "backend's default arithmetic has no CPU counterpart; run it with exact=True, "
+            "or use the cute backend, whose default arithmetic dash_ref reproduces")
+    return name
+
+
 def record_steps(record, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...],
-                 softmax_scale: float | None = None
-                 ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+                 softmax_scale: float | None = None) -> Steps:
     """:func:`l2_steps` for a kernel's audit record, with the record's arithmetic choices.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` (any device) and ``grads`` the kernel's
-    ``(dQ, dK, dV)``. A record of the fast arithmetic cannot be reproduced on the CPU: it
-    raises ``ValueError`` saying so.
+    ``(dQ, dK, dV)``. A record that no CPU arithmetic reproduces (the Triton backend's
+    default) raises ``ValueError`` saying so.
     """
-    if not record.exact:
-        raise ValueError("L2 reproduces the exact arithmetic only: run the backward with "
-                         "exact=True (this audit record is from the fast arithmetic)")
+    name = record_arithmetic(record)
     return l2_steps(record.schedule, tuple(x.cpu() for x in inputs),
                     kernel_values(record, grads), softmax_scale,
-                    flush_subnormals=record.flush_subnormals)
+                    flush_subnormals=record.flush_subnormals, arithmetic_name=name)
+
+
+def first_difference(steps: Steps) -> tuple[str, int, int] | None:
+    """``(step, differing elements, elements)`` of the first step whose bits differ, or None.
+
+    Bits are compared raw (``torch.equal`` on the bit patterns), so NaNs compare by their
+    payload and ``+0`` differs from ``-0``.
+    """
+    for name, got, want in steps:
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return name, max(got.numel(), want.numel()), max(got.numel(), want.numel())
+        if not torch.equal(_bits(got), _bits(want)):
+            return name, int((_bits(got) != _bits(want)).sum()), got.numel()
+    return None
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    view = {4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.int8}[x.element_size()]
+    return x.contiguous().view(view)

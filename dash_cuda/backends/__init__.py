@@ -124,6 +124,9 @@ class Backend(Protocol):
     name: str
     #: subnormal handling of its dQ additions, recorded in every audit record
     dq_add_flushes_subnormals: bool
+    #: the ``dash_ref`` arithmetic that reproduces this backend's default (``exact=False``)
+    #: forward and backward bit for bit, or None where none does
+    default_arithmetic: str | None
 
     def missing(self) -> str | None:
         """What to install for this backend to run here, or None when it can."""
@@ -133,6 +136,9 @@ class Backend(Protocol):
 
     def backward_tiles(self, head_dim: int) -> tuple[int, int]:
         """``(block_m, block_n)`` of the backward: the tiles of the schedule's problem."""
+
+    def forward_block_n(self, head_dim: int) -> int | None:
+        """The forward's KV tile where ``default_arithmetic`` reproduces the forward."""
 
     def forward(self, q, k, v, causal: bool, softmax_scale: float, poison: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:

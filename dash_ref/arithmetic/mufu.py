@@ -29,8 +29,10 @@ The tables ship in ``mufu_tables.bin`` (:func:`tables`), compressed.
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 
 __all__ = ["TABLE_SIZE", "MufuTables", "decode_tables", "encode_tables", "ex2_approx_ftz",
-           "lg2_approx_ftz", "table_inputs", "tables"]
+           "lg2_approx_ftz", "table_inputs", "tables", "using"]
 
 #: entries per table: one per 23-bit fraction (ex2) or mantissa (lg2)
 TABLE_SIZE = 1 << 23
@@ -124,6 +126,20 @@ def tables() -> MufuTables:
     return decode_tables(TABLE_FILE.read_bytes())
 
 
+_active: list[MufuTables] = []  # tables installed by :func:`using`, innermost last
+
+
+@contextlib.contextmanager
+def using(t: MufuTables) -> Iterator[MufuTables]:
+    """Within the block, the models (and every step that calls them) use ``t``: tables
+    measured on another GPU, or altered ones for a negative control."""
+    _active.append(t)
+    try:
+        yield t
+    finally:
+        _active.pop()
+
+
 @lru_cache(maxsize=8)
 def _tables_on(device: str) -> MufuTables:
     return tables().to(device)
@@ -131,7 +147,9 @@ def _tables_on(device: str) -> MufuTables:
 
 def _resolve(t: MufuTables | None, x: torch.Tensor) -> MufuTables:
     if t is None:
-        return _tables_on(str(x.device))
+        if not _active:
+            return _tables_on(str(x.device))
+        t = _active[-1]
     return t if t.ex2_pos.device == x.device else t.to(x.device)
 
 

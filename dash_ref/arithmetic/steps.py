@@ -15,6 +15,11 @@ order a schedule gives, nothing else. A step that can round in more than one way
   ascending; ``dV`` and ``dK`` accumulate inside the MMA), ``P`` from one fused
   multiply-add and :func:`~dash_ref.arithmetic.exp2.exp2_fma`, ``D`` as a pairwise tree,
   dQ additions that flush subnormals (``red.add.f32``).
+- :data:`FAST`: the kernels' default arithmetic as the CuTe backend runs it, bit for bit,
+  forward and backward: the tensor-core model, ``exp2`` and ``log2`` from the models of
+  ``MUFU.EX2`` and ``MUFU.LG2`` (:mod:`~dash_ref.arithmetic.mufu`), ``D`` as a pairwise
+  tree, dQ additions that keep subnormals (the bulk reduce-add); the forward in the CuTe
+  kernel's order (raw scores, four partial row sums per row, a reciprocal).
 
 Tensors are fp32 unless a step says otherwise; ``rnd`` is round-to-nearest-even to the
 input dtype (bf16 or fp16). Tiles are given on the rows and keys that exist: zero padding
@@ -37,6 +42,7 @@ from functools import lru_cache
 import torch
 
 from .exp2 import exp2_fma
+from .mufu import ex2_approx_ftz, lg2_approx_ftz
 from .numerics import fma_f32, fp32_add_rne
 from .tensorcore import K_STEP, mma
 
@@ -51,7 +57,9 @@ class Arithmetic:
 
     name: str
     tensor_cores: bool  # matrix products by the tensor-core model (else PyTorch's CPU fp32)
-    exp2: str  # "ieee": torch.exp2 of a rounded product and difference; "fma": exp2_fma(fma)
+    # "ieee": torch.exp2 of a rounded product and difference; "fma": exp2_fma(fma); "mufu":
+    # the MUFU.EX2 model of an fma (and, in the forward, the CuTe kernel's order of steps)
+    exp2: str
     delta_order: str  # "torch": torch.sum; "pairwise": an ascending pairwise tree
     flush_dq_adds: bool  # dQ additions flush subnormal inputs and results (red.add.f32)
 
@@ -64,8 +72,10 @@ IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
                    flush_dq_adds=True)
+FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
+                  flush_dq_adds=False)
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
-ARITHMETICS = {a.name: a for a in (IEEE, EXACT)}
+ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
 
 def arithmetic(spec: str | Arithmetic) -> Arithmetic:
@@ -163,50 +173,111 @@ def round_operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # -- forward ---------------------------------------------------------------------------------
-# The forward is emulated in IEEE arithmetic only; the kernels' forward contracts and
-# reorders some of these operations (their contract tables say which), so its bits are
-# the kernels' own. Scores are in base-2 units throughout.
+# Scores are in base-2 units throughout. IEEE: the scores are scaled one by one, rows summed
+# by torch.sum, O a quotient. Fast (the CuTe forward, bit for bit): the raw products are
+# kept and the scale enters twice (on the row maximum, inside each probability's fma),
+# exp2 and log2 come from the MUFU models, each of a row's four threads sums its own
+# columns (:func:`quad_sums`) and O is acc times a correctly rounded reciprocal.
 @step("fwd_scores", "forward", "s = (Q_i K_j^T) * c; masked elements -inf")
-def fwd_scores(q_i: torch.Tensor, k_j: torch.Tensor, c: torch.Tensor, visible: torch.Tensor
-               ) -> torch.Tensor:
-    """Scores of one tile pair in base-2 units: an fp32 product, then one multiply."""
-    s = (q_i @ k_j.T) * c
+def fwd_scores(a: Arithmetic, q_i: torch.Tensor, k_j: torch.Tensor, c: torch.Tensor,
+               visible: torch.Tensor) -> torch.Tensor:
+    """Scores of one tile pair, masked to ``-inf``.
+
+    IEEE: an fp32 product, then one multiply by ``c`` (base-2 units). Fast: the raw
+    tensor-core products ``Q_i K_j^T``; ``c`` enters in :func:`fwd_max` and :func:`fwd_probs`.
+    """
+    s = _matmul(a, q_i, k_j.T)
+    if a.exp2 != "mufu":
+        s = s * c
     return torch.where(visible, s, torch.tensor(-math.inf))
 
 
 @step("fwd_max", "forward", "m' = max(m, rowmax(s)); m_safe = m' or 0 where m' = -inf")
-def fwd_max(m: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The running row maximum and the value subtracted before exp2 (0 for unseen rows)."""
-    m_new = torch.maximum(m, s.max(dim=1).values)
+def fwd_max(a: Arithmetic, m: torch.Tensor, s: torch.Tensor, c: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running row maximum and the value subtracted before exp2 (0 for unseen rows).
+
+    Fast: ``rnd32(rowmax(x) * c)`` of the raw scores, one ``mul.rn.f32`` per row; rounding
+    is monotone and ``c > 0``, so it is the largest rounded scaled score.
+    """
+    row = s.max(dim=1).values
+    if a.exp2 == "mufu":
+        row = row * c
+    m_new = torch.maximum(m, row)
     return m_new, torch.where(torch.isinf(m_new), torch.zeros(()), m_new)
 
 
 @step("fwd_probs", "forward", "P = exp2(s - m_safe); alpha = exp2(m - m_safe)")
-def fwd_probs(s: torch.Tensor, m: torch.Tensor, m_safe: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unnormalized probabilities of the tile and the rescale factor of the old sums."""
+def fwd_probs(a: Arithmetic, s: torch.Tensor, m: torch.Tensor, m_safe: torch.Tensor,
+              c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalized probabilities of the tile and the rescale factor of the old sums.
+
+    Fast: ``P = ex2(fma(x, c, -m_safe))`` of the raw scores and ``alpha = ex2(m - m_safe)``,
+    ``ex2`` the MUFU model (:func:`~dash_ref.arithmetic.mufu.ex2_approx_ftz`).
+    """
+    if a.exp2 == "mufu":
+        p = ex2_approx_ftz(fma_f32(s, c, -m_safe[:, None]))
+        return p, ex2_approx_ftz(m - m_safe)
     return torch.exp2(s - m_safe[:, None]), torch.exp2(m - m_safe)
 
 
+def quad_sums(p: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``(rows, 4)``: each of a row's four threads' sum of its probabilities, fp32.
+
+    In a wgmma accumulator of ``block_n`` columns, thread ``t`` of a row's four holds
+    columns ``8 k + 2 t`` and ``8 k + 2 t + 1`` for ``k = 0, 1, ...`` and adds them from
+    ``+0`` in that register order, one fp32 addition each. Columns past ``p``'s are zeros
+    (masked keys: ``+0`` probabilities).
+    """
+    rows, n = p.shape
+    padded = torch.cat([p, p.new_zeros(rows, block_n - n)], 1) if n < block_n else p
+    per_thread = padded.reshape(rows, block_n // 8, 4, 2).permute(0, 2, 1, 3)
+    per_thread = per_thread.reshape(rows, 4, block_n // 4)
+    total = torch.zeros(rows, 4, dtype=F32)
+    for col in range(block_n // 4):
+        total = total + per_thread[:, :, col]
+    return total
+
+
 @step("fwd_accumulate", "forward", "l = l * alpha + rowsum(P); acc = acc * alpha + rnd(P) V_j")
-def fwd_accumulate(ell: torch.Tensor, acc: torch.Tensor, alpha: torch.Tensor,
-                   p: torch.Tensor, v_j: torch.Tensor, dtype: torch.dtype
+def fwd_accumulate(a: Arithmetic, ell: torch.Tensor, acc: torch.Tensor, alpha: torch.Tensor,
+                   p: torch.Tensor, v_j: torch.Tensor, dtype: torch.dtype, block_n: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold one KV tile into the running sum and output."""
+    """Fold one KV tile into the running sum and output.
+
+    IEEE: ``l`` is ``(rows,)``, ``torch.sum`` of the row. Fast: ``l`` is ``(rows, 4)``, each
+    thread's partial sum: ``fma.rn(l, alpha, quad_sums(P))``; ``acc * alpha`` (one
+    ``mul.f32``), then the tensor-core product with ``acc`` as its accumulator.
+    """
+    if a.exp2 == "mufu":
+        ell = fma_f32(ell, alpha[:, None].expand_as(ell), quad_sums(p, block_n))
+        acc = _matmul(a, p.to(dtype), v_j, acc * alpha[:, None])
+        return ell, acc
     ell = ell * alpha + p.sum(1)
-    acc = acc * alpha[:, None] + round_operand(p, dtype) @ v_j
+    acc = acc * alpha[:, None] + round_operand(p, dtype) @ v_j.to(F32)
     return ell, acc
 
 
 @step("fwd_finish", "forward", "O = rnd(acc / l), LSE2 = m + log2(l); rows that see no key: "
       "O = 0, LSE2 = -inf")
-def fwd_finish(acc: torch.Tensor, m: torch.Tensor, ell: torch.Tensor
+def fwd_finish(a: Arithmetic, acc: torch.Tensor, m: torch.Tensor, ell: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The normalized output (fp32, rounded by the caller's store) and the base-2 LSE.
 
-    A row that saw no key has ``l = 0``: ``O = 0``, ``LSE2 = -inf``. A NaN anywhere in a
-    row's scores makes its ``l`` NaN, and so its ``O`` and ``LSE2``, as in PyTorch's SDPA.
+    A row that saw no key has ``l = 0``: ``O = 0``, ``LSE2 = -inf``. IEEE: a quotient and a
+    correctly rounded log2; a NaN anywhere in a row's scores makes its ``l`` NaN, and so its
+    ``O`` and ``LSE2``, as in PyTorch's SDPA. Fast: ``l = (l_0 + l_1) + (l_2 + l_3)`` (the
+    butterfly over the row's threads), ``O = acc * rcp.rn(l)``, ``LSE2 = m + lg2(l)`` with
+    the MUFU model; rows with ``l > 0`` only (finite inputs: the fast forward does not
+    propagate NaN as IEEE does).
     """
+    if a.exp2 == "mufu":
+        total = (ell[:, 0] + ell[:, 1]) + (ell[:, 2] + ell[:, 3])
+        seen = total > 0
+        inv = (1.0 / total.double()).to(F32)  # rcp.rn: division double-rounds innocuously
+        inv = torch.where(seen, inv, torch.zeros((), dtype=F32))
+        lse2 = torch.where(seen, m + lg2_approx_ftz(total), torch.tensor(-math.inf))
+        return acc * inv[:, None], lse2
     unseen = ell == 0
     o = torch.where(unseen[:, None], 0.0, acc / torch.where(unseen, 1.0, ell)[:, None])
     lse2 = torch.where(unseen, torch.tensor(-math.inf), m + torch.log2(ell))
@@ -248,10 +319,14 @@ def softmax_p(a: Arithmetic, s: torch.Tensor, c: torch.Tensor, lse2_i: torch.Ten
     IEEE: the product and the difference each rounded, then a correctly rounded exp2.
     ``fma``: ``exp2_fma(fma(S, c, 0 - LSE2))``: one fused multiply-add (``fma.rn.f32``),
     the negation written ``0 - LSE2`` (``sub.rn.f32``, so ``+0`` stays ``+0``), then
-    :func:`~dash_ref.arithmetic.exp2.exp2_fma`. Masked elements are selected to ``+0``.
+    :func:`~dash_ref.arithmetic.exp2.exp2_fma`. ``mufu``: ``ex2(fma(S, c, -LSE2))`` with the
+    MUFU model (:func:`~dash_ref.arithmetic.mufu.ex2_approx_ftz`) and a sign flip.
+    Masked elements are selected to ``+0``.
     """
     if a.exp2 == "fma":
         p = exp2_fma(fma_f32(s, c, torch.zeros((), dtype=F32) - lse2_i[:, None]))
+    elif a.exp2 == "mufu":
+        p = ex2_approx_ftz(fma_f32(s, c, -lse2_i[:, None]))
     else:
         p = torch.exp2(s * c - lse2_i[:, None])
     return torch.where(visible, p, torch.zeros((), dtype=F32))

@@ -3,7 +3,8 @@
 One module per subcommand, each exposing ``add_parser(subparsers)`` and ``run(args, out)``
 (which returns an :class:`Outcome`), in two groups: the schedule model (:mod:`.schedule`,
 :mod:`.simulate`) and the checks (:mod:`.demo`, :mod:`.audit`, :mod:`.fuzz`,
-:mod:`.check`). :mod:`.args` holds the flags and argument types they share.
+:mod:`.check`, and :mod:`.capture` on the GPU with :mod:`.reproduce` on any CPU).
+:mod:`.args` holds the flags and argument types they share.
 
 Exit status, the same for every subcommand (:data:`EXIT_STATUS`):
 
@@ -28,7 +29,7 @@ from typing import TextIO
 from dash_ref import __version__
 
 from ..impls import Unavailable
-from . import audit, check, demo, fuzz, schedule, simulate
+from . import audit, capture, check, demo, fuzz, reproduce, schedule, simulate
 from .args import EXIT_ERROR, EXIT_FINDING, EXIT_OK, Outcome
 
 EXIT_STATUS = ("exit status: 0 the claim holds / the check passed; 1 a finding (not "
@@ -40,7 +41,7 @@ JSON_SCHEMA = ('{"tool": "dash-verify", "version": str, "command": str, "argv": 
 
 #: subcommands in the order ``--help`` lists them: the model first, then the checks
 COMMANDS = {"schedule": schedule, "simulate": simulate, "demo": demo, "audit": audit,
-            "fuzz": fuzz, "check": check}
+            "fuzz": fuzz, "check": check, "capture": capture, "reproduce": reproduce}
 __all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "Outcome", "build_parser",
            "main"]
 

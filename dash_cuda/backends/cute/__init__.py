@@ -33,6 +33,9 @@ class CuteBackend:
     name = "cute"
     #: the dQ hand-off is a TMA bulk reduce-add: RNE, subnormals kept (measured on an H200)
     dq_add_flushes_subnormals = False
+    #: its default arithmetic is reproduced by ``dash_ref``'s ``FAST`` (MUFU models, pairwise
+    #: ``D``, dQ adds that keep subnormals): the L2 level holds for default runs
+    default_arithmetic = "fast"
 
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
@@ -57,6 +60,14 @@ class CuteBackend:
 
         cfg = TILES[head_dim]
         return cfg.block_m, cfg.block_n
+
+    def forward_block_n(self, head_dim: int) -> int:
+        """Keys per KV tile of the forward: its bits depend on it (``dash_ref``'s fast
+        forward takes it), not on the query tile."""
+        from .fwd_kernel import FORWARD_TILES
+
+        (block_n,) = {t.block_n for (d, _), t in FORWARD_TILES.items() if d == head_dim}
+        return block_n
 
     def forward(self, q, k, v, causal, softmax_scale, poison):
         from .launch import run_forward

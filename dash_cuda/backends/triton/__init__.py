@@ -27,6 +27,9 @@ class TritonBackend:
     name = "triton"
     #: the dQ hand-off is ``red.global.add.f32``, which flushes subnormals
     dq_add_flushes_subnormals = True
+    #: its default forward (approximate division, ``tl.sum`` rows) and ``D`` are not
+    #: reproduced on the CPU: only ``exact=True`` is (L2)
+    default_arithmetic = None
 
     def missing(self) -> str | None:
         if importlib.util.find_spec("triton") is None:
@@ -43,6 +46,10 @@ class TritonBackend:
     def backward_tiles(self, head_dim: int) -> tuple[int, int]:
         cfg = backward_config(head_dim)
         return cfg.block_m, cfg.block_n
+
+    def forward_block_n(self, head_dim: int) -> None:
+        """None: the default forward is not reproduced on the CPU (see default_arithmetic)."""
+        return None
 
     def forward(self, q, k, v, causal, softmax_scale, poison):
         from .launch import run_forward

@@ -1,0 +1,166 @@
+"""Captures: a GPU run in one file, reproduced bit for bit on this CPU (L2 of the default).
+
+``tests/data/captures/`` holds runs of the default CuTe forward and backward captured on an
+H200 (``scripts/l2_matrix.py --keep``): both masks, both head dims, bf16 and fp16, grouped
+queries, lengths that are not tile multiples. Each must be reproduced on every step by
+``dash_ref``'s FAST arithmetic, and must stop being reproduced when one MUFU table entry
+or one emulated step changes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dash_ref import Problem, build_schedule
+from dash_ref.arithmetic import mufu, steps
+from dash_ref.emulate import backward, forward
+from verify import capture as cap
+from verify.cli import main
+from verify.l2 import first_difference
+
+CAPTURES = sorted((Path(__file__).parent / "data" / "captures").glob("*.capture"))
+
+
+def synthetic(tmp_path: Path) -> Path:
+    """A capture file whose "kernel" values are the FAST emulation's own (file plumbing)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, s, 2, 64, generator=gen).bfloat16()
+                   for s in (40, 70, 70, 40))
+    p = Problem(1, 2, 2, 40, 70, 64, "causal", 128, 128)
+    sched = build_schedule(p, "descending", 2)
+    fwd = forward(q, k, v, True, None, 128, 128, arithmetic="fast")
+    bwd = backward(sched, q, k, v, fwd.o, fwd.lse2, do, return_partials=True,
+                   arithmetic="fast")
+    tensors = {"q": q, "k": k, "v": v, "do": do, "o": fwd.o, "lse2": fwd.lse2, "dq": bwd.dq,
+               "dk": bwd.dk, "dv": bwd.dv, "delta": steps.delta(steps.FAST, fwd.o, do),
+               "partials": cap._real_rows(bwd.partials, sched), "dq_acc": bwd.dq_acc,
+               "dk_heads": bwd.dk_acc, "dv_heads": bwd.dv_acc}
+    meta = {"format": cap.FORMAT, "causal": True, "softmax_scale": None,
+            "schedule": "descending", "num_workers": 2, "fingerprint": sched.fingerprint(),
+            "block_m": 128, "block_n": 128, "backend": "cute", "arithmetic": "fast",
+            "flush_subnormals": False, "forward_block_n": 128, "environment": {}}
+    path = tmp_path / "synthetic.capture"
+    cap.save(cap.Capture(meta, tensors), path)
+    return path
+
+
+def test_a_capture_file_round_trips_and_reproduces(tmp_path):
+    c = cap.load(synthetic(tmp_path))
+    names = [name for name, _, _ in cap.check(c)]
+    assert names == ["O", "LSE2", "D", "partials", "dq_acc", "dk_acc", "dv_acc", "dq", "dk",
+                     "dv"]
+    assert first_difference(cap.check(c)) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "header"])
+def test_a_damaged_file_is_refused_in_one_line(tmp_path, damage, capsys):
+    path = synthetic(tmp_path)
+    blob = bytearray(path.read_bytes())
+    if damage == "truncate":
+        blob = blob[: len(blob) // 2]
+    elif damage == "flip":
+        blob[-100] ^= 1
+    else:
+        blob[:4] = b"XXXX"
+    path.write_bytes(bytes(blob))
+    with pytest.raises(cap.CaptureError):
+        cap.load(path)
+    assert main(["reproduce", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_changed_value_is_a_finding_that_names_the_step(tmp_path, capsys):
+    path = synthetic(tmp_path)
+    c = cap.load(path)
+    bits = c.tensors["dq_acc"].view(torch.int32)
+    bits.view(-1)[5] ^= 1  # one ulp in one accumulator
+    cap.save(c, path)
+    assert main(["reproduce", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "first differing step dq_acc, 1 of" in out
+
+
+def test_capture_without_a_gpu_is_an_environment_error(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["capture", "--out", str(tmp_path / "x.capture")]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+# -- the H200's bits --------------------------------------------------------------------------
+def test_the_committed_captures_cover_the_cases_the_proof_needs():
+    metas = [cap.load(p) for p in CAPTURES]
+    assert len(metas) >= 4
+    assert {c.meta["causal"] for c in metas} == {False, True}
+    assert {c.problem.head_dim for c in metas} == {64, 128}
+    assert {c.tensors["q"].dtype for c in metas} == {torch.bfloat16, torch.float16}
+    assert any(c.problem.group == 4 for c in metas)
+    assert all("H200" in c.meta["environment"]["gpu"] for c in metas)
+    assert any(c.problem.seqlen_q % c.problem.block_m and c.problem.seqlen_q != c.problem.seqlen_k
+               for c in metas)
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.stem)
+def test_the_cpu_reproduces_the_h200_bit_for_bit(path, capsys):
+    assert main(["reproduce", str(path)]) == 0, capsys.readouterr().out
+
+
+def _ex2_arguments(c: cap.Capture) -> torch.Tensor:
+    """The arguments the run's exp2 steps see (recorded while reproducing it)."""
+    seen = []
+    model = steps.ex2_approx_ftz
+
+    def recording(x, t=None):
+        seen.append(x.reshape(-1).clone())
+        return model(x, t)
+
+    steps.ex2_approx_ftz = recording
+    try:
+        cap.check(c)
+    finally:
+        steps.ex2_approx_ftz = model
+    return torch.cat(seen)
+
+
+def test_one_changed_table_entry_breaks_the_reproduction():
+    c = cap.load(CAPTURES[0])
+    x = _ex2_arguments(c)
+    x = x[(x < 0) & (x > -126)]
+    entry = int(torch.bincount(((-x).double() * 2**23).floor().long() & 0x7FFFFF).argmax())
+    t = mufu.tables()
+    changed = t.ex2_neg.clone()
+    changed[entry] += 1
+    with mufu.using(mufu.MufuTables(t.ex2_pos, changed, t.lg2_ge1, t.lg2_lt1, t.ex2_nan,
+                                    t.lg2_nan)):
+        assert first_difference(cap.check(c)) is not None
+
+
+@pytest.mark.parametrize("step", ["correctly rounded exp2", "one sum over the row"])
+def test_one_changed_step_breaks_the_reproduction(step, monkeypatch):
+    c = cap.load(CAPTURES[0])
+    if step == "correctly rounded exp2":
+        def exp2(x, t=None):
+            y = torch.exp2(x.double()).float()
+            return torch.where(y < 2.0**-126, torch.zeros_like(y), y)
+        monkeypatch.setattr(steps, "ex2_approx_ftz", exp2)
+    else:  # the row's probabilities summed in one chain instead of four threads' partials
+        def one_chain(p, block_n):
+            return torch.nn.functional.pad(p.sum(1, keepdim=True), (0, 3))
+        monkeypatch.setattr(steps, "quad_sums", one_chain)
+    diff = first_difference(cap.check(c))
+    assert diff is not None and diff[0] in ("O", "LSE2")
+
+
+def test_the_mufu_models_match_their_special_cases():
+    x = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 128.0, -150.0])
+    y = mufu.ex2_approx_ftz(x)
+    assert y[:2].tolist() == [1.0, 1.0] and y[2] == math.inf and y[3] == 0.0
+    assert y[4].isnan() and y[5:7].tolist() == [1.0, 1.0] and y[7] == math.inf and y[8] == 0.0
+    z = mufu.lg2_approx_ftz(torch.tensor([1.0, 2.0, 0.5, 0.0, -0.0, 1e-40, -1.0, math.inf]))
+    assert z[:3].tolist() == [0.0, 1.0, -1.0] and (z[3:6] == -math.inf).all()
+    assert z[6].isnan() and z[7] == math.inf

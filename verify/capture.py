@@ -1,0 +1,225 @@
+"""A proof a user can carry: one GPU run in one file, checked bit for bit on any CPU.
+
+:func:`capture` runs ``dash_cuda``'s forward and audited backward on the GPU and keeps
+everything L2 needs in one file: the inputs, ``O``, ``LSE2``, the gradients, the audit
+record (``D``, every dQ partial, the accumulators), the schedule (name, workers, tiles and
+fingerprint), the arithmetic the run used, and the environment (GPU, driver, library
+versions). :func:`load` reads such a file back and refuses a bad or truncated one with
+:class:`CaptureError`; :func:`check` recomputes every step on the CPU with ``dash_ref``
+(:mod:`verify.l2`) and returns them beside the GPU's, in the order the run computed them:
+``O``, ``LSE2``, ``D``, the partials, the accumulators, ``dQ``, ``dK``, ``dV``.
+
+``dash-verify capture`` and ``dash-verify reproduce`` are the command-line front ends;
+``tests/data/captures/`` holds H200 captures that the CPU test suite reproduces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dash_ref import Problem, build_schedule
+from dash_ref.emulate import visit_index
+
+from .l2 import Steps, forward_steps, l2_steps
+
+FORMAT = "dash-capture/1"
+TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partials",
+           "dq_acc", "dk_heads", "dv_heads")
+_MAGIC = b"DASHCAPTURE1\n"
+
+
+class CaptureError(ValueError):
+    """A file that is not a complete, consistent capture (one-line message)."""
+
+
+@dataclass
+class Capture:
+    """One captured run: ``meta`` (plain values) and ``tensors`` (CPU tensors by name)."""
+
+    meta: dict
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def problem(self) -> Problem:
+        m = self.meta
+        b, s_q, h, d = self.tensors["q"].shape
+        return Problem(b, h, self.tensors["k"].shape[2], s_q, self.tensors["k"].shape[1], d,
+                       "causal" if m["causal"] else "full", m["block_m"], m["block_n"])
+
+    def describe(self) -> str:
+        """One line: shape, dtype, mask, schedule, backend, arithmetic, GPU."""
+        p, m = self.problem, self.meta
+        return (f"B={p.batch} S_q={p.seqlen_q} S_k={p.seqlen_k} H={p.heads} H_kv={p.heads_kv} "
+                f"d={p.head_dim} {str(self.tensors['q'].dtype).removeprefix('torch.')} "
+                f"{p.mask} {m['schedule']} (W={m['num_workers']}) backend={m['backend']} "
+                f"arithmetic={m['arithmetic']} on {m['environment'].get('gpu', '?')}")
+
+
+# -- on the GPU ----------------------------------------------------------------------------
+def environment() -> dict:
+    """GPU name, driver and library versions of this process (strings)."""
+    env = {"torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = str(torch.version.cuda)
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            env["driver"] = "unknown"
+    for module in ("triton", "cutlass", "dash_ref"):
+        with contextlib.suppress(ImportError, AttributeError):
+            env[module] = __import__(module).__version__
+    return env
+
+
+def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
+            causal: bool = False, softmax_scale: float | None = None,
+            schedule: str = "auto", num_workers: int | None = None, backend: str = "cute"
+            ) -> Capture:
+    """Run the forward and the audited backward on ``q``'s GPU and capture everything.
+
+    ``(B, S, H, d)`` CUDA tensors. The backward runs with ``audit=True`` (every dQ partial
+    is kept; small problems only) and the backend's default arithmetic; every output and
+    scratch buffer is filled with NaN first, so an element a kernel does not write shows.
+    """
+    import dash_cuda
+    from dash_cuda.backends import get_backend
+
+    o, lse2 = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                          backend=backend, _poison=True)
+    dq, dk, dv, rec = dash_cuda.attention_backward(
+        q, k, v, o, lse2, do, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
+        num_workers=num_workers, audit=True, backend=backend, _poison=True)
+    torch.cuda.synchronize()
+    p = rec.schedule.problem
+    tensors = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse2": lse2, "dq": dq, "dk": dk,
+               "dv": dv, "delta": rec.delta, "partials": _real_rows(rec.partials, rec.schedule),
+               "dq_acc": rec.dq_acc, "dk_heads": rec.dk_heads, "dv_heads": rec.dv_heads}
+    meta = {"format": FORMAT, "causal": bool(causal), "softmax_scale": softmax_scale,
+            "schedule": rec.schedule.name, "num_workers": rec.schedule.num_workers,
+            "fingerprint": rec.schedule.fingerprint(), "block_m": p.block_m,
+            "block_n": p.block_n, "backend": rec.backend, "arithmetic": rec.arithmetic,
+            "flush_subnormals": bool(rec.flush_subnormals),
+            "forward_block_n": get_backend(rec.backend).forward_block_n(p.head_dim),
+            "environment": environment()}
+    return Capture(meta, {n: t.detach().cpu().contiguous() for n, t in tensors.items()})
+
+
+def _real_rows(partials: torch.Tensor, schedule) -> torch.Tensor:
+    """The partials' rows that hold query rows (``(rows, d)``, visit by visit): a tile's rows
+    past ``S_q`` hold anything and are not kept."""
+    p = schedule.problem
+    rows = [min(p.block_m, p.seqlen_q - i * p.block_m)
+            for i in schedule.to_tables().visit_q.tolist()]
+    return torch.cat([partials[n, :r] for n, r in enumerate(rows)]) if rows else partials[:0, 0]
+
+
+# -- the file ------------------------------------------------------------------------------
+def save(c: Capture, path: str | Path) -> None:
+    """Write ``c`` to ``path``: a magic line, a SHA-256 of the payload, the payload."""
+    buf = io.BytesIO()
+    torch.save({"meta": c.meta, "tensors": c.tensors}, buf)
+    payload = buf.getvalue()
+    Path(path).write_bytes(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+                           + payload)
+
+
+def load(path: str | Path) -> Capture:
+    """Read and validate a capture; :class:`CaptureError` says in one line what is wrong."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise CaptureError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not blob.startswith(_MAGIC):
+        raise CaptureError(f"{path}: not a dash capture (no {FORMAT} header)")
+    digest, _, payload = blob[len(_MAGIC):].partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise CaptureError(f"{path}: truncated or corrupted (its checksum does not match)")
+    try:
+        data = torch.load(io.BytesIO(payload), weights_only=True)
+        meta, tensors = data["meta"], data["tensors"]
+    except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same finding
+        raise CaptureError(f"{path}: unreadable payload ({type(exc).__name__})") from None
+    if meta.get("format") != FORMAT:
+        raise CaptureError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    missing = [n for n in TENSORS if n not in tensors]
+    if missing:
+        raise CaptureError(f"{path}: tensors missing: {', '.join(missing)}")
+    c = Capture(meta, tensors)
+    try:
+        p = c.problem
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CaptureError(f"{path}: inconsistent problem ({exc})") from None
+    if meta.get("arithmetic") is None:
+        raise CaptureError(f"{path}: the run's arithmetic ({meta.get('backend')} default) has "
+                           "no CPU counterpart; capture a cute run or an exact=True run")
+    _check_shapes(path, c, p)
+    return c
+
+
+def _check_shapes(path, c: Capture, p: Problem) -> None:
+    t = c.tensors
+    want = {"k": (p.batch, p.seqlen_k, p.heads_kv, p.head_dim), "v": None, "do": None,
+            "o": None, "dq": None, "dk": None, "dv": None,
+            "lse2": (p.batch, p.seqlen_q, p.heads), "delta": (p.batch, p.seqlen_q, p.heads),
+            "dq_acc": (p.batch, p.seqlen_q, p.heads, p.head_dim),
+            "dk_heads": (p.batch, p.seqlen_k, p.heads, p.head_dim), "dv_heads": None}
+    want["v"] = want["dk"] = want["dv"] = want["k"]
+    want["do"] = want["o"] = want["dq"] = want["dq_acc"]
+    want["dv_heads"] = want["dk_heads"]
+    for name, shape in want.items():
+        if tuple(t[name].shape) != shape:
+            raise CaptureError(f"{path}: {name} has shape {tuple(t[name].shape)}, the problem "
+                               f"needs {shape}")
+
+
+# -- on any CPU ----------------------------------------------------------------------------
+def check(c: Capture) -> Steps:
+    """Every step of the captured run: ``[(step, GPU value, CPU value)]``, in run order.
+
+    Rebuilds the schedule from its name, workers and tiles (its fingerprint must equal the
+    captured one), then the forward (:func:`verify.l2.forward_steps`) and the backward
+    (:func:`verify.l2.l2_steps`) in the captured arithmetic, from the captured inputs and,
+    for the backward, the captured ``O`` and ``LSE2``.
+    """
+    m, t = c.meta, c.tensors
+    sched = build_schedule(c.problem, m["schedule"], m["num_workers"])
+    if sched.fingerprint() != m["fingerprint"]:
+        raise CaptureError("the schedule rebuilt on this machine has another fingerprint than "
+                           "the captured one (a different dash_ref version?)")
+    steps = []
+    if m.get("forward_block_n") and m["arithmetic"] == "fast":
+        steps += forward_steps((t["q"], t["k"], t["v"]), t["o"], t["lse2"], m["causal"],
+                               m["softmax_scale"], m["forward_block_n"], m["arithmetic"])
+    kernel = {n: t[n] for n in ("delta", "dq_acc", "dk_heads", "dv_heads", "dq", "dk", "dv")}
+    kernel["partials"] = _padded(t["partials"], sched)
+    inputs = tuple(t[n] for n in ("q", "k", "v", "o", "lse2", "do"))
+    steps += l2_steps(sched, inputs, kernel, m["softmax_scale"], m["flush_subnormals"],
+                      m["arithmetic"])
+    return steps
+
+
+def _padded(rows: torch.Tensor, schedule) -> torch.Tensor:
+    """The captured real rows back as ``(V, BM, d)`` (padding rows zero, never compared)."""
+    p = schedule.problem
+    out = torch.zeros(len(visit_index(schedule)), p.block_m, rows.shape[-1], dtype=rows.dtype)
+    start = 0
+    for n, i in enumerate(schedule.to_tables().visit_q.tolist()):
+        r = min(p.block_m, p.seqlen_q - i * p.block_m)
+        if start + r > rows.shape[0]:
+            raise CaptureError("the captured partials are fewer than the schedule's visits")
+        out[n, :r] = rows[start:start + r]
+        start += r
+    if start != rows.shape[0]:
+        raise CaptureError("the captured partials are more than the schedule's visits")
+    return out

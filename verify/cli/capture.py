@@ -1,0 +1,72 @@
+"""``dash-verify capture``: one default CuTe run on the GPU, kept in one file as a proof."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from dash_ref.schedules.problem import MASKS
+
+from .args import EXIT_OK, SCHEDULES, Outcome, nonnegative_int, output_file, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "capture", help="run dash_cuda once on the GPU and keep everything L2 needs in FILE",
+        description="Run dash_cuda's forward and audited backward once on the GPU with fresh "
+                    "random inputs and write one file: the inputs, O, LSE2, the gradients, "
+                    "the audit record, the schedule, the arithmetic and the environment. "
+                    "`dash-verify reproduce FILE` checks it bit for bit on any CPU. Small "
+                    "problems only (every dQ partial is kept).")
+    p.add_argument("--out", type=output_file, required=True, metavar="FILE",
+                   help="the capture file to write")
+    g = p.add_argument_group("problem")
+    g.add_argument("--mask", choices=MASKS, default="causal", help="attention mask")
+    g.add_argument("--seqlen-q", type=positive_int, default=200, metavar="N", help="S_q")
+    g.add_argument("--seqlen-k", type=positive_int, default=None, metavar="N",
+                   help="S_k (default: --seqlen-q)")
+    g.add_argument("--batch", type=positive_int, default=1, metavar="B", help="batch size")
+    g.add_argument("--heads", type=positive_int, default=2, metavar="H", help="query heads")
+    g.add_argument("--heads-kv", type=positive_int, default=None, metavar="H_KV",
+                   help="key/value heads, a divisor of H (default: --heads)")
+    g.add_argument("--head-dim", type=positive_int, default=64, metavar="D", help="head dim")
+    g.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="input dtype")
+    g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed")
+    g.add_argument("--schedule", choices=[s for s in SCHEDULES if s != "atomic"],
+                   default="auto", help="deterministic schedule")
+    g.add_argument("--workers", type=positive_int, default=None, metavar="W",
+                   help="persistent workers (default: the GPU's SMs)")
+    g.add_argument("--backend", choices=["cute", "triton"], default="cute",
+                   help="kernel backend (triton: exact=True is the only arithmetic L2 "
+                        "reproduces there, and capture refuses its default)")
+    return p
+
+
+def run(args: argparse.Namespace, out: TextIO) -> Outcome:
+    import torch
+
+    from verify.capture import capture, save
+    from verify.impls import Unavailable
+
+    if not torch.cuda.is_available():
+        raise Unavailable("capture runs dash_cuda on a CUDA GPU; none is visible here")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    heads_kv = args.heads if args.heads_kv is None else args.heads_kv
+    if args.heads % heads_kv:
+        raise ValueError(f"--heads-kv {heads_kv} must divide --heads {args.heads}")
+    s_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q, do = (torch.randn(args.batch, args.seqlen_q, args.heads, args.head_dim, device="cuda",
+                         generator=gen).to(dtype) for _ in range(2))
+    k, v = (torch.randn(args.batch, s_k, heads_kv, args.head_dim, device="cuda",
+                        generator=gen).to(dtype) for _ in range(2))
+    c = capture(q, k, v, do, causal=args.mask == "causal", schedule=args.schedule,
+                num_workers=args.workers, backend=args.backend)
+    if c.meta["arithmetic"] is None:
+        raise ValueError(f"the {args.backend} backend's default arithmetic has no CPU "
+                         "counterpart: capture the cute backend")
+    save(c, args.out)
+    print(f"captured {c.describe()} into {args.out}", file=out)
+    return Outcome(EXIT_OK, f"captured into {args.out}",
+                   {"file": str(args.out), "run": c.describe(),
+                    "environment": c.meta["environment"]})
