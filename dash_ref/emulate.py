@@ -109,7 +109,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                          f"{a.name!r}")
     p = problem_of(q, k, causal, block_m, block_n)
     _check_inputs(p, q, k, v)
-    c = steps.scale_log2(steps.resolve_scale(softmax_scale, p.head_dim))
+    scale = steps.resolve_scale(softmax_scale, p.head_dim)
+    if a.exp2 == "mufu" and scale <= 0:
+        # as the CuTe host does: its row maximum needs c > 0, so S c = (-Q) K^T |c|, and a
+        # zero scale is Q = 0 with scale 1 (every score 0)
+        q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
+    c = steps.scale_log2(scale)
     o = torch.zeros(q.shape, dtype=F32)
     lse2 = torch.full(q.shape[:3], -math.inf, dtype=F32)
     dtype = q.dtype

@@ -16,6 +16,10 @@
 #   scripts/gpu_release.sh stage OUT     # copy the first half of the FA4 bundle to /tmp
 #   scripts/gpu_release.sh verify OUT    # unpack; warm up; the whole GPU suite, both backends
 #   scripts/gpu_release.sh grid OUT      # the benchmark grid
+#   scripts/gpu_release.sh l2 OUT        # the MUFU tables against the hardware (all 2^32
+#                                        # inputs), L2 of the default CuTe arithmetic over
+#                                        # every schedule (scripts/l2_matrix.py, the captures
+#                                        # tests/data/captures), the cost of the pairwise D
 #   scripts/gpu_release.sh determinism OUT  # the CuTe determinism report (1000 trials per
 #                                        # schedule, full and causal)
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
@@ -29,7 +33,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|grid|determinism|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|l2|grid|determinism|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
@@ -113,6 +117,17 @@ verify)
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py tests/test_cute_ptx.py
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     tail -n 2 "$LOG/tests.log"
+    ;;
+l2)
+    fa4_unpack
+    step mufu 120 $PY scripts/validate_mufu.py --out "$LOG/mufu" \
+        --tables dash_ref/arithmetic/mufu_tables.bin
+    step matrix 360 $PY scripts/l2_matrix.py --out "$LOG" --jobs "$NPROC" \
+        --keep "$LOG/captures_keep" --work /tmp/l2_captures
+    step delta 150 $PY benchmarks/bench_delta.py --out "$LOG"
+    tail -n 8 "$LOG/mufu.log"
+    tail -n 12 "$LOG/matrix.log"
+    tail -n 30 "$LOG/delta.log"
     ;;
 grid)
     fa4_unpack

@@ -147,10 +147,13 @@ def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> Attentio
 
 def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
                   ) -> Callable[..., list[str]]:
-    """L1 (and with ``exact``, L2) checks of one audited backward against ``dash_ref``."""
+    """L1 checks of one audited backward against ``dash_ref``, and L2 where its record names an
+    arithmetic ``dash_ref`` reproduces (``exact=True``; the CuTe backend's default, whose
+    forward is then checked too)."""
     import dash_cuda
+    from dash_cuda.backends import get_backend
     from dash_ref.emulate import epilogue, replay
-    from verify.l2 import record_steps
+    from verify.l2 import forward_steps, record_steps
 
     def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -164,11 +167,14 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
             found.append("L1: the kernel's dQ accumulator differs from the replay")
         if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
             found.append("L1: dQ differs from the replay's epilogue")
-        if exact:
+        if rec.arithmetic is not None:  # L2: exact=True, or the CuTe default arithmetic
+            steps = record_steps(rec, (q, k, v, o, lse, do), (dq, dk, dv), softmax_scale)
+            if rec.arithmetic == "fast":
+                steps = forward_steps((q.cpu(), k.cpu(), v.cpu()), o.cpu(), lse.cpu(), causal,
+                                      softmax_scale, get_backend(rec.backend).forward_block_n(
+                                          q.shape[-1])) + steps
             found += [f"L2: {name} differs from the CPU emulation"
-                      for name, got, want in record_steps(rec, (q, k, v, o, lse, do),
-                                                          (dq, dk, dv), softmax_scale)
-                      if not torch.equal(got, want)]
+                      for name, got, want in steps if not torch.equal(got, want)]
         return found
 
     return checks

@@ -180,7 +180,7 @@ def ex2_approx_ftz(x: torch.Tensor, t: MufuTables | None = None) -> torch.Tensor
     shift = (e - 127).clamp(-40, 9)  # |x| >= 2^9 saturates either way
     fixed = torch.where(shift >= 0, sig << shift.clamp(min=0), sig >> (-shift).clamp(min=0))
     n, f = fixed >> 23, fixed & 0x7FFFFF  # |x| * 2^23, truncated: integer and fraction
-    tb = torch.where(neg, t.ex2_neg.to(_I64)[f], t.ex2_pos.to(_I64)[f])
+    tb = torch.where(neg, t.ex2_neg[f], t.ex2_pos[f]).to(_I64)
     exp_out = ((tb >> 23) & 0xFF) + torch.where(neg, -n, n)
     y = (tb & 0x7FFFFF) | (exp_out.clamp(0, 255) << 23)
     y = torch.where(exp_out <= 0, torch.zeros_like(y), y)  # below the normal range: +0
@@ -205,7 +205,7 @@ def lg2_approx_ftz(x: torch.Tensor, t: MufuTables | None = None) -> torch.Tensor
     man = u & 0x7FFFFF
     unbiased = e - 127
     ge1 = unbiased >= 0
-    tb = torch.where(ge1, t.lg2_ge1.to(_I64)[man], t.lg2_lt1.to(_I64)[man])
+    tb = torch.where(ge1, t.lg2_ge1[man], t.lg2_lt1[man]).to(_I64)
     whole = torch.where(ge1, unbiased, unbiased + 1)  # same sign as the table value
     # |table value| * 2^_FIX, truncated (exact for every measured value, see _FIX)
     t_exp = (tb >> 23) & 0xFF
