@@ -45,10 +45,10 @@ WORKERS = (None, 3, 7)
 CHANGE = 1 << 13  # the GPU's count, and small counts so the wave schedules wrap
 # the committed captures: both masks, both head dims, both dtypes, GQA, ragged lengths
 KEEP = [  # (schedule, causal, d, dtype, H, H_kv, B, S_q, S_k, workers)
-    ("shift", False, 64, torch.bfloat16, 2, 2, 1, 72, 100, 3),
-    ("symmetric_shift", True, 64, torch.float16, 4, 1, 1, 100, 72, None),
-    ("descending", True, 128, torch.bfloat16, 4, 1, 1, 70, 90, None),
-    ("naive", False, 128, torch.float16, 2, 2, 1, 65, 130, 2),
+    ("shift", False, 64, torch.bfloat16, 1, 1, 1, 136, 140, 3),
+    ("symmetric_shift", True, 64, torch.float16, 4, 1, 1, 24, 150, None),
+    ("descending", True, 128, torch.bfloat16, 1, 1, 1, 70, 66, None),
+    ("spt", False, 128, torch.float16, 1, 1, 1, 40, 130, 2),
 ]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import lzma
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ from dash_ref.emulate import visit_index
 from .l2 import Steps, forward_steps, l2_steps
 
 FORMAT = "dash-capture/1"
-TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partials",
-           "dq_acc", "dk_heads", "dv_heads")
+TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partials", "dq_acc")
+#: with one query head per KV head, also the fp32 per-head dK/dV accumulators
+PER_HEAD = ("dk_heads", "dv_heads")
 _MAGIC = b"DASHCAPTURE1\n"
 
 
@@ -66,7 +68,7 @@ class Capture:
 # -- on the GPU ----------------------------------------------------------------------------
 def environment() -> dict:
     """GPU name, driver and library versions of this process (strings)."""
-    env = {"torch": torch.__version__, "python": platform.python_version()}
+    env = {"torch": str(torch.__version__), "python": platform.python_version()}
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = str(torch.version.cuda)
@@ -78,7 +80,7 @@ def environment() -> dict:
             env["driver"] = "unknown"
     for module in ("triton", "cutlass", "dash_ref"):
         with contextlib.suppress(ImportError, AttributeError):
-            env[module] = __import__(module).__version__
+            env[module] = str(__import__(module).__version__)
     return env
 
 
@@ -104,7 +106,9 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
     p = rec.schedule.problem
     tensors = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse2": lse2, "dq": dq, "dk": dk,
                "dv": dv, "delta": rec.delta, "partials": _real_rows(rec.partials, rec.schedule),
-               "dq_acc": rec.dq_acc, "dk_heads": rec.dk_heads, "dv_heads": rec.dv_heads}
+               "dq_acc": rec.dq_acc}
+    if p.heads == p.heads_kv:  # with GQA the emulator keeps only the heads' sums
+        tensors.update(dk_heads=rec.dk_heads, dv_heads=rec.dv_heads)
     meta = {"format": FORMAT, "causal": bool(causal), "softmax_scale": softmax_scale,
             "schedule": rec.schedule.name, "num_workers": rec.schedule.num_workers,
             "fingerprint": rec.schedule.fingerprint(), "block_m": p.block_m,
@@ -126,10 +130,11 @@ def _real_rows(partials: torch.Tensor, schedule) -> torch.Tensor:
 
 # -- the file ------------------------------------------------------------------------------
 def save(c: Capture, path: str | Path) -> None:
-    """Write ``c`` to ``path``: a magic line, a SHA-256 of the payload, the payload."""
+    """Write ``c`` to ``path``: a magic line, a SHA-256 of the payload, the payload (a
+    ``torch.save`` of plain values and tensors, LZMA-compressed)."""
     buf = io.BytesIO()
     torch.save({"meta": c.meta, "tensors": c.tensors}, buf)
-    payload = buf.getvalue()
+    payload = lzma.compress(buf.getvalue(), preset=6)
     Path(path).write_bytes(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
                            + payload)
 
@@ -146,13 +151,15 @@ def load(path: str | Path) -> Capture:
     if hashlib.sha256(payload).hexdigest().encode() != digest:
         raise CaptureError(f"{path}: truncated or corrupted (its checksum does not match)")
     try:
-        data = torch.load(io.BytesIO(payload), weights_only=True)
+        data = torch.load(io.BytesIO(lzma.decompress(payload)), weights_only=True)
         meta, tensors = data["meta"], data["tensors"]
     except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same finding
         raise CaptureError(f"{path}: unreadable payload ({type(exc).__name__})") from None
     if meta.get("format") != FORMAT:
         raise CaptureError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     missing = [n for n in TENSORS if n not in tensors]
+    if "k" in tensors and "q" in tensors and tensors["k"].shape[2] == tensors["q"].shape[2]:
+        missing += [n for n in PER_HEAD if n not in tensors]
     if missing:
         raise CaptureError(f"{path}: tensors missing: {', '.join(missing)}")
     c = Capture(meta, tensors)
@@ -178,7 +185,7 @@ def _check_shapes(path, c: Capture, p: Problem) -> None:
     want["do"] = want["o"] = want["dq"] = want["dq_acc"]
     want["dv_heads"] = want["dk_heads"]
     for name, shape in want.items():
-        if tuple(t[name].shape) != shape:
+        if name in t and tuple(t[name].shape) != shape:
             raise CaptureError(f"{path}: {name} has shape {tuple(t[name].shape)}, the problem "
                                f"needs {shape}")
 
@@ -201,7 +208,9 @@ def check(c: Capture) -> Steps:
     if m.get("forward_block_n") and m["arithmetic"] == "fast":
         steps += forward_steps((t["q"], t["k"], t["v"]), t["o"], t["lse2"], m["causal"],
                                m["softmax_scale"], m["forward_block_n"], m["arithmetic"])
-    kernel = {n: t[n] for n in ("delta", "dq_acc", "dk_heads", "dv_heads", "dq", "dk", "dv")}
+    kernel = {n: t[n] for n in ("delta", "dq_acc", "dq", "dk", "dv")}
+    # with GQA l2_steps compares the heads' sums only (dK, dV), never these
+    kernel.update({n: t.get(n, torch.empty(0)) for n in PER_HEAD})
     kernel["partials"] = _padded(t["partials"], sched)
     inputs = tuple(t[n] for n in ("q", "k", "v", "o", "lse2", "do"))
     steps += l2_steps(sched, inputs, kernel, m["softmax_scale"], m["flush_subnormals"],
