@@ -32,10 +32,216 @@ VARIANTS = [
 ]
 
 
+BACKWARD, FORWARD = VARIANTS[0], VARIANTS[3]
+
+
+@pytest.fixture(scope="module")
+def ptx_of(tmp_path_factory):
+    """The PTX of a variant, compiled once for the whole module."""
+    folder = tmp_path_factory.mktemp("ptx")
+    done: dict = {}
+
+    def get(v):
+        if v not in done:
+            done[v] = inspect_ptx.compile_ptx(v, str(folder / v.name))[1]
+        return done[v]
+
+    return get
+
+
+def sass_or_skip(ptx: str) -> str:
+    try:
+        return inspect_ptx.assemble_sass(ptx)
+    except inspect_ptx.SassUnavailable as e:
+        pytest.skip(f"SASS check not run: {e}")
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
-def test_every_contract_step_is_the_named_instruction(variant, tmp_path):
-    _, ptx, _, _ = inspect_ptx.compile_ptx(variant, str(tmp_path / variant.name))
-    assert inspect_ptx.check_ptx(ptx, variant) == []
+def test_every_contract_step_is_the_named_instruction(variant, ptx_of):
+    assert inspect_ptx.check_ptx(ptx_of(variant), variant) == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_the_only_approximate_instructions_are_the_modelled_ones(variant, ptx_of):
+    """Backward: ``ex2.approx.ftz.f32`` only; forward: also ``lg2.approx.ftz.f32``: the ones
+    :mod:`dash_ref.arithmetic.mufu` reproduces bit for bit; no other ``.approx`` or ``.ftz``."""
+    assert inspect_ptx.check_approx_ptx(ptx_of(variant), variant) == []
+
+
+@pytest.mark.parametrize("variant", [BACKWARD, VARIANTS[2], FORWARD, VARIANTS[5]],
+                         ids=lambda v: v.name)
+def test_each_ex2_and_lg2_is_a_bare_mufu_in_the_sass(variant, ptx_of):
+    ptx = ptx_of(variant)
+    assert inspect_ptx.check_sass(ptx, sass_or_skip(ptx)) == []
+
+
+def inject(ptx: str, stmt: str) -> str:
+    """``ptx`` with one more instruction before its first ``ret``."""
+    assert "\tret;" in ptx
+    return ptx.replace("\tret;", f"\t{stmt}\n\tret;", 1)
+
+
+CONTROLS = [
+    (BACKWARD, "ex2.approx.f32 %f1, %f2;", "ex2.approx.f32"),
+    (FORWARD, "ex2.approx.f32 %f1, %f2;", "ex2.approx.f32"),
+    (FORWARD, "lg2.approx.f32 %f1, %f2;", "lg2.approx.f32"),
+    (BACKWARD, "lg2.approx.ftz.f32 %f1, %f2;", "lg2.approx.ftz.f32"),
+    (BACKWARD, "rcp.approx.ftz.f32 %f1, %f2;", "rcp.approx.ftz.f32"),
+    (FORWARD, "@%p1 add.ftz.f32 %f1, %f2, %f3;", "add.ftz.f32"),
+    (BACKWARD, "fma.rn.ftz.f32 %f1, %f2, %f3, %f4;", "fma.rn.ftz.f32"),
+    (FORWARD, "div.full.f32 %f1, %f2, %f3;", "div.full.f32"),
+    (FORWARD, "rcp.f32 %f1, %f2;", "rcp.f32"),
+    (BACKWARD, "{ tanh.approx.f32 %f1, %f2; }", "tanh.approx.f32"),
+]
+
+
+@pytest.mark.parametrize("variant, stmt, op", CONTROLS,
+                         ids=[f"{v.name[5:8]}-{op}" for v, _, op in CONTROLS])
+def test_the_approximate_instruction_checks_can_fail(variant, stmt, op, ptx_of):
+    """The compiled kernel with one instruction more is refused, for that instruction."""
+    failures = inspect_ptx.check_approx_ptx(inject(ptx_of(variant), stmt), variant)
+    assert len(failures) == 1 and failures[0].startswith(f"{op} (1x)"), failures
+
+
+def test_a_kernel_without_ftz_exp2_is_refused(ptx_of):
+    ptx = ptx_of(FORWARD).replace("ex2.approx.ftz.f32", "ex2.approx.f32")
+    failures = inspect_ptx.check_approx_ptx(ptx, FORWARD)
+    assert any(f.startswith("ex2.approx.f32 (198x)") for f in failures)
+    assert "no ex2.approx.ftz.f32: the contract names it" in failures
+    assert inspect_ptx.check_approx_ptx(inject(ptx_of(FORWARD), "rcp.rn.f32 %f1, %f2;"),
+                                        FORWARD) == []
+
+
+# ptxas (CUDA 12.8, sm_90a) on one ld.global.f32 -> ex2.approx.f32 -> st.global.f32 kernel:
+# the non-ftz ex2 keeps subnormals by scaling around the MUFU
+NON_FTZ_EX2_SASS = """
+        /*0030*/                   LDG.E R0, desc[UR4][R2.64] ;   /* 0x0000000402007981 */
+        /*0040*/                   FSETP.GEU.AND P0, PT, R0, -126, PT ;   /* 0x... */
+        /*0050*/              @!P0 FMUL R0, R0, 0.5 ;   /* 0x... */
+        /*0060*/                   MUFU.EX2 R5, R0 ;   /* 0x... */
+        /*0070*/              @!P0 FMUL R5, R5, R5 ;   /* 0x... */
+        /*0080*/                   STG.E desc[UR4][R2.64], R5 ;   /* 0x... */
+        /*0090*/                   EXIT ;   /* 0x... */
+"""
+FTZ_EX2_PTX = ".target sm_90a\nex2.approx.ftz.f32 %f2, %f1;\n"
+
+
+def bare(sass: str) -> str:
+    return "\n".join(line for line in sass.splitlines() if "P0" not in line)
+
+
+def test_a_mufu_wrapped_by_the_non_ftz_scaling_is_refused():
+    failures = inspect_ptx.check_sass(FTZ_EX2_PTX, NON_FTZ_EX2_SASS)
+    assert any("1 MUFU.EX2 wrapped by range-scaling" in f for f in failures), failures
+    assert any("FSETP range test" in f for f in failures), failures
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX, bare(NON_FTZ_EX2_SASS)) == []
+    # the scaling alone, without the range test, scheduled apart from the MUFU
+    apart = NON_FTZ_EX2_SASS.replace("FSETP.GEU.AND P0, PT, R0, -126, PT", "IADD3 R7, R8, R9, RZ")
+    apart = apart.replace("MUFU.EX2 R5, R0 ;", "MUFU.EX2 R5, R0 ;\n /*0061*/ FADD R9, R8, R7 ;")
+    failures = inspect_ptx.check_sass(FTZ_EX2_PTX, apart)
+    assert failures == ["1 MUFU.EX2 wrapped by range-scaling FMUL/FADD: the non-ftz form, not "
+                        "the bare MUFU of the .ftz one"]
+    for half in ("@!P0 FMUL R0, R0, 0.5 ;", "@!P0 FMUL R5, R5, R5 ;"):  # either side will do
+        assert inspect_ptx.check_sass(FTZ_EX2_PTX, apart.replace(half, "NOP ;")) == failures
+
+
+def test_the_mufu_counts_and_kinds_are_checked():
+    sass = bare(NON_FTZ_EX2_SASS)
+    two = FTZ_EX2_PTX + "ex2.approx.ftz.f32 %f3, %f1;\n"
+    assert inspect_ptx.check_sass(two, sass) == ["1 MUFU.EX2 in the SASS, 2 ex2.approx.ftz.f32 "
+                                                 "in the PTX"]
+    lg2 = sass.replace("MUFU.EX2", "MUFU.LG2")
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX, lg2) == [
+        "0 MUFU.EX2 in the SASS, 1 ex2.approx.ftz.f32 in the PTX",
+        "1 MUFU.LG2 in the SASS, 0 lg2.approx.ftz.f32 in the PTX"]
+    for other in ("MUFU.RSQ R6, R0 ;", "MUFU.TANH R6, R0 ;", "MUFU.EX2.F16 R6, R0 ;",
+                  "MUFU.EX2 R6, |R0| ;"):
+        failures = inspect_ptx.check_sass(FTZ_EX2_PTX + "ex2.approx.ftz.f32 %f3, %f1;\n",
+                                          sass.replace("EXIT ;", other + "\n /*00a0*/ EXIT ;"))
+        assert failures and other.rstrip(" ;") in failures[0], (other, failures)
+    # MUFU.RCP only as the start of a correctly rounded rcp.rn.f32 or of an integer division
+    rcp = sass.replace("EXIT ;", "MUFU.RCP R6, R0 ;\n /*00a0*/ EXIT ;")
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX, rcp)
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX + "div.s32 %r1, %r2, %r3;\n", rcp) == []
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX + "rcp.rn.f32 %f4, %f1;\n", rcp) == []
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX, "") == ["no SASS instructions in the listing"]
+
+
+def tiny_kernel(op: str) -> str:
+    return f""".version 8.7
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 p)
+{{
+  .reg .b64 %rd<3>;
+  .reg .f32 %f<3>;
+  ld.param.u64 %rd1, [p];
+  cvta.to.global.u64 %rd2, %rd1;
+  ld.global.f32 %f1, [%rd2];
+  {op} %f2, %f1;
+  st.global.f32 [%rd2], %f2;
+  ret;
+}}
+"""
+
+
+@pytest.mark.parametrize("fn", ["ex2", "lg2"])
+def test_ptxas_wraps_the_non_ftz_forms_and_the_check_sees_it(fn):
+    """What ptxas itself emits: ``.ftz`` a bare MUFU, passed; without it the MUFU between
+    the range-scaling instructions, refused."""
+    unit = f"MUFU.{fn.upper()}"
+    ftz = sass_or_skip(tiny_kernel(f"{fn}.approx.ftz.f32"))
+    assert inspect_ptx.check_sass(tiny_kernel(f"{fn}.approx.ftz.f32"), ftz) == []
+    plain_ptx = tiny_kernel(f"{fn}.approx.f32")
+    failures = inspect_ptx.check_sass(plain_ptx, sass_or_skip(plain_ptx))
+    assert f"1 {unit} wrapped by range-scaling FMUL/FADD: the non-ftz form, not the bare " \
+           "MUFU of the .ftz one" in failures
+    assert any("FSETP range test" in f for f in failures)
+
+
+def test_a_compiled_kernel_without_ftz_is_refused_in_the_sass(ptx_of):
+    """The forward kernel's own PTX with every ``.ftz`` of ex2 and lg2 dropped: ptxas wraps
+    every MUFU, scheduled among the kernel's other instructions, and the check finds each."""
+    ptx = ptx_of(FORWARD)
+    plain = ptx.replace("ex2.approx.ftz.f32", "ex2.approx.f32").replace("lg2.approx.ftz.f32",
+                                                                        "lg2.approx.f32")
+    failures = inspect_ptx.check_sass(ptx, sass_or_skip(plain))
+    n_ex2, n_lg2 = ptx.count("ex2.approx.ftz.f32"), ptx.count("lg2.approx.ftz.f32")
+    assert f"{n_ex2} MUFU.EX2 wrapped by range-scaling FMUL/FADD: the non-ftz form, not the " \
+           "bare MUFU of the .ftz one" in failures
+    assert f"{n_lg2} MUFU.LG2 wrapped by range-scaling FMUL/FADD: the non-ftz form, not the " \
+           "bare MUFU of the .ftz one" in failures
+
+
+def test_the_sass_check_is_skipped_with_a_reason_without_ptxas(monkeypatch):
+    monkeypatch.setattr(inspect_ptx, "sass_tools", lambda: ([], ["/bin/cuobjdump"]))
+    with pytest.raises(inspect_ptx.SassUnavailable, match="ptxas not found"):
+        inspect_ptx.check_mufu_sass(FTZ_EX2_PTX)
+
+
+def test_the_main_runs_the_approximate_instruction_checks(monkeypatch, ptx_of, tmp_path,
+                                                          capsys):
+    """``python -m dash_cuda.backends.cute.inspect_ptx`` refuses a kernel with an ``.ftz``
+    add (here a compiled backward with one more instruction) and says why; where the SASS
+    checks cannot run it says so."""
+    import sys
+
+    ptx = inject(ptx_of(BACKWARD), "add.ftz.f32 %f1, %f2, %f3;")
+    monkeypatch.setattr(inspect_ptx, "all_variants", lambda quick=False: [BACKWARD])
+    monkeypatch.setattr(inspect_ptx, "check_staging_layout", lambda: [])
+    monkeypatch.setattr(inspect_ptx, "compile_ptx", lambda v, folder: (None, ptx, "-", 0.0))
+    monkeypatch.setattr(inspect_ptx, "ptxas_report", lambda path: "ptxas not run")
+
+    def no_sass(_ptx):
+        raise inspect_ptx.SassUnavailable("not in this test")
+
+    monkeypatch.setattr(inspect_ptx, "assemble_sass", no_sass)
+    monkeypatch.setattr(sys, "argv", ["inspect_ptx", "--out", str(tmp_path)])
+    assert inspect_ptx.main() == 1
+    out = capsys.readouterr().out
+    assert "add.ftz.f32 (1x): flushes subnormals (.ftz); add/sub/mul/fma/max/min must keep " \
+           "them" in out
+    assert "SASS checks (bare MUFU.EX2 / MUFU.LG2) SKIPPED: not in this test" in out
 
 
 def test_the_forward_checks_can_fail():
@@ -69,13 +275,13 @@ def test_the_staged_dq_tile_order_is_the_mmas_own():
     assert inspect_ptx.check_staging_layout() == []
 
 
-def test_only_the_probe_variant_reads_the_clock(tmp_path):
+def test_only_the_probe_variant_reads_the_clock(tmp_path, ptx_of):
     """The timing probe is compiled in only where asked for, and then at every phase."""
     plain = VARIANTS[0]
     probe = Variant(plain.dtype, plain.head_dim, plain.causal, plain.deterministic,
                     plain.audit, plain.per_head, probe=True)
     assert probe.name == plain.name + "_probe"
-    _, ptx_plain, _, _ = inspect_ptx.compile_ptx(plain, str(tmp_path / "plain"))
+    ptx_plain = ptx_of(plain)
     _, ptx_probe, _, _ = inspect_ptx.compile_ptx(probe, str(tmp_path / "probe"))
     assert "%clock" not in ptx_plain
     # 6 visit and 4 chain stamps of the math thread, 2 of the dQ writer (deterministic)

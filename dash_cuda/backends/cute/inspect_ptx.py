@@ -4,17 +4,22 @@
 
 For each variant (the forwards: d in {64, 128}, bf16/fp16, causal; the backwards: also
 deterministic, audit, plus the GQA per-head epilogue) this compiles the kernel, keeps its
-PTX, checks the instruction facts of :mod:`.contract` (:func:`check_ptx`), reports
-registers and spills (``ptxas -v``, when a ptxas is on PATH) and the compile time, and checks
-that the staged dQ tile order (:func:`~.bwd_kernel.staging_coords`) is the MMA's own
-partition. ``--export`` also writes every variant as an ahead-of-time object
-(``DASH_CUTE_AOT_DIR`` loads them). Exit status 1
-if any check fails.
+PTX, checks the instruction facts of :mod:`.contract` (:func:`check_ptx`) and that the only
+approximate instructions are the ones :mod:`dash_ref.arithmetic.mufu` models bit for bit
+(:func:`check_approx_ptx`), assembles the PTX with Triton's bundled ``ptxas`` and checks
+that each of those is one bare ``MUFU`` instruction in the SASS (:func:`check_mufu_sass`;
+skipped, with the reason, where no ptxas and disassembler are found), reports registers and
+spills (``ptxas -v``, when a ptxas is on PATH) and the compile time, and checks that the
+staged dQ tile order (:func:`~.bwd_kernel.staging_coords`) is the MMA's own partition.
+``--export`` also writes every variant as an ahead-of-time object (``DASH_CUTE_AOT_DIR``
+loads them). Exit status 1 if any check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import importlib.util
 import itertools
 import os
 import re
@@ -228,6 +233,277 @@ def check_red_writer(ptx: str, v: launch.Variant) -> list[str]:
     return bad
 
 
+#: The approximate instructions each kernel may run: exactly the ones
+#: :mod:`dash_ref.arithmetic.mufu` reproduces bit for bit (``ex2_approx_ftz``,
+#: ``lg2_approx_ftz``). The backward takes exp2 only ([softmax_p]); the forward also log2
+#: ([fwd_finish]).
+BACKWARD_APPROX = frozenset({"ex2.approx.ftz.f32"})
+FORWARD_APPROX = frozenset({"ex2.approx.ftz.f32", "lg2.approx.ftz.f32"})
+# approximate by definition, whatever their modifiers (PTX has no correctly rounded form)
+_APPROX_OPS = frozenset({"ex2", "lg2", "sin", "cos", "tanh", "rsqrt"})
+# correctly rounded only with an IEEE rounding modifier (else .approx or .full)
+_ROUNDED_OPS = frozenset({"rcp", "sqrt", "div"})
+_IEEE_ROUNDING = frozenset({"rn", "rz", "rm", "rp"})
+_FLOAT_TYPES = frozenset({"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"})
+_STATEMENT_HEAD = re.compile(r"^(?:[$\w]+:\s*)*(?:@!?%?\w+\s+)?([a-z][\w]*(?:\.[\w:]+)*)")
+
+
+def approx_budget(v: launch.Variant | launch.ForwardVariant) -> frozenset[str]:
+    """The approximate instructions ``v``'s contract names."""
+    return FORWARD_APPROX if isinstance(v, launch.ForwardVariant) else BACKWARD_APPROX
+
+
+def ptx_opcodes(ptx: str) -> collections.Counter[str]:
+    """Every instruction of ``ptx`` by its full opcode (``ex2.approx.ftz.f32``), counted.
+
+    Comments are dropped and statements split at ``;`` (inline-asm blocks included); a
+    statement's instruction is its first line that starts, past braces, a label and a guard
+    predicate (``@%p1``), with an opcode: directives (``.reg``, ``.target``, which has no
+    ``;``, ``.param``), braces and a parameter list's ``)`` are not instructions."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", ptx, flags=re.S)
+    ops: collections.Counter[str] = collections.Counter()
+    for stmt in text.split(";"):
+        for line in stmt.splitlines():
+            m = _STATEMENT_HEAD.match(line.strip("{} \t\r"))
+            if m is not None:
+                ops[m.group(1)] += 1
+                break
+    return ops
+
+
+def check_approx_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
+    """Exactly the approximate instructions the contract names, and no others that compute a
+    value; returns the failures.
+
+    The CPU model of the special-function unit (:mod:`dash_ref.arithmetic.mufu`) reproduces
+    ``ex2.approx.ftz.f32`` and ``lg2.approx.ftz.f32`` bit for bit and nothing else, so:
+    backward kernels may hold ``ex2.approx.ftz.f32`` only, forward kernels also
+    ``lg2.approx.ftz.f32``, and each kernel must hold the ones its contract names. Refused:
+    any other ``.approx`` instruction (``ex2.approx.f32`` without ``.ftz``, ``rcp.approx``,
+    ``sqrt.approx``, ``sin``/``cos``/``tanh.approx``, an f16 ``ex2``), any ``ex2``, ``lg2``,
+    ``sin``, ``cos``, ``tanh`` or ``rsqrt`` outside the budget (approximate whatever their
+    modifiers), float ``rcp``/``sqrt``/``div`` without an IEEE rounding modifier
+    (``div.full.f32``, ``div.approx``; ``rcp.rn.f32`` is correctly rounded and allowed, integer
+    ``div.s32`` is exact), and any ``.ftz`` outside the budget: ``add``/``sub``/``mul``/
+    ``fma``/``max``/``min`` (and ``cvt``, ``setp``) must keep subnormals, as the CPU model
+    does.
+    """
+    budget = approx_budget(v)
+    ops = ptx_opcodes(ptx)
+    bad = []
+    for op in sorted(ops):
+        if op in budget:
+            continue
+        parts = op.split(".")
+        mods = set(parts[1:])
+        why = []
+        if "approx" in mods or "full" in mods or parts[0] in _APPROX_OPS:
+            why.append(f"approximate and not among {', '.join(sorted(budget))} (no bit-exact "
+                       "CPU model)")
+        elif parts[0] in _ROUNDED_OPS and mods & _FLOAT_TYPES and not mods & _IEEE_ROUNDING:
+            why.append("approximate: no IEEE rounding modifier")
+        if "ftz" in mods:
+            why.append("flushes subnormals (.ftz)" +
+                       ("; add/sub/mul/fma/max/min must keep them"
+                        if parts[0] in {"add", "sub", "mul", "fma", "max", "min"} else ""))
+        if why:
+            bad.append(f"{op} ({ops[op]}x): {'; '.join(why)}")
+    for op in sorted(budget):
+        if ops[op] == 0:
+            bad.append(f"no {op}: the contract names it")
+    return bad
+
+
+class SassUnavailable(RuntimeError):
+    """No ptxas that accepts the PTX, or no disassembler: the SASS checks cannot run."""
+
+
+def sass_tools() -> tuple[list[str], list[str]]:
+    """(ptxas candidates, disassembler candidates), in the order tried: Triton's bundled
+    ``ptxas`` (CUDA 12.8: PTX ISA up to 8.7) and ``ptxas-blackwell`` (CUDA 12.9: ISA 8.8,
+    which CuTe DSL writes), then any ``ptxas`` on PATH; Triton's ``cuobjdump``, then its
+    ``nvdisasm``, then those on PATH."""
+    folders = []
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            folders.append(os.path.join(root, "backends", "nvidia", "bin"))
+    path = os.environ.get("PATH", "").split(os.pathsep)
+
+    def found(names, dirs):
+        out = []
+        for folder in dirs:
+            for name in names:
+                exe = os.path.join(folder, name)
+                if os.path.isfile(exe) and os.access(exe, os.X_OK) and exe not in out:
+                    out.append(exe)
+        return out
+
+    ptxas = found(("ptxas", "ptxas-blackwell"), folders) + found(("ptxas",), path)
+    disasm = found(("cuobjdump", "nvdisasm"), folders) + found(("cuobjdump", "nvdisasm"), path)
+    return ptxas, disasm
+
+
+def assemble_sass(ptx: str) -> str:
+    """The SASS of ``ptx`` for sm_90a: the first ptxas of :func:`sass_tools` that accepts it,
+    disassembled (``cuobjdump -sass``, else ``nvdisasm``). Raises :class:`SassUnavailable`
+    with the reason where none can."""
+    ptxas, disasm = sass_tools()
+    if not ptxas:
+        raise SassUnavailable("ptxas not found (neither Triton's bundled one nor on PATH)")
+    if not disasm:
+        raise SassUnavailable("no cuobjdump or nvdisasm found")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        errors = []
+        for exe in ptxas:
+            r = subprocess.run([exe, "-arch=sm_90a", src, "-o", cubin], capture_output=True,
+                               text=True)
+            if r.returncode == 0:
+                break
+            lines = (r.stdout + r.stderr).strip().splitlines() or ["(no message)"]
+            errors.append(f"{os.path.basename(exe)}: {lines[0][-100:]}")
+        else:
+            raise SassUnavailable("no ptxas accepts this PTX: " + "; ".join(errors))
+        for exe in disasm:
+            args = [exe, "-sass", cubin] if "cuobjdump" in exe else [exe, cubin]
+            r = subprocess.run(args, capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip():
+                return r.stdout
+        raise SassUnavailable(f"no disassembler reads the cubin: {r.stderr.strip()[:100]}")
+
+
+# one SASS instruction of cuobjdump (``/*0040*/  @!P0 MUFU.EX2 R5, R0 ;``) or nvdisasm
+_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P\w+)\s+)?([A-Z][\w.]*)"
+                        r"\s*([^;]*);", re.M)
+_REG = re.compile(r"\bR(\d+)(\.64)?\b")
+# ptxas's range scaling around the MUFU for the non-ftz forms (on sm_90a, CUDA 12.8 and 12.9):
+#   ex2.approx.f32 y, x:  FSETP.GEU.AND P0, PT, x, -126, PT ; @!P0 FMUL x, x, 0.5 ;
+#                         MUFU.EX2 y, x ; @!P0 FMUL y, y, y
+#   lg2.approx.f32 y, x:  FSETP.GEU.AND P0, PT, |x|, 1.175494350822287508e-38, PT ;
+#                         @!P0 FMUL x, x, 16777216 ; MUFU.LG2 y, x ; @!P0 FADD y, y, -24
+_WRAP = {"EX2": (("FMUL", "0.5"), ("FMUL", None)), "LG2": (("FMUL", "16777216"), ("FADD", "-24"))}
+_NONFTZ_TEST = re.compile(r"(?:,\s*-126\s*,|\|R\d+\|\s*,\s*1\.17549435\d*e-38\s*,)")
+
+
+def sass_instructions(sass: str) -> list[tuple[str | None, str, list[str]]]:
+    """(guard, opcode, operands) of every instruction, in listing order."""
+    return [(m.group(2), m.group(3), [o.strip() for o in m.group(4).split(",") if o.strip()])
+            for m in _SASS_LINE.finditer(sass)]
+
+
+def _regs(operands: list[str]) -> set[int]:
+    out = set()
+    for o in operands:
+        for m in _REG.finditer(o):
+            r = int(m.group(1))
+            out |= {r, r + 1} if m.group(2) else {r}
+    return out
+
+
+def check_sass(ptx: str, sass: str, window: int = 64) -> list[str]:
+    """Each approximate PTX instruction is one bare ``MUFU`` in the SASS; returns the failures.
+
+    ptxas lowers ``ex2.approx.ftz.f32 y, x`` to the single ``MUFU.EX2 y, x`` and
+    ``lg2.approx.ftz.f32`` to ``MUFU.LG2 y, x``: the units :mod:`dash_ref.arithmetic.mufu`
+    measured. The non-ftz forms keep subnormals by range scaling around the same MUFU::
+
+        ex2.approx.f32:  FSETP.GEU.AND P0, PT, x, -126, PT ; @!P0 FMUL x, x, 0.5 ;
+                         MUFU.EX2 y, x ; @!P0 FMUL y, y, y
+        lg2.approx.f32:  FSETP.GEU.AND P0, PT, |x|, 1.175494350822287508e-38, PT ;
+                         @!P0 FMUL x, x, 16777216 ; MUFU.LG2 y, x ; @!P0 FADD y, y, -24
+
+    which gives other values than the model (subnormal results of ex2, subnormal inputs of
+    lg2). Checked, on the SASS (one kernel or several):
+
+    1. every ``MUFU.EX2`` / ``MUFU.LG2`` is bare: no suffix on the opcode (``.F16``) and a
+       plain register in and out (no ``-``/``|.|`` operand modifier);
+    2. none is wrapped: the last instruction before it (within ``window``) that writes its
+       input is not the pre-scaling ``FMUL x, x, 0.5`` (EX2) / ``FMUL x, x, 16777216``
+       (LG2), and the first one after it that names its output is not the squaring
+       ``FMUL y, y, y`` / the ``FADD y, y, -24`` (whatever the guards; ptxas may schedule
+       other instructions in between), and no ``FSETP`` makes the range test (against
+       ``-126``, or ``|x|`` against the smallest normal ``1.17549435e-38``);
+    3. the counts match the PTX: as many ``MUFU.EX2`` as ``ex2.approx.ftz.f32`` and as many
+       ``MUFU.LG2`` as ``lg2.approx.ftz.f32``. ptxas lowers each of those to exactly one MUFU
+       and nothing else the PTX may hold (:func:`check_approx_ptx`) to ``MUFU.EX2`` /
+       ``MUFU.LG2``, so equal counts say every MUFU of these kinds is one of the contract's
+       instructions, none was lowered some other way (a software sequence) or dropped, and
+       ptxas did not duplicate one into several paths (which the one-to-one tables of the
+       contract would then have to name): where it legitimately does, this check fails and
+       asks for a look;
+    4. no other MUFU function: ``MUFU.RCP`` only where the PTX holds ``rcp.rn.f32`` or
+       integer ``div``/``rem`` (ptxas's correctly rounded reciprocal and exact integer
+       division start from ``MUFU.RCP`` and refine it, so it reaches no value unrefined;
+       its count is not pinned, since the rcp.rn slow path holds further ones); no
+       ``MUFU.RSQ``, ``SQRT``, ``SIN``, ``COS``, ``TANH``, ``RCP64H`` at all.
+    """
+    ops = ptx_opcodes(ptx)
+    insts = sass_instructions(sass)
+    bad = []
+    if not insts:
+        return ["no SASS instructions in the listing"]
+    want = {"EX2": ops["ex2.approx.ftz.f32"], "LG2": ops["lg2.approx.ftz.f32"]}
+    seen = collections.Counter()
+    wrapped = collections.Counter()
+    range_tests = []
+    for i, (_, op, args) in enumerate(insts):
+        if not op.startswith("MUFU"):
+            if op.startswith("FSETP") and _NONFTZ_TEST.search(", ".join(args) + ","):
+                range_tests.append(f"{op} {', '.join(args)}")
+            continue
+        func = op.split(".")[1] if "." in op else "?"
+        base = f"MUFU.{func}"
+        seen[base] += 1
+        if func not in want:
+            exact_rcp = (ops["rcp.rn.f32"] > 0
+                         or any(o.split(".")[0] in ("div", "rem") and
+                                set(o.split(".")[1:]) & {"s32", "u32", "s64", "u64"}
+                                for o in ops))
+            if not (func == "RCP" and exact_rcp):
+                bad.append(f"{op} {', '.join(args)}: no approximate instruction of the contract "
+                           "lowers to it")
+            continue
+        if op != base or len(args) != 2 or not all(re.fullmatch(r"R\d+", a) for a in args):
+            bad.append(f"{op} {', '.join(args)} is not a bare {base} Rd, Rs")
+            continue
+        dst, src = int(args[0][1:]), int(args[1][1:])
+        (pre_op, pre_imm), (post_op, post_imm) = _WRAP[func]
+        scaled_in = scaled_out = False
+        for _, op2, args2 in reversed(insts[max(0, i - window):i]):  # the input's writer
+            if args2 and _regs(args2[:1]) & {src} and not op2.startswith(("ST", "RED", "ATOM")):
+                scaled_in = op2.split(".")[0] == pre_op and args2[-1] == pre_imm
+                break
+        for _, op2, args2 in insts[i + 1:i + 1 + window]:  # the output's first use
+            if _regs(args2) & {dst}:
+                scaled_out = (op2.split(".")[0] == post_op and len(args2) == 3
+                              and args2[1] == f"R{dst}"
+                              and args2[2] == (post_imm or f"R{dst}"))
+                break
+        wrapped[base] += scaled_in or scaled_out
+    if range_tests:
+        bad.append(f"{len(range_tests)} FSETP range test(s) of a non-ftz ex2/lg2, such as "
+                   f"{range_tests[0]}")
+    for base, n in sorted(wrapped.items()):
+        if n:
+            bad.append(f"{n} {base} wrapped by range-scaling FMUL/FADD: the non-ftz form, not "
+                       "the bare MUFU of the .ftz one")
+    for func, n in want.items():
+        if seen[f"MUFU.{func}"] != n:
+            name = "ex2" if func == "EX2" else "lg2"
+            bad.append(f"{seen[f'MUFU.{func}']} MUFU.{func} in the SASS, {n} "
+                       f"{name}.approx.ftz.f32 in the PTX")
+    return bad
+
+
+def check_mufu_sass(ptx: str) -> list[str]:
+    """:func:`check_sass` of ``ptx`` assembled by :func:`assemble_sass` (which raises
+    :class:`SassUnavailable` where it cannot run)."""
+    return check_sass(ptx, assemble_sass(ptx))
+
+
 def compile_ptx(v: launch.Variant, folder: str) -> tuple[object, str, str, float]:
     """Compile ``v`` keeping its PTX under ``folder``: (kernel, PTX text, PTX path, seconds).
 
@@ -339,6 +615,7 @@ def main() -> int:
     failures += bool(bad)
 
     rows = []
+    sass_skipped = None
     for v in all_variants(args.quick):
         try:
             kernel, ptx, ptx_path, seconds = compile_ptx(v, os.path.join(args.out, v.name))
@@ -346,7 +623,11 @@ def main() -> int:
             print(f"{v.name}: COMPILE FAILED: {type(e).__name__}: {str(e)[:500]}")
             failures += 1
             continue
-        bad = check_ptx(ptx, v)
+        bad = check_ptx(ptx, v) + check_approx_ptx(ptx, v)
+        try:
+            bad += check_mufu_sass(ptx)
+        except SassUnavailable as e:
+            sass_skipped = str(e)
         report = ptxas_report(ptx_path)
         bad += check_launch_registers(report, v)
         failures += bool(bad)
@@ -364,6 +645,8 @@ def main() -> int:
         print(f"compile time per variant: min {min(times):.1f}s  median "
               f"{sorted(times)[len(times) // 2]:.1f}s  max {max(times):.1f}s  "
               f"({len(times)} variants)")
+    if sass_skipped is not None:
+        print(f"SASS checks (bare MUFU.EX2 / MUFU.LG2) SKIPPED: {sass_skipped}")
     print("ALL CHECKS PASSED" if failures == 0 else f"{failures} FAILURE(S)")
     return 1 if failures else 0
 
