@@ -40,10 +40,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             (or pass ``portable=True``) to get the same bits on GPUs with different SM
             counts. A value larger than what can be resident at once is refused.
         layout: ``"bshd"`` (default, FlashAttention) or ``"bhsd"`` (SDPA).
-        exact: compute the backward in the arithmetic that
-            ``dash_ref.emulate.backward(..., arithmetic="exact")`` reproduces bit for bit on
-            the CPU (a software ``exp2`` and a pinned ``D`` sum; slower, see
-            ``docs/performance.md``). Deterministic schedules only.
+        exact: the Triton backend's reproducible arithmetic: a software ``exp2`` and dQ
+            adds that flush subnormals, which ``dash_ref.emulate.backward(...,
+            arithmetic="exact")`` reproduces bit for bit on the CPU (0.70 - 0.80 of Triton's
+            default speed). Needed only where the CuTe backend does not run: its default
+            (``exact=False``) forward and backward are themselves reproduced bit for bit
+            (``arithmetic="fast"``), so ``exact=True`` selects the Triton backend.
+            Deterministic schedules only.
         backend: ``"auto"`` (the fastest installed backend that supports the call) or a
             name of ``dash_cuda.BACKENDS``. Backends tile differently, so the same schedule
             name gives different bits on different backends (and equal bits on one).

@@ -32,7 +32,7 @@ from .arithmetic.numerics import (
     ulp_error,
     unit_roundoff,
 )
-from .arithmetic.steps import ARITHMETICS, EXACT, IEEE, STEPS, Arithmetic
+from .arithmetic.steps import ARITHMETICS, EXACT, FAST, IEEE, STEPS, Arithmetic
 from .model import (
     DAG,
     CriticalPath,
@@ -82,6 +82,7 @@ __all__ = [
     "DAG",
     "DETERMINISTIC",
     "EXACT",
+    "FAST",
     "IEEE",
     "MASKS",
     "NAMES",

@@ -24,10 +24,13 @@ def _cell(text: str) -> str:
 
 
 def _instructions(instruction, stage: str) -> str:
-    """One backend's cell: the shared text, or the fast and exact texts where they differ."""
+    """One backend's cell: the shared text, or the fast and exact texts where they differ;
+    then the CPU functions that reproduce the default instructions, where some do."""
     if instruction.same or stage == "forward":
-        return _cell(instruction.text("fast"))
-    return f"fast: {_cell(instruction.fast)}<br>exact: {_cell(instruction.exact)}"
+        text = _cell(instruction.text("fast"))
+    else:
+        text = f"fast: {_cell(instruction.fast)}<br>exact: {_cell(instruction.exact)}"
+    return text + (f"<br>**CPU**: {_cell(instruction.cpu)}" if instruction.cpu else "")
 
 
 def render() -> str:

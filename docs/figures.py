@@ -73,6 +73,12 @@ def generate(out: Path = DEFAULT_OUT, fast: bool = False, pages: bool | None = N
         numbers.update(n)
         texts.update(t)
         step("5 dash-verify transcripts")
+        from . import mufu
+
+        n, f = mufu.run(out)
+        numbers.update(n)
+        figures.update(f)
+        step("6 the hardware's exp2 (the shipped tables)")
 
     for name, text in texts.items():
         (out / f"{name}.txt").write_text(text.rstrip("\n") + "\n")

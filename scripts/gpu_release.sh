@@ -5,7 +5,7 @@
 #   scripts/gpu_release.sh compile OUT   # pre-compile every kernel variant; MMA model check
 #   scripts/gpu_release.sh measure OUT   # the benchmark grid
 #   scripts/gpu_release.sh audit OUT     # GPU tests, then the determinism report
-#   scripts/gpu_release.sh exact OUT     # L2 tests, captures for capture_exact.py, the
+#   scripts/gpu_release.sh exact OUT     # L2 tests, a capture for dash-verify reproduce, the
 #                                        # cost of exact=True
 #   scripts/gpu_release.sh suite OUT     # the whole GPU suite alone
 #
@@ -100,7 +100,8 @@ exact)
         --head-dims 16 32 64 128 --audit --exact
     step l2 150 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
         tests/gpu/test_cuda_exact.py tests/test_exact_asm.py
-    step capture 30 $PY scripts/capture_exact.py capture "$LOG/capture"
+    step capture 60 $PY -m verify.cli capture --backend triton --exact --mask causal \
+        --seqlen-q 250 --seqlen-k 300 --heads 2 --heads-kv 1 --out "$LOG/exact.capture"
     step bench 120 $PY benchmarks/bench_exact.py --out "$LOG" --processes "$NPROC"
     tail -n 1 "$LOG/warmup.log"
     tail -n 5 "$LOG/l2.log"
@@ -124,9 +125,12 @@ l2)
         --tables dash_ref/arithmetic/mufu_tables.bin
     step matrix 360 $PY scripts/l2_matrix.py --out "$LOG" --jobs "$NPROC" \
         --keep "$LOG/captures_keep" --work /tmp/l2_captures
+    step tests 300 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu/test_cuda_fast_l2.py
     step delta 150 $PY benchmarks/bench_delta.py --out "$LOG"
     tail -n 8 "$LOG/mufu.log"
     tail -n 12 "$LOG/matrix.log"
+    tail -n 5 "$LOG/tests.log"
     tail -n 30 "$LOG/delta.log"
     ;;
 grid)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -88,7 +89,7 @@ def sass_of(op: str) -> list[str]:
         f.flush()
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True,
                               text=True).stdout
-    return [" ".join(ln.split("*/")[-1].split()) for ln in sass.splitlines()
+    return [" ".join(re.sub(r"/\*.*?\*/", " ", ln).split()) for ln in sass.splitlines()
             if any(k in ln for k in ("MUFU", "FMUL", "FFMA", "FADD", "FSETP", "FSEL"))]
 
 

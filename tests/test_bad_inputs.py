@@ -187,7 +187,7 @@ def _api_cases():
         (lambda: attention_f64(Q[:, :, :1], K.repeat(1, 1, 2, 1), V.repeat(1, 1, 2, 1), DO),
          ValueError, "multiple of the key/value heads"),
         (lambda: replay(S, torch.zeros(3, 16, 16)), ValueError, "partials has 3 rows"),
-        (lambda: steps.arithmetic("fast"), ValueError, "arithmetic='fast'"),
+        (lambda: steps.arithmetic("approx"), ValueError, "arithmetic='approx'"),
         (lambda: get_impl("bogus"), ValueError, "unknown implementation"),
         (lambda: get_impl(3), TypeError, "must be a str"),
         (lambda: audit("emulator:naive", P, trials=1, progress=False), ValueError,

@@ -151,6 +151,7 @@ def test_simulate_gantt(run, tmp_path) -> None:
 def test_full_cli_registers_these_commands(capsys) -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert list(sub.choices) == ["schedule", "simulate", "demo", "audit", "fuzz", "check"]
+    assert list(sub.choices) == ["schedule", "simulate", "demo", "audit", "fuzz", "check",
+                                 "capture", "reproduce"]
     assert cli.main(["schedule", "--name", "naive", "--seqlen-q", "256", "--json"]) == 0
     assert "fingerprint" in json.loads(capsys.readouterr().out)["result"]

@@ -141,6 +141,29 @@ def test_the_contract_table_covers_every_step_in_every_backend():
         assert all(i.same or (i.fast and i.exact) for i in contract.values()), backend
 
 
+def test_every_step_of_a_reproducible_default_names_the_cpu_functions_that_exist():
+    """Where a backend's default arithmetic is reproduced (CuTe: FAST), every contract step
+    names the dash_ref functions that reproduce it, and each name resolves."""
+    import importlib
+
+    from dash_cuda.backends import get_backend
+    from docs.contract import contracts
+
+    for backend, contract in contracts().items():
+        if get_backend(backend).default_arithmetic is None:
+            assert not any(i.cpu for i in contract.values()), backend
+            continue
+        for step, instruction in contract.items():
+            assert instruction.cpu, f"{backend}: {step} names no CPU function"
+            names = re.findall(r"`(steps|mufu|tensorcore|numerics|emulate)\.(\w+)`",
+                               instruction.cpu)
+            assert names or "fp32" in instruction.cpu, f"{backend}: {step}"
+            for name in names:
+                module = importlib.import_module(
+                    f"dash_ref.{'emulate' if name[0] == 'emulate' else 'arithmetic.' + name[0]}")
+                assert hasattr(module, name[1]), f"{backend}: {step}: {'.'.join(name)}"
+
+
 def test_markers_are_rendered_hidden():
     """A marker starting a line is an HTML block (shown raw); one in code is shown literally."""
     for page in PAGES:

@@ -86,13 +86,14 @@ def environment() -> dict:
 
 def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
             causal: bool = False, softmax_scale: float | None = None,
-            schedule: str = "auto", num_workers: int | None = None, backend: str = "cute"
-            ) -> Capture:
+            schedule: str = "auto", num_workers: int | None = None, backend: str = "cute",
+            exact: bool = False) -> Capture:
     """Run the forward and the audited backward on ``q``'s GPU and capture everything.
 
     ``(B, S, H, d)`` CUDA tensors. The backward runs with ``audit=True`` (every dQ partial
-    is kept; small problems only) and the backend's default arithmetic; every output and
-    scratch buffer is filled with NaN first, so an element a kernel does not write shows.
+    is kept; small problems only) in the backend's default arithmetic (``exact``: the
+    Triton backend's ``exact=True``); every output and scratch buffer is filled with NaN
+    first, so an element a kernel does not write shows.
     """
     import dash_cuda
     from dash_cuda.backends import get_backend
@@ -101,7 +102,7 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                                           backend=backend, _poison=True)
     dq, dk, dv, rec = dash_cuda.attention_backward(
         q, k, v, o, lse2, do, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-        num_workers=num_workers, audit=True, backend=backend, _poison=True)
+        num_workers=num_workers, audit=True, exact=exact, backend=backend, _poison=True)
     torch.cuda.synchronize()
     p = rec.schedule.problem
     tensors = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse2": lse2, "dq": dq, "dk": dk,
@@ -114,7 +115,8 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
             "fingerprint": rec.schedule.fingerprint(), "block_m": p.block_m,
             "block_n": p.block_n, "backend": rec.backend, "arithmetic": rec.arithmetic,
             "flush_subnormals": bool(rec.flush_subnormals),
-            "forward_block_n": get_backend(rec.backend).forward_block_n(p.head_dim),
+            "forward_block_n": None if exact else get_backend(rec.backend).forward_block_n(
+                p.head_dim),
             "environment": environment()}
     return Capture(meta, {n: t.detach().cpu().contiguous() for n, t in tensors.items()})
 

@@ -58,12 +58,15 @@ class Instruction:
 
     ``Instruction(text)`` when both arithmetics issue the same instructions, else
     ``Instruction(fast=..., exact=...)``. Each backend's ``contract.py`` maps every name of
-    :data:`dash_ref.arithmetic.steps.STEPS` to one.
+    :data:`dash_ref.arithmetic.steps.STEPS` to one. ``cpu`` names the ``dash_ref``
+    functions that reproduce the backend's default instructions bit for bit (where its
+    ``default_arithmetic`` does).
     """
 
     same: str = ""
     fast: str = ""
     exact: str = ""
+    cpu: str = ""
 
     def text(self, arithmetic: str) -> str:
         """The instructions of the ``"fast"`` or ``"exact"`` arithmetic."""

@@ -37,8 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--workers", type=positive_int, default=None, metavar="W",
                    help="persistent workers (default: the GPU's SMs)")
     g.add_argument("--backend", choices=["cute", "triton"], default="cute",
-                   help="kernel backend (triton: exact=True is the only arithmetic L2 "
-                        "reproduces there, and capture refuses its default)")
+                   help="kernel backend (triton: only with --exact, the one arithmetic of "
+                        "its backward the CPU reproduces)")
+    g.add_argument("--exact", action="store_true",
+                   help="the backward in exact=True arithmetic (Triton backend)")
     return p
 
 
@@ -60,11 +62,11 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
                          generator=gen).to(dtype) for _ in range(2))
     k, v = (torch.randn(args.batch, s_k, heads_kv, args.head_dim, device="cuda",
                         generator=gen).to(dtype) for _ in range(2))
+    if args.backend == "triton" and not args.exact:
+        raise ValueError("the triton backend's default arithmetic has no CPU counterpart: "
+                         "capture it with --exact, or capture the cute backend")
     c = capture(q, k, v, do, causal=args.mask == "causal", schedule=args.schedule,
-                num_workers=args.workers, backend=args.backend)
-    if c.meta["arithmetic"] is None:
-        raise ValueError(f"the {args.backend} backend's default arithmetic has no CPU "
-                         "counterpart: capture the cute backend")
+                num_workers=args.workers, backend=args.backend, exact=args.exact)
     save(c, args.out)
     print(f"captured {c.describe()} into {args.out}", file=out)
     return Outcome(EXIT_OK, f"captured into {args.out}",

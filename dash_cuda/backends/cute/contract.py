@@ -2,19 +2,22 @@
 
 One entry per step of :data:`dash_ref.arithmetic.steps.STEPS`; the function of the same
 name mirrors it on the CPU. The CuTe backend runs the fast arithmetic only (``exact=True``
-runs on the Triton backend), so each entry holds one text. Read off the PTX and SASS of the
-compiled kernels; ``python -m dash_cuda.backends.cute.inspect_ptx`` compiles every variant for
-sm_90a on any machine and checks the PTX facts (``tests/test_cute_ptx.py`` runs it where
-``nvidia-cutlass-dsl`` is installed).
+runs on the Triton backend), so each entry holds one text, and :data:`CPU` names the
+``dash_ref`` functions that reproduce it bit for bit (the arithmetic ``FAST``). Read off
+the PTX and SASS of the compiled kernels; ``python -m dash_cuda.backends.cute.inspect_ptx``
+compiles every variant for sm_90a on any machine and checks the PTX facts
+(``tests/test_cute_ptx.py`` runs it where ``nvidia-cutlass-dsl`` is installed).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from dash_cuda.backends import SHARED_STEPS, Instruction
 
 BACKEND = "cute"
 
-CONTRACT: dict[str, Instruction] = {
+_INSTRUCTIONS: dict[str, Instruction] = {
     "scale_log2": Instruction("host: the float64 product rounded to fp32 (a Float32 argument)"),
     "round_operand": Instruction("`cvt.rn.bf16x2.f32` / `cvt.rn.f16x2.f32` "
                                  "(F2FP.BF16.F32.PACK_AB)"),
@@ -44,6 +47,8 @@ CONTRACT: dict[str, Instruction] = {
                               "selected to 0 (O = +0), LSE2 to -inf; O rounded by `cvt.rn` "
                               "and stored by TMA"),
     **SHARED_STEPS,
+    # the shared preprocess in the pairwise order, which dash_ref reproduces (FAST)
+    "delta": Instruction(SHARED_STEPS["delta"].exact),
     "qk": Instruction("`wgmma.mma_async ... f32.bf16.bf16`, A = K and B = Q from shared "
                       "memory, first k-block without accumulator (HGMMA.64xBMx16 ... RZ), "
                       "computed as S^T = K_j Q_i^T"),
@@ -76,3 +81,31 @@ CONTRACT: dict[str, Instruction] = {
                             "then `cvt.rn` in the shared `dash_dq_tiles_kernel`, which reads "
                             "the staged tiles"),
 }
+
+#: the ``dash_ref`` functions that reproduce each step's instructions bit for bit
+CPU: dict[str, str] = {
+    "scale_log2": "`steps.scale_log2`",
+    "round_operand": "`steps.round_operand` (`Tensor.to`, RNE)",
+    "fwd_scores": "`tensorcore.mma` (k16 steps, ascending); `emulate.visible` for the mask",
+    "fwd_max": "`torch.max` (exact), then one fp32 multiply",
+    "fwd_probs": "`numerics.fma_f32`, then `mufu.ex2_approx_ftz`",
+    "fwd_accumulate": "`steps.quad_sums` (each thread's columns in register order), "
+                      "`numerics.fma_f32`; `tensorcore.mma` with acc as its accumulator",
+    "fwd_finish": "fp32 adds in the butterfly's order; 1 / l in float64 rounded once "
+                  "(= `rcp.rn`); `mufu.lg2_approx_ftz`, then one fp32 add",
+    "delta": "`steps.delta` (pairwise)",
+    "qk": "`tensorcore.mma`",
+    "softmax_p": "`numerics.fma_f32` (-LSE2 by a sign flip), then `mufu.ex2_approx_ftz`; a "
+                 "select",
+    "dv_step": "`tensorcore.mma` with dV_j as its accumulator",
+    "dp": "`tensorcore.mma`",
+    "ds": "one fp32 subtraction, one multiplication",
+    "dk_step": "`tensorcore.mma` with dK_j as its accumulator",
+    "dq_partial": "`tensorcore.mma`",
+    "dq_add": "`numerics.fp32_add_rne` (subnormals kept), in `emulate.replay`'s dQ order",
+    "gqa_sum": "`steps.gqa_sum`",
+    "epilogue": "`steps.epilogue`",
+}
+
+CONTRACT: dict[str, Instruction] = {name: replace(instruction, cpu=CPU[name])
+                                    for name, instruction in _INSTRUCTIONS.items()}
