@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 
 from dash_ref import Problem, Schedule
-from dash_ref.arithmetic.steps import arithmetic as arithmetic_named
+from dash_ref.arithmetic.steps import ARITHMETICS
 
 from .backends import Backend, Launch, device_properties
 from .tables import device_schedule
@@ -134,7 +134,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule
         do = do.contiguous()
 
     arithmetic = "exact" if exact else backend.default_arithmetic
-    pairwise = arithmetic is not None and arithmetic_named(arithmetic).delta_order == "pairwise"
+    pairwise = arithmetic is not None and ARITHMETICS[arithmetic].delta_order == "pairwise"
     delta = prepost.preprocess_delta(o, do, problem.block_m, pairwise)
     if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)

@@ -104,13 +104,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     bits do not depend on ``block_m``, since a row's sums never leave the row.
     """
     a = steps.arithmetic(arithmetic)
-    if a.exp2 == "fma":
+    if a.forward is None:
         raise ValueError(f"the forward is emulated in 'ieee' and 'fast' arithmetic, not "
                          f"{a.name!r}")
     p = problem_of(q, k, causal, block_m, block_n)
     _check_inputs(p, q, k, v)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
-    if a.exp2 == "mufu" and scale <= 0:
+    if a.forward == "cute" and scale <= 0:
         # as the CuTe host does: its row maximum needs c > 0, so S c = (-Q) K^T |c|, and a
         # zero scale is Q = 0 with scale 1 (every score 0)
         q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
@@ -120,7 +120,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     dtype = q.dtype
     if not a.tensor_cores:  # PyTorch's CPU products take fp32 operands
         q, k, v = q.to(F32), k.to(F32), v.to(F32)
-    partial_sums = (4,) if a.exp2 == "mufu" else ()  # fast: each of a row's 4 threads' sum
+    partial_sums = (4,) if a.forward == "cute" else ()  # each of a row's 4 threads' sums
     for b in range(p.batch):
         for h in range(p.heads):
             hk = h // p.group

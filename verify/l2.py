@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from dash_ref import Schedule
-from dash_ref.arithmetic.steps import Arithmetic, arithmetic, delta
+from dash_ref.arithmetic import steps as contract
+from dash_ref.arithmetic.steps import Arithmetic
 from dash_ref.emulate import backward, forward
 
 #: what the kernel must provide, by name: its audit record's fields and its gradients
@@ -34,12 +35,11 @@ Steps = list[tuple[str, torch.Tensor, torch.Tensor]]
 
 def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
              kernel: dict[str, torch.Tensor], softmax_scale: float | None = None,
-             flush_subnormals: bool = True, arithmetic_name: str | Arithmetic = "exact"
-             ) -> Steps:
+             flush_subnormals: bool = True, arithmetic: str | Arithmetic = "exact") -> Steps:
     """``[(step, kernel value, emulated value)]`` for one backward.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` and ``kernel`` maps :data:`KERNEL_VALUES` to
-    the kernel's tensors, all on the CPU. ``arithmetic_name`` is the arithmetic the kernel
+    the kernel's tensors, all on the CPU. ``arithmetic`` is the arithmetic the kernel
     ran (``"exact"`` or ``"fast"``) and ``flush_subnormals`` how its dQ additions treated
     subnormals (its audit record says both).
     """
@@ -48,13 +48,13 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
         raise ValueError(f"kernel values missing: {missing}")
     q, k, v, o, lse2, do = inputs
     p = schedule.problem
-    a = arithmetic(arithmetic_name).with_dq_adds(flush_subnormals)
+    a = contract.arithmetic(arithmetic).with_dq_adds(flush_subnormals)
     emu = backward(schedule, q, k, v, o, lse2, do, softmax_scale, return_partials=True,
                    arithmetic=a)
     rows = torch.tensor([min(p.block_m, p.seqlen_q - i * p.block_m)
                          for i in schedule.to_tables().visit_q.tolist()])
     real_rows = torch.arange(p.block_m)[None, :] < rows[:, None]  # padding rows are not read
-    steps = [("D", kernel["delta"], delta(a, o, do)),
+    steps = [("D", kernel["delta"], contract.delta(a, o, do)),
              ("partials", kernel["partials"][real_rows], emu.partials[real_rows]),
              ("dq_acc", kernel["dq_acc"], emu.dq_acc)]
     if p.heads == p.heads_kv:
@@ -67,14 +67,14 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
 
 def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
                   kernel_lse2: torch.Tensor, causal: bool, softmax_scale: float | None,
-                  block_n: int, arithmetic_name: str | Arithmetic = "fast") -> Steps:
+                  block_n: int, arithmetic: str | Arithmetic = "fast") -> Steps:
     """``[("O", kernel, emulated), ("LSE2", kernel, emulated)]`` for one forward.
 
     ``inputs`` is ``(q, k, v)`` on the CPU, ``block_n`` the forward's KV tile (its query
     tile does not change the bits).
     """
     q, k, v = inputs
-    emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic_name)
+    emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic)
     return [("O", kernel_o, emu.o), ("LSE2", kernel_lse2.contiguous(), emu.lse2)]
 
 
@@ -107,7 +107,7 @@ def record_steps(record, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Te
     name = record_arithmetic(record)
     return l2_steps(record.schedule, tuple(x.cpu() for x in inputs),
                     kernel_values(record, grads), softmax_scale,
-                    flush_subnormals=record.flush_subnormals, arithmetic_name=name)
+                    flush_subnormals=record.flush_subnormals, arithmetic=name)
 
 
 def first_difference(steps: Steps) -> tuple[str, int, int] | None:

@@ -53,15 +53,19 @@ LOG2E = 1.4426950408889634
 # -- arithmetics ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Arithmetic:
-    """How the steps round: one complete description of a backward's arithmetic."""
+    """How the steps round: one complete description of an arithmetic."""
 
     name: str
     tensor_cores: bool  # matrix products by the tensor-core model (else PyTorch's CPU fp32)
-    # "ieee": torch.exp2 of a rounded product and difference; "fma": exp2_fma(fma); "mufu":
-    # the MUFU.EX2 model of an fma (and, in the forward, the CuTe kernel's order of steps)
+    # the backward's exp2: "ieee": torch.exp2 of a rounded product and difference; "fma":
+    # exp2_fma of an fma; "mufu": the MUFU.EX2 model of an fma
     exp2: str
     delta_order: str  # "torch": torch.sum; "pairwise": an ascending pairwise tree
     flush_dq_adds: bool  # dQ additions flush subnormal inputs and results (red.add.f32)
+    # the forward's order of steps: "ieee" (scores scaled one by one, torch.sum rows, a
+    # quotient, exp2 and log2 correctly rounded), "cute" (the CuTe kernel's: raw scores,
+    # four partial sums per row, a reciprocal, the MUFU models), or None (not emulated)
+    forward: str | None = "ieee"
 
     def with_dq_adds(self, flush_subnormals: bool) -> Arithmetic:
         """This arithmetic with dQ additions that do (or do not) flush subnormals."""
@@ -71,9 +75,9 @@ class Arithmetic:
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
-                   flush_dq_adds=True)
+                   flush_dq_adds=True, forward=None)
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
-                  flush_dq_adds=False)
+                  flush_dq_adds=False, forward="cute")
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
 ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
@@ -187,7 +191,7 @@ def fwd_scores(a: Arithmetic, q_i: torch.Tensor, k_j: torch.Tensor, c: torch.Ten
     tensor-core products ``Q_i K_j^T``; ``c`` enters in :func:`fwd_max` and :func:`fwd_probs`.
     """
     s = _matmul(a, q_i, k_j.T)
-    if a.exp2 != "mufu":
+    if a.forward != "cute":
         s = s * c
     return torch.where(visible, s, torch.tensor(-math.inf))
 
@@ -201,7 +205,7 @@ def fwd_max(a: Arithmetic, m: torch.Tensor, s: torch.Tensor, c: torch.Tensor
     is monotone and ``c > 0``, so it is the largest rounded scaled score.
     """
     row = s.max(dim=1).values
-    if a.exp2 == "mufu":
+    if a.forward == "cute":
         row = row * c
     m_new = torch.maximum(m, row)
     return m_new, torch.where(torch.isinf(m_new), torch.zeros(()), m_new)
@@ -215,7 +219,7 @@ def fwd_probs(a: Arithmetic, s: torch.Tensor, m: torch.Tensor, m_safe: torch.Ten
     Fast: ``P = ex2(fma(x, c, -m_safe))`` of the raw scores and ``alpha = ex2(m - m_safe)``,
     ``ex2`` the MUFU model (:func:`~dash_ref.arithmetic.mufu.ex2_approx_ftz`).
     """
-    if a.exp2 == "mufu":
+    if a.forward == "cute":
         p = ex2_approx_ftz(fma_f32(s, c, -m_safe[:, None]))
         return p, ex2_approx_ftz(m - m_safe)
     return torch.exp2(s - m_safe[:, None]), torch.exp2(m - m_safe)
@@ -249,7 +253,7 @@ def fwd_accumulate(a: Arithmetic, ell: torch.Tensor, acc: torch.Tensor, alpha: t
     thread's partial sum: ``fma.rn(l, alpha, quad_sums(P))``; ``acc * alpha`` (one
     ``mul.f32``), then the tensor-core product with ``acc`` as its accumulator.
     """
-    if a.exp2 == "mufu":
+    if a.forward == "cute":
         ell = fma_f32(ell, alpha[:, None].expand_as(ell), quad_sums(p, block_n))
         acc = _matmul(a, p.to(dtype), v_j, acc * alpha[:, None])
         return ell, acc
@@ -271,7 +275,7 @@ def fwd_finish(a: Arithmetic, acc: torch.Tensor, m: torch.Tensor, ell: torch.Ten
     the MUFU model; rows with ``l > 0`` only (finite inputs: the fast forward does not
     propagate NaN as IEEE does).
     """
-    if a.exp2 == "mufu":
+    if a.forward == "cute":
         total = (ell[:, 0] + ell[:, 1]) + (ell[:, 2] + ell[:, 3])
         seen = total > 0
         inv = (1.0 / total.double()).to(F32)  # rcp.rn: division double-rounds innocuously
