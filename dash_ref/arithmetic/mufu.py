@@ -157,10 +157,12 @@ def _signed(u: int) -> int:
     return u - (1 << 32) if u >= 1 << 31 else u
 
 
-def _unsigned_bits(x: torch.Tensor) -> torch.Tensor:
+def _fields(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(bits, sign, biased exponent, fraction)`` of fp32 ``x``, as int64 (sign: bool)."""
     if x.dtype != torch.float32:
         raise TypeError(f"expected float32, got {x.dtype}")
-    return x.contiguous().view(torch.int32).to(_I64) & 0xFFFFFFFF
+    u = x.contiguous().view(torch.int32).to(_I64) & 0xFFFFFFFF
+    return u, (u >> 31) == 1, (u >> 23) & 0xFF, u & 0x7FFFFF
 
 
 def _as_f32(u: torch.Tensor) -> torch.Tensor:
@@ -172,10 +174,7 @@ def _as_f32(u: torch.Tensor) -> torch.Tensor:
 def ex2_approx_ftz(x: torch.Tensor, t: MufuTables | None = None) -> torch.Tensor:
     """``ex2.approx.ftz.f32`` (``MUFU.EX2``) of fp32 ``x``, bit for bit, on ``x``'s device."""
     t = _resolve(t, x)
-    u = _unsigned_bits(x)
-    neg = (u >> 31) == 1
-    e = (u >> 23) & 0xFF
-    man = u & 0x7FFFFF
+    u, neg, e, man = _fields(x)
     sig = torch.where(e == 0, torch.zeros_like(man), man | 0x800000)  # .ftz: zeros
     shift = (e - 127).clamp(-40, 9)  # |x| >= 2^9 saturates either way
     fixed = torch.where(shift >= 0, sig << shift.clamp(min=0), sig >> (-shift).clamp(min=0))
@@ -199,10 +198,7 @@ _FIX = 50  # binary places of the exact sum e + L (table values are multiples of
 def lg2_approx_ftz(x: torch.Tensor, t: MufuTables | None = None) -> torch.Tensor:
     """``lg2.approx.ftz.f32`` (``MUFU.LG2``) of fp32 ``x``, bit for bit, on ``x``'s device."""
     t = _resolve(t, x)
-    u = _unsigned_bits(x)
-    neg = (u >> 31) == 1
-    e = (u >> 23) & 0xFF
-    man = u & 0x7FFFFF
+    u, neg, e, man = _fields(x)
     unbiased = e - 127
     ge1 = unbiased >= 0
     tb = torch.where(ge1, t.lg2_ge1[man], t.lg2_lt1[man]).to(_I64)
