@@ -5,17 +5,19 @@ visits its Q tiles in visit order (so ``dK_j`` and ``dV_j`` accumulate in that o
 fp32 partial ``dQ_ij`` is kept, and every ``dQacc_i`` is the fp32 sum of its partials in the
 tile's dQ order, starting from ``+0.0`` (:func:`replay`). Each floating-point operation is a
 named step of :mod:`dash_ref.arithmetic.steps` (the arithmetic contract); ``arithmetic``
-selects how the steps round: ``"ieee"`` (CPU fp32, the default) or ``"exact"`` (the
-kernels' ``exact=True`` mode, bit for bit: the L2 verification level).
+selects how the steps round: ``"ieee"`` (CPU fp32, the default), ``"fast"`` (the CuTe
+backend's default arithmetic, forward and backward, bit for bit) or ``"exact"`` (the
+kernels' ``exact=True`` mode, bit for bit): the last two are the L2 verification level.
 
 Logsumexps are in base 2 (``LSE2 = log2 sum 2^(S*scale_log2)``); rows that see no key have
 ``LSE2 = -inf``, ``O = 0`` and zero gradients. NaN and infinity follow PyTorch's SDPA: a NaN
 in a row's inputs makes that row's output and LSE NaN. Tensors use the ``(B, S, H, d)``
 layout; ``k`` and ``v`` have ``H_kv`` heads.
 
-The forward is emulated in IEEE arithmetic only. In exact mode the backward takes ``O``
-and ``LSE2`` as inputs (:func:`emulate` feeds the IEEE forward's; the L2 check feeds the
-kernel's).
+The forward is emulated in ``"ieee"`` and ``"fast"`` arithmetic (``"fast"``: the CuTe
+forward's order of steps). The backward takes ``O`` and ``LSE2`` as inputs
+(:func:`emulate` feeds the forward's, in the same arithmetic where it has one, else the
+IEEE forward's; the L2 check feeds the kernel's).
 """
 
 from __future__ import annotations
@@ -298,11 +300,13 @@ def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             arithmetic: str | Arithmetic = "ieee") -> tuple[ForwardResult, BackwardResult]:
     """Forward, then the backward under ``schedule``, for one problem.
 
-    The forward is always the tile-level IEEE forward; ``arithmetic`` selects the
-    backward's arithmetic (:func:`backward`).
+    ``arithmetic`` selects the backward's arithmetic (:func:`backward`) and the forward's
+    where it has one (``"fast"``, on the problem's KV tiles; else the IEEE forward).
     """
     p = schedule.problem
-    fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n)
+    a = steps.arithmetic(arithmetic)
+    fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n,
+                  a if a.forward is not None else IEEE)
     bwd = backward(schedule, q, k, v, fwd.o, fwd.lse2, do, softmax_scale, return_partials,
                    arrival_seed, arithmetic)
     return fwd, bwd
