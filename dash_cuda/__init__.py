@@ -12,7 +12,6 @@ around every backward), and :mod:`.backends` (one folder per kernel technology).
 """
 
 from dash_ref import __version__
-from dash_ref._deprecated import alias_modules
 
 from .api import LAYOUTS, attention, attention_backward, attention_forward, backward_problem
 from .backends import BACKENDS
@@ -21,17 +20,3 @@ from .launch import BackwardAudit
 
 __all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
            "attention_backward", "attention_forward", "backward_problem"]
-
-# module paths before the backends/ split
-alias_modules({
-    f"dash_cuda.{old}": f"dash_cuda.{new}" for old, new in (
-        ("config", "backends.triton.config"),
-        ("exp2", "backends.triton.exp2"),
-        ("bwd_kernel", "backends.triton.bwd_kernel"),
-        ("fwd_kernel", "backends.triton.fwd_kernel"),
-        ("inspect_asm", "backends.triton.inspect_asm"),
-        ("forward", "backends.triton.launch"),
-        ("prepost_kernels", "prepost"),
-        ("backward", "launch"),
-    )
-})

@@ -15,7 +15,6 @@ Three concerns, one subpackage each, and the emulator that joins them:
 Nothing here needs a GPU, and nothing here imports ``dash_cuda`` or ``verify``.
 """
 
-from ._deprecated import alias_modules
 from .arithmetic.numerics import (
     NAN_DISTANCE,
     bf16_bits,
@@ -60,21 +59,6 @@ from .schedules import (
 
 #: the version of the whole distribution (dash_ref, dash_cuda, verify), read by the build
 __version__ = "0.2.0"
-
-# module paths before the split into schedules/, model/ and arithmetic/
-alias_modules({
-    f"dash_ref.{old}": f"dash_ref.{new}" for old, new in (
-        ("problem", "schedules.problem"),
-        ("schedule", "schedules.schedule"),
-        ("auto", "schedules.auto"),
-        ("dag", "model.dag"),
-        ("simulator", "model.simulator"),
-        ("gantt", "model.gantt"),
-        ("numerics", "arithmetic.numerics"),
-        ("tensorcore", "arithmetic.tensorcore"),
-        ("exp2", "arithmetic.exp2"),
-    )
-})
 
 __all__ = [
     "__version__",

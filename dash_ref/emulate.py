@@ -23,14 +23,13 @@ IEEE forward's; the L2 check feeds the kernel's).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import attention_inputs
 from .arithmetic import steps
-from .arithmetic.steps import ARITHMETICS, EXACT, IEEE, Arithmetic, dq_add, epilogue
+from .arithmetic.steps import ARITHMETICS, IEEE, Arithmetic, dq_add, epilogue
 from .cpu import single_threaded
 from .schedules.problem import Problem
 from .schedules.schedule import Chain, Schedule
@@ -310,29 +309,3 @@ def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     bwd = backward(schedule, q, k, v, fwd.o, fwd.lse2, do, softmax_scale, return_partials,
                    arrival_seed, arithmetic)
     return fwd, bwd
-
-
-# ---------------------------------------------------------------------------------------
-# old names, kept for one release
-# ---------------------------------------------------------------------------------------
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"dash_ref.emulate.{old} is now {new}; the old name goes away in the next "
-                  "release", DeprecationWarning, stacklevel=3)
-
-
-def gqa_sum(p: Problem, per_head: torch.Tensor) -> torch.Tensor:
-    """Deprecated: :func:`dash_ref.arithmetic.steps.gqa_sum` ``(per_head, p.group)``."""
-    _deprecated("gqa_sum(p, x)", "dash_ref.arithmetic.steps.gqa_sum(x, p.group)")
-    return steps.gqa_sum(per_head, p.group)
-
-
-def preprocess_d(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """Deprecated: :func:`dash_ref.arithmetic.steps.delta` in IEEE arithmetic."""
-    _deprecated("preprocess_d", "dash_ref.arithmetic.steps.delta(IEEE, o, do)")
-    return steps.delta(IEEE, o, do)
-
-
-def preprocess_d_ordered(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """Deprecated: :func:`dash_ref.arithmetic.steps.delta` in exact arithmetic."""
-    _deprecated("preprocess_d_ordered", "dash_ref.arithmetic.steps.delta(EXACT, o, do)")
-    return steps.delta(EXACT, o, do)

@@ -1,15 +1,13 @@
-"""The layout's rules, checked on the code: layers import downwards only, old paths still work.
+"""The layout's rules, checked on the code: layers import downwards only.
 
 ``dash_ref`` imports neither ``dash_cuda`` nor ``verify``; ``dash_cuda`` does not import
 ``verify``; a backend imports ``dash_ref`` and shared ``dash_cuda`` parts, never another
-backend; no package imports ``docs``, ``benchmarks``, ``scripts`` or ``tests``. Module
-paths from before the layout are importable for one release, with a DeprecationWarning.
+backend; no package imports ``docs``, ``benchmarks``, ``scripts`` or ``tests``.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import sys
 from pathlib import Path
 
@@ -85,48 +83,3 @@ def test_importing_the_packages_loads_no_kernel_compiler():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
-
-
-@pytest.mark.parametrize("old, new", [
-    ("dash_ref.schedule", "dash_ref.schedules.schedule"),
-    ("dash_ref.problem", "dash_ref.schedules.problem"),
-    ("dash_ref.auto", "dash_ref.schedules.auto"),
-    ("dash_ref.dag", "dash_ref.model.dag"),
-    ("dash_ref.simulator", "dash_ref.model.simulator"),
-    ("dash_ref.gantt", "dash_ref.model.gantt"),
-    ("dash_ref.numerics", "dash_ref.arithmetic.numerics"),
-    ("dash_ref.tensorcore", "dash_ref.arithmetic.tensorcore"),
-    ("dash_ref.exp2", "dash_ref.arithmetic.exp2"),
-    ("dash_cuda.config", "dash_cuda.backends.triton.config"),
-    ("dash_cuda.backward", "dash_cuda.launch"),
-])
-def test_old_module_paths_warn_and_give_the_new_module(old, new):
-    sys.modules.pop(old, None)
-    with pytest.deprecated_call(match="moved to"):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert module.__name__ == new and module.__spec__.name == new
-
-
-def test_old_names_warn_and_compute_the_same():
-    import torch
-
-    from dash_ref import EXACT, IEEE, Problem, build_schedule
-    from dash_ref.arithmetic import steps
-    from dash_ref.emulate import emulate, gqa_sum, preprocess_d, preprocess_d_ordered
-    from verify.demo import random_inputs
-
-    p = Problem(1, 2, 1, 20, 20, 16, "full", 16, 16)
-    q, k, v, do = random_inputs(p, torch.bfloat16, seed=1)
-    with pytest.deprecated_call(match="is now"):
-        assert torch.equal(preprocess_d(q, do), steps.delta(IEEE, q, do))
-    with pytest.deprecated_call(match="is now"):
-        assert torch.equal(preprocess_d_ordered(q, do), steps.delta(EXACT, q, do))
-    x = torch.randn(1, 20, 2, 16)
-    with pytest.deprecated_call(match="is now"):
-        assert torch.equal(gqa_sum(p, x), steps.gqa_sum(x, p.group))
-    sched = build_schedule(p, "naive", 2)
-    with pytest.deprecated_call(match="is now"):
-        _, old = emulate(sched, q, k, v, do, arithmetic="hopper")
-    _, new = emulate(sched, q, k, v, do, arithmetic="exact")
-    assert torch.equal(old.dq, new.dq)

@@ -34,7 +34,6 @@ generated from the two.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -83,14 +82,10 @@ ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
 
 def arithmetic(spec: str | Arithmetic) -> Arithmetic:
-    """The :class:`Arithmetic` named by ``spec`` (``"ieee"``, ``"exact"``) or ``spec`` itself."""
+    """The :class:`Arithmetic` named by ``spec`` (``"ieee"``, ``"fast"``, ``"exact"``) or
+    ``spec`` itself."""
     if isinstance(spec, Arithmetic):
         return spec
-    if spec == "hopper":
-        warnings.warn('arithmetic="hopper" is now called "exact" (the arithmetic of the '
-                      "kernels' exact=True mode); the old name goes away in the next release",
-                      DeprecationWarning, stacklevel=3)
-        return EXACT
     if spec not in ARITHMETICS:
         raise ValueError(f"arithmetic={spec!r}: expected one of {tuple(ARITHMETICS)}")
     return ARITHMETICS[spec]
