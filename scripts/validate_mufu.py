@@ -159,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: validate_mufu needs a CUDA GPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.tables:
-        t = mufu.decode_tables(args.tables.read_bytes())
-    else:
-        t = measure()
+    t = mufu.decode_tables(args.tables.read_bytes()) if args.tables else measure()
     blob = mufu.encode_tables(t)
     back = mufu.decode_tables(blob)
     roundtrip = all(torch.equal(getattr(t, n), getattr(back, n)) for n in mufu._NAMES) and (
@@ -171,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tables: {len(blob)} bytes encoded, round trip {'exact' if roundtrip else 'BROKEN'}",
           flush=True)
     results = {op: validate(op, t) for op in ("ex2", "lg2")}
-    for op, r in results.items():
+    for _op, r in results.items():
         print(f"{r['instruction']}: {r['mismatches']} mismatches of {r['inputs']} inputs "
               f"({r['seconds']} s) {r['mismatches_by_class']}", flush=True)
         for m in r["first_mismatches"][:8]:
