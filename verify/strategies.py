@@ -64,12 +64,15 @@ class Case:
         return (draw(p.seqlen_q, p.heads), draw(p.seqlen_k, p.heads_kv),
                 draw(p.seqlen_k, p.heads_kv), draw(p.seqlen_q, p.heads))
 
-    def flags(self) -> str:
-        """The command-line flags that rebuild this case (for one-line reproducers)."""
+    def flags(self, tiles: bool = True) -> str:
+        """The command-line flags that rebuild this case (for one-line reproducers);
+        ``tiles=False`` leaves out ``--block-m``/``--block-n`` (for an implementation that
+        chooses its own tiles, which ``dash-verify check`` refuses them for)."""
         p = self.problem
+        blocks = f"--block-m {p.block_m} --block-n {p.block_n} " if tiles else ""
         return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
                 f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
-                f"--mask {p.mask} --block-m {p.block_m} --block-n {p.block_n} "
+                f"--mask {p.mask} {blocks}"
                 f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
 
 
