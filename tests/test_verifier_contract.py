@@ -91,6 +91,16 @@ BAD_ARGS = [
     (["audit", "--impl", "planted:reference_cast", *SHAPE, "--block-n", "32"],
      ["--block-n", "chooses its own tiles"]),
     (["fuzz", "--impl", "emulator:naive", "--seed", "-1"], ["--seed", ">= 0"]),
+    # the cost budget: refused before any work, with the estimate and the way round it
+    (["schedule", "--seqlen-q", "1000000000"], ["would take about", "--allow-large"]),
+    (["schedule", "--workers", "100000000"], ["100000000 workers", "--allow-large"]),
+    (["simulate", "--seqlen-q", "4000000", "--block-m", "16", "--block-n", "16"],
+     ["tile visits", "over the budget"]),
+    (["demo", "--seqlen", "2048"], ["S = 2048", "--allow-large"]),
+    (["audit", "--impl", "emulator:naive", "--seqlen-q", "4096"],
+     ["100 emulator calls", "--allow-large"]),
+    (["check", "--impl", "emulator:naive", "--seqlen-q", "65536", "--heads", "8"],
+     ["1 emulator calls", "--allow-large"]),
 ]
 
 
@@ -160,11 +170,14 @@ P = Problem(1, 1, 1, 24, 24, 16, "full", 16, 16)
 
 
 def _api_cases():
+    from dash_cuda import backward_problem
     from dash_ref._checks import boolean, number
     from verify.audit import audit
+    from verify.compare import compare
     from verify.fuzz import check, fuzz
+    from verify.highprec import error_bound
     from verify.impls import get_impl
-    from verify.strategies import Case
+    from verify.strategies import Case, problems
 
     return [
         (lambda: audit("emulator:naive", Problem(1, 1, 1, 0, 24, 16), progress=False),
@@ -197,6 +210,25 @@ def _api_cases():
         (lambda: number("x", "1.5"), TypeError, "x must be a number"),
         (lambda: boolean("causal", "yes"), TypeError, "causal must be a bool"),
         (lambda: boolean("causal", 1), TypeError, "causal must be a bool"),
+        (lambda: error_bound(torch.bfloat16, kappa=math.nan), ValueError,
+         "kappa must be >= 0 (inf allowed), got nan"),
+        (lambda: error_bound(torch.bfloat16, kappa="2"), TypeError, "kappa must be a number"),
+        (lambda: error_bound(torch.bfloat16, seqlen_q=-1), ValueError, "seqlen_q must be >= 0"),
+        (lambda: compare("dq", torch.ones(2, dtype=torch.int64),
+                         torch.ones(2, dtype=torch.int64)), TypeError,
+         "compare takes floating-point tensors"),
+        (lambda: compare("dq", [1.0], torch.ones(1)), TypeError, "got list"),
+        (lambda: problems(head_dims=(0,)), ValueError, "head_dims[...] must be >= 1"),
+        (lambda: problems(blocks=((16, 0),)), ValueError, "blocks[...] must be >= 1"),
+        (lambda: problems(max_elements=0), ValueError, "max_elements must be >= 1"),
+        (lambda: backward_problem(1, 1, 1, 64, 64, 48, False), ValueError,
+         "head_dim 48 is not supported"),
+        (lambda: backward_problem(1, 1, 1, 64, 64, 64, "yes"), TypeError,
+         "causal must be a bool"),
+        (lambda: backward_problem(1, 1, 1, 64.0, 64, 64, False), TypeError,
+         "seqlen_q must be an int"),
+        (lambda: backward_problem(1, 1, 1, 64, 64, 64, False, backend="bogus"), ValueError,
+         "unknown backend"),
     ]
 
 
@@ -226,3 +258,25 @@ def test_the_tables_hold_at_least_sixty_bad_inputs_and_broken_implementations():
     new = (len(BROKEN_CASES) + len(UNLOADABLE_CASES) + len(BAD_ARGS) + 2 * len(RUN)
            + len(_api_cases()))
     assert new >= 60, new
+
+
+# -- the tiles: emulator:NAME runs what --block-m/--block-n ask for, and says so ---------------
+def test_the_emulator_runs_the_tiles_asked_for_and_the_json_records_them(capsys):
+    base = ["check", "--impl", "emulator:shift", "--seqlen-q", "64", "--heads", "2",
+            "--head-dim", "32", "--json"]
+    errors = {}
+    for bn in (16, 32):
+        assert main([*base, "--block-m", "32", "--block-n", str(bn)]) == 0
+        result = json.loads(capsys.readouterr().out)["result"]
+        assert result["tiles"] == [32, bn]
+        assert f"--block-m 32 --block-n {bn}" in result["case"]
+        errors[bn] = result["errors"]
+    # other KV tiles: another online softmax and other dQ partial sums, so other rounding
+    assert errors[16] != errors[32]
+
+
+def test_an_implementation_that_chooses_its_tiles_records_none(capsys):
+    assert main(["audit", "--impl", "planted:reference_cast", *SHAPE, "--trials", "2",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert result["tiles"] is None

@@ -97,16 +97,28 @@ def head_layouts(draw, max_kv_heads: int = 4, max_group: int = 4) -> tuple[int, 
     return h_kv * draw(st.integers(1, max_group)), h_kv
 
 
-@st.composite
-def problems(draw, max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
+def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
              masks: tuple[str, ...] = ("full", "causal"),
              blocks: tuple[tuple[int, int], ...] = ((16, 16), (32, 16), (64, 64), (128, 128)),
-             max_len: int = 300) -> Problem:
+             max_len: int = 300) -> st.SearchStrategy:
     """A :class:`Problem` whose inputs hold at most ``max_elements`` numbers.
 
     Lengths are drawn first (tiling bugs live there), against the budget of one head;
     batch and heads then take what the budget leaves, shrinking towards one.
     """
+    integer("max_elements", max_elements, minimum=1)
+    integer("max_len", max_len, minimum=1)
+    for d in head_dims:
+        integer("head_dims[...]", d, minimum=1)
+    for bm, bn in blocks:
+        integer("blocks[...]", bm, minimum=1)
+        integer("blocks[...]", bn, minimum=1)
+    return _problems(max_elements, head_dims, masks, blocks, max_len)
+
+
+@st.composite
+def _problems(draw, max_elements: int, head_dims: tuple[int, ...], masks: tuple[str, ...],
+              blocks: tuple[tuple[int, int], ...], max_len: int) -> Problem:
     d = draw(st.sampled_from(head_dims))
     bm, bn = draw(st.sampled_from(blocks))
     longest = max(1, min(max_len, max_elements // (4 * d)))

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TextIO
 
+from . import budget
 from .args import (
     EXIT_FINDING,
     EXIT_OK,
@@ -30,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "the contract.")
     add_impl_args(p)
     add_shape_args(p, workers=False, impl_tiles=True)
+    budget.add_allow_large(p)
     p.add_argument("--trials", type=at_least(2), default=100, help="runs to compare")
     p.add_argument("--no-perturb", dest="perturb", action="store_false",
                    help="run without a busy stream, fresh allocations or unrelated work")
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
 
     impl = impl_from_args(args)
     problem = problem_from_args(args, impl.tiles or (16, 16))
+    if impl.tiles is not None:  # the emulator: its cost is known
+        budget.require(budget.emulator_cost(problem, args.trials), args)
     report = audit(impl, problem, trials=args.trials, perturb=args.perturb, dtype=args.dtype,
                    seed=args.seed, timeout=args.timeout)
     print(report.summary(), file=out)

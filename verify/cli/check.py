@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from . import budget
 from .args import (
     EXIT_FINDING,
     EXIT_OK,
@@ -27,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "timed out or broke the contract.")
     add_impl_args(p)
     add_shape_args(p, workers=False, impl_tiles=True)
+    budget.add_allow_large(p)
     p.add_argument("--schedule", choices=SCHEDULES, default="naive",
                    help="recorded with the case only: the implementation name picks the "
                         "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
@@ -40,6 +42,8 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     impl = impl_from_args(args)
     case = Case(problem_from_args(args, impl.tiles or (16, 16)), args.dtype, args.schedule,
                 args.seed)
+    if impl.tiles is not None:  # the emulator: its cost is known
+        budget.require(budget.emulator_cost(case.problem, 1), args)
     result = check(impl, case, timeout=args.timeout)
     errs = ", ".join(f"{k} {v:.2e}" for k, v in result.errors.items())
     verdict = "PASS" if result.ok else "FAIL"
