@@ -1,4 +1,4 @@
-"""A discrete-event simulator of a schedule: makespan, per-worker timelines and idle time.
+"""A simulator of a schedule's workers and semaphores: makespan, per-worker timelines, idle time.
 
 It runs the same model as :mod:`dash_ref.model.dag` but by a different method, so the two check
 each other: every worker is an agent that walks its program (the schedule's chains in run
@@ -104,7 +104,7 @@ def simulate(
     handoff_latency: float = 0.0,
     staging: int | None = None,
 ) -> SimResult:
-    """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock.
+    """Run ``schedule`` in the simulator; raise :class:`ScheduleError` on deadlock.
 
     Costs and the hand-off latency are finite and non-negative (a ``ValueError`` says which
     is not); ``staging`` (``async`` only) is None (unbounded) or at least 1.
