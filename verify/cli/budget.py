@@ -18,7 +18,7 @@ MAX_BYTES = 4e9
 
 # rough costs on a 2-core CPU
 SCHEDULE_S_PER_VISIT, SCHEDULE_B_PER_VISIT = 2e-6, 300
-SIMULATE_S_PER_VISIT, SIMULATE_B_PER_VISIT = 4e-6, 400  # per schedule simulated
+SIMULATE_S_PER_VISIT, SIMULATE_B_PER_VISIT = 4e-6, 350  # per schedule simulated
 BYTES_PER_WORKER = 2_000
 EMULATOR_S_PER_VISIT, EMULATOR_S_PER_MAC = 150e-6, 1e-9  # one forward + backward
 DEMO_SECONDS_AT_DEFAULT = 15.0  # S = 256, d = 32, 4 heads: scales with S^2 d
@@ -41,7 +41,7 @@ def schedule_cost(p: Problem, workers: int, schedules: int = 1, simulate: bool =
     v = visits(p)
     per_s = SIMULATE_S_PER_VISIT if simulate else SCHEDULE_S_PER_VISIT
     per_b = SIMULATE_B_PER_VISIT if simulate else SCHEDULE_B_PER_VISIT
-    return Cost(schedules * v * per_s, v * per_b + workers * BYTES_PER_WORKER,
+    return Cost(schedules * v * per_s, schedules * v * per_b + workers * BYTES_PER_WORKER,
                 f"{v:.3g} tile visits, {workers} workers")
 
 
