@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dash_ref import Problem
-from dash_ref._checks import choice, integer
+from dash_ref._checks import boolean, choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
 from verify import guard
 from verify.contract import OUTPUTS, Finding, check_outputs
@@ -196,7 +196,9 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
                          ">= 1")
     integer("trials", trials, minimum=2)
     choice("dtype", dtype, DTYPES)
-    integer("seed", seed)
+    integer("seed", seed, minimum=0)
+    boolean("perturb", perturb)
+    boolean("progress", progress)
     timeout = timeout_seconds(timeout)
     if tiles is not None:
         impl = impl.with_tiles(*tiles)
