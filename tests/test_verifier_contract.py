@@ -284,3 +284,19 @@ def test_an_implementation_that_chooses_its_tiles_records_none(capsys):
                  "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["result"]
     assert result["tiles"] is None
+
+
+def test_the_emulator_tiles_change_its_bits_both_ways():
+    """--block-m and --block-n both reach the emulator: other tiles, other sums, other bits."""
+    from verify.impls import get_impl
+    from verify.strategies import Case
+
+    q, k, v, do = Case(Problem(1, 2, 2, 128, 128, 32, "full", 16, 16)).tensors()
+
+    def bits(tiles):
+        outs = get_impl("emulator:shift", tiles=tiles)(q, k, v, do, False, 0.17)
+        return torch.cat([x.reshape(-1).view(torch.int16) for x in outs])
+
+    base = bits((16, 16))
+    assert not torch.equal(base, bits((64, 16)))  # BM: the dQ tiles and dK's visits
+    assert not torch.equal(base, bits((16, 64)))  # BN: the online softmax and dQ's sums
