@@ -61,6 +61,10 @@ def run_audit(name: str, p: Problem, trials: int) -> dict:
         print(f"  {label}: ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
               flush=True)
         return {"impl": name, "problem": p.__dict__, "trials": trials, "error": str(exc)[:500]}
+    if rep.failure:  # crashed, timed out or broke the interface contract on a trial
+        print(f"  {label}: ERROR {rep.failure[:120]}", flush=True)
+        return {"impl": name, "problem": p.__dict__, "trials": trials,
+                "error": rep.failure[:500]}
     distinct = {k: v.distinct for k, v in rep.outputs.items()}
     print(f"  {label}: {'repeatable' if rep.deterministic else 'NOT repeatable'} "
           f"distinct={distinct} median {rep.median_ms:.2f} ms", flush=True)

@@ -12,6 +12,7 @@ import torch
 from dash_ref.arithmetic.steps import resolve_scale
 
 from .backends import get_backend
+from .backends.triton.config import HEAD_DIMS
 from .checks import LAYOUTS, as_bshd, check_devices, check_options, check_tensors
 from .launch import problem_for
 from .ops import attention_call, backward_views, forward_views, resolve_backend, resolve_schedule
@@ -132,6 +133,19 @@ def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqle
     ``dash_ref.build_schedule(backward_problem(...), name, num_workers)`` is the schedule a
     call runs, so its fingerprint says in advance which calls give equal bits.
     """
-    return problem_for(get_backend(backend), batch, heads, heads_kv, seqlen_q, seqlen_k,
-                       head_dim, causal)
+    from dash_ref._checks import boolean, integer
+
+    for name, value in (("batch", batch), ("heads", heads), ("heads_kv", heads_kv),
+                        ("head_dim", head_dim)):
+        integer(name, value, minimum=1)
+    integer("seqlen_q", seqlen_q, minimum=0)
+    integer("seqlen_k", seqlen_k, minimum=0)
+    boolean("causal", causal)
+    chosen = get_backend(backend)
+    try:
+        return problem_for(chosen, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
+                           causal)
+    except KeyError:  # the backend has no tiles for this head dim
+        raise ValueError(f"head_dim {head_dim} is not supported by the {backend!r} backend; "
+                         f"supported: {HEAD_DIMS}") from None
 

@@ -16,15 +16,26 @@ def integer(name: str, value: object, minimum: int | None = None) -> int:
     return int(value)
 
 
-def number(name: str, value: object, minimum: float | None = None) -> float:
-    """``value`` as a finite float, at least ``minimum``; NaN and infinities are refused."""
+def number(name: str, value: object, minimum: float | None = None,
+           above: float | None = None) -> float:
+    """``value`` as a finite float, at least ``minimum`` and greater than ``above``; NaN,
+    infinities, bools and strings are refused."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum:g}, got {value:g}")
+    if above is not None and value <= above:
+        raise ValueError(f"{name} must be > {above:g}, got {value:g}")
     return float(value)
+
+
+def boolean(name: str, value: object) -> bool:
+    """``value`` if it is a bool (``0``, ``1``, ``"yes"`` and None are refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def choice(name: str, value: object, allowed: Iterable[str]) -> str:

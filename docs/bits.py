@@ -16,11 +16,10 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from dash_ref import NAMES, Problem, build_schedule
 from dash_ref.arithmetic.numerics import ulp, ulp_distance, unit_roundoff
 from dash_ref.emulate import emulate
-from verify.compare import compare, dq_divergence, first_dq_mismatch
-from verify.demo import floored_ulp_error, random_inputs
+from verify.compare import compare
+from verify.demo import dq_trace, floored_ulp_error, random_inputs
 from verify.highprec import grad_error_reports, reference_grads
 
-from .order import hex16
 from .plot import figure, save
 
 # the problem of ``dash-verify demo`` (same shapes, seed and inputs)
@@ -192,14 +191,9 @@ def errors(numbers: dict, masks: list[str], path: Path) -> Path:
 def trace(data: dict) -> tuple[str, dict]:
     """The running fp32 sum of one dQ element whose *rounded* value differs between
     the two schedules of :data:`PAIR`, step by step, and a few numbers about it."""
-    (sa, a), (sb, b) = (data["runs"][x] for x in PAIR)
-    element = first_dq_mismatch(a.dq, b.dq) or first_dq_mismatch(a.dq_acc, b.dq_acc)
-    div = dq_divergence(sa, a.partials, sb, b.partials, element, PAIR)
-    ra, rb = a.dq[element], b.dq[element]
-    scale = D ** -0.5
-    text = (div.table() + "\n" +
-            f"  after scaling by 1/sqrt(d) = {scale:g} and rounding to bf16: "
-            f"{PAIR[0]} {float(ra):.6g} [{hex16(ra)}], {PAIR[1]} {float(rb):.6g} [{hex16(rb)}]")
+    (_, a), (_, b) = (data["runs"][x] for x in PAIR)
+    div, text = dq_trace(data["runs"][PAIR[0]], data["runs"][PAIR[1]], D, PAIR)
+    ra, rb = a.dq[div.element], b.dq[div.element]
     running = [abs(x.running) for x in div.steps_a + div.steps_b]
     final = torch.tensor([div.steps_a[-1].running], dtype=torch.float32)
     other = torch.tensor([div.steps_b[-1].running], dtype=torch.float32)

@@ -8,9 +8,9 @@ transcripts and ``*.md`` generated tables (the arithmetic contract of ``design.m
 transcripts and tables inside the Markdown pages are refreshed too (:mod:`docs.markers`),
 and a full run rewrites ``docs/api.md``.
 
-``--fast`` draws sections 1 to 3, the fingerprint table and the contract only (a few
-seconds, what the tests run); the full set adds section 4 (every schedule emulated, exact
-mpmath gradients) and the ``dash-verify`` transcripts of section 5.
+``--fast`` draws sections 1 to 3 and writes section 5's fingerprint table and the
+contract table (5-15 s on two cores); the full set (25-60 s) adds section 4 (every
+schedule emulated, exact mpmath gradients) and the ``dash-verify`` transcripts of section 5.
 """
 
 from __future__ import annotations

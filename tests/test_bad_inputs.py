@@ -23,8 +23,8 @@ from verify.cli import main
 from verify.demo import random_inputs
 
 NO_CUDA = not torch.cuda.is_available()
-TINY = ["--seqlen-q", "24", "--heads", "1", "--head-dim", "16", "--block-m", "16",
-        "--block-n", "16"]
+SHAPE = ["--seqlen-q", "24", "--heads", "1", "--head-dim", "16"]
+TINY = [*SHAPE, "--block-m", "16", "--block-n", "16"]  # tiles: for emulator:NAME only
 
 # (argv, exit code, words the one-line message must contain)
 CLI_CASES = [
@@ -77,16 +77,16 @@ CLI_CASES = [
       "--block-m", "16", "--block-n", "16"], 1, []),
     (["audit", "--impl", "planted:shuffled_dq", "--seqlen-q", "256", "--heads", "4",
       "--head-dim", "64", "--dtype", "fp16", "--trials", "3"], 1, []),
-    (["audit", "--impl", "planted:reference_cast", *TINY, "--trials", "3"], 0, []),
+    (["audit", "--impl", "planted:reference_cast", *SHAPE, "--trials", "3"], 0, []),
     (["check", "--impl", "planted:broken_tail", "--seqlen-q", "17", "--head-dim", "16"], 1,
      []),
 ]
 # an implementation that cannot run here is an environment error (2), not a finding (1)
 CUDA_CASES = [
     (["fuzz", "--impl", "dash:shift", "--budget", "2"], 2, ["needs a CUDA device"]),
-    (["check", "--impl", "dash:shift", *TINY], 2, ["needs a CUDA device"]),
-    (["audit", "--impl", "dash:shift", *TINY, "--trials", "2"], 2, ["needs a CUDA device"]),
-    (["audit", "--impl", "sdpa-cudnn", *TINY, "--trials", "2"], 2, ["needs a CUDA device"]),
+    (["check", "--impl", "dash:shift", *SHAPE], 2, ["needs a CUDA device"]),
+    (["audit", "--impl", "dash:shift", *SHAPE, "--trials", "2"], 2, ["needs a CUDA device"]),
+    (["audit", "--impl", "sdpa-cudnn", *SHAPE, "--trials", "2"], 2, ["needs a CUDA device"]),
 ]
 
 

@@ -34,3 +34,29 @@ def test_demo_command_exits_zero(tmp_path, capsys):
     assert main(["demo", "--seqlen", "48", "--head-dim", "16", "--block", "16",
                  "--json", str(path)]) == 0
     assert path.exists() and "schedule" in capsys.readouterr().out
+
+
+def test_the_demo_traces_the_element_section_4_shows():
+    """docs/04-the-bits.md says the demo prints its trace: same problem, element, text."""
+    import inspect
+    from pathlib import Path
+
+    import torch
+
+    from dash_ref import Problem, build_schedule
+    from dash_ref.emulate import emulate
+    from verify.demo import dq_trace, random_inputs
+
+    defaults = inspect.signature(run_demo).parameters
+    seqlen, d, block = (defaults[k].default for k in ("seqlen", "head_dim", "block"))
+    heads, heads_kv, workers, seed = (defaults[k].default
+                                      for k in ("heads", "heads_kv", "workers", "seed"))
+    p = Problem(1, heads, heads_kv, seqlen, seqlen, d, "full", block, block)
+    q, k, v, do = random_inputs(p, torch.bfloat16, seed)
+    runs = []
+    for name in ("naive", "shift"):
+        s = build_schedule(p, name, workers)
+        runs.append((s, emulate(s, q, k, v, do, return_partials=True, arrival_seed=seed)[1]))
+    _, text = dq_trace(*runs, d)
+    page = Path(__file__).resolve().parents[1] / "docs" / "figures" / "dq_trace.txt"
+    assert text + "\n" == page.read_text()

@@ -218,3 +218,32 @@ def test_api_reference_covers_the_public_functions():
     else:
         assert "`dash_cuda.attention`" in text
     assert (DOCS / "api.md").exists()
+
+
+def test_api_md_is_what_its_generator_renders():
+    from docs.api import render
+
+    assert (DOCS / "api.md").read_text() == render()
+
+
+def test_a_full_figures_run_reproduces_every_committed_text_file(tmp_path):
+    """What ``python -m docs.figures`` would rewrite, regenerated into a scratch folder:
+    ``numbers.json``, every transcript and table, the generated parts of every page, and
+    ``api.md`` (the test above) must equal what is committed, so a run leaves
+    ``git status`` clean. The PNGs are left out here (their bytes depend on the
+    matplotlib build; ``test_committed_figures_are_valid_pngs`` checks them). About 25 s
+    on two cores: the emulator under every schedule and the mpmath gradients of
+    section 4, and the ``dash-verify`` transcripts of section 5."""
+    from docs.figures import generate
+    from docs.markers import refresh
+
+    generate(tmp_path, fast=False, pages=False, log=lambda *_: None)
+    figures = DOCS / "figures"
+    for made in sorted(tmp_path.glob("*.txt")) + sorted(tmp_path.glob("*.md")):
+        assert made.read_text() == (figures / made.name).read_text(), made.name
+    numbers = json.loads((tmp_path / "numbers.json").read_text())
+    assert numbers == json.loads((figures / "numbers.json").read_text())
+    texts = {p.stem: p.read_text() for p in tmp_path.glob("*.txt")}
+    tables = {p.stem: p.read_text() for p in tmp_path.glob("*.md")}
+    for page in sorted(DOCS.glob("*.md")):
+        assert refresh(page.read_text(), numbers, texts, tables) == page.read_text(), page.name

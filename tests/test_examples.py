@@ -52,3 +52,22 @@ def test_an_attention_that_did_not_run_is_reported_not_dropped():
     text = example.markdown(report)
     assert "| sdpa-flash-det | did not run: no deterministic backward |" in text
     assert "- dash: 1.00" in text and "- sdpa-flash-det" not in text
+
+
+def test_cpu_defaults_train_a_tiny_model_into_a_scratch_folder(tmp_path, monkeypatch, capsys):
+    import tempfile
+    import time
+
+    committed = ROOT / "benchmarks" / "results" / "reproducible_training.json"
+    before = committed.read_bytes()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    start = time.perf_counter()
+    assert example.main(["--device", "cpu"]) == 0
+    assert time.perf_counter() - start < 60
+    (scratch,) = tmp_path.glob("reproducible_training-*")
+    report = json.loads((scratch / "reproducible_training.json").read_text())
+    assert report["config"] == {**example.CPU_CONFIG.__dict__}
+    assert [r["attention"] for r in report["results"]] == ["sdpa-math"]
+    assert committed.read_bytes() == before  # the committed H200 results are left alone
+    out = capsys.readouterr().out
+    assert out.startswith("training 2 layers") and str(scratch) in out

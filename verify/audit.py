@@ -13,6 +13,12 @@ between two runs of a training job:
 - ``unrelated work``: a random amount of unrelated work is launched before the call.
 
 A deterministic implementation gives one pattern per output however it is perturbed.
+
+Every call is made through :func:`verify.guard.call` and its outputs held to the
+interface contract (:mod:`verify.contract`) before they are hashed: an implementation
+that crashes, exits, hangs past ``timeout`` or returns the wrong number, shapes, dtypes,
+devices or non-finite values ends the audit with a finding (``failure``), never with a
+verdict of ``DETERMINISTIC``.
 """
 
 from __future__ import annotations
@@ -24,14 +30,16 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dash_ref import Problem
-from dash_ref._checks import choice, integer
+from dash_ref._checks import boolean, choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
-from dash_ref.arithmetic.steps import resolve_scale
+from verify import guard
+from verify.contract import OUTPUTS, Finding, check_outputs
 from verify.impls import Impl, Unavailable, get_impl
+from verify.options import softmax_scale_or_default, timeout_seconds
 from verify.progress import progress_bar
 from verify.strategies import DTYPES, Case
 
-OUTPUTS = ("O", "dQ", "dK", "dV")
+__all__ = ["OUTPUTS", "AuditReport", "OutputAudit", "audit"]
 
 
 @dataclass
@@ -57,11 +65,13 @@ class AuditReport:
     outputs: dict[str, OutputAudit]
     times_ms: list[float] = field(default_factory=list)
     note: str = ""
+    failure: str = ""  # a finding that ended the audit early (crash, contract, timeout)
+    tiles: tuple[int, int] | None = None  # (BM, BN) the implementation ran, where we chose
 
     @property
     def deterministic(self) -> bool:
-        """True when every output had exactly one bit pattern over all trials."""
-        return all(o.distinct == 1 for o in self.outputs.values())
+        """True when every trial kept the contract and each output had one bit pattern."""
+        return not self.failure and all(o.distinct == 1 for o in self.outputs.values())
 
     @property
     def median_ms(self) -> float:
@@ -71,15 +81,17 @@ class AuditReport:
     def summary(self) -> str:
         p = self.problem
         verdict = ("DETERMINISTIC: one bit pattern per output" if self.deterministic
+                   else f"FAILED: {self.failure}" if self.failure
                    else "NOT DETERMINISTIC: outputs changed between identical runs")
         lines = [
             f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
             f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} dtype={self.dtype}",
             f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",
-            f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference",
         ]
-        for o in self.outputs.values():
+        if self.times_ms:  # at least one trial kept the contract
+            lines.append(f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference")
+        for o in (self.outputs.values() if self.times_ms else ()):
             where = ("-" if o.first_trial is None else
                      f"trial {o.first_trial} at (b, s, h, d) = {o.first_index}: "
                      f"{o.first_values[0]!r} vs {o.first_values[1]!r}")
@@ -162,23 +174,39 @@ class _Perturber:
 
 def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool = True,
           dtype: str = "bf16", seed: int = 0, softmax_scale: float | None = None,
-          device: str | None = None, progress: bool = True) -> AuditReport:
+          device: str | None = None, progress: bool = True, timeout: float | None = None,
+          tiles: tuple[int, int] | None = None) -> AuditReport:
     """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied.
 
-    Raises :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
-    ``ValueError``/``TypeError`` for bad arguments, before any trial runs.
+    ``timeout`` bounds each call in seconds (a hang becomes a finding); ``tiles`` asks the
+    implementation to run ``(BM, BN)`` tiles (the emulator does; others refuse). Raises
+    :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
+    ``ValueError``/``TypeError`` for bad arguments, before any trial runs. What the
+    implementation does wrong on a call is a finding in the report (``failure``).
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    if not isinstance(impl, Impl):
+        raise TypeError(f"impl must be a name or a verify.impls.Impl, got "
+                        f"{type(impl).__name__}")
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a dash_ref.Problem, got {type(problem).__name__}")
+    if problem.seqlen_q == 0 or problem.seqlen_k == 0:
+        raise ValueError(f"the problem has no attention to audit (seqlen_q="
+                         f"{problem.seqlen_q}, seqlen_k={problem.seqlen_k}): both must be "
+                         ">= 1")
     integer("trials", trials, minimum=2)
     choice("dtype", dtype, DTYPES)
-    integer("seed", seed)
+    integer("seed", seed, minimum=0)
+    boolean("perturb", perturb)
+    boolean("progress", progress)
+    timeout = timeout_seconds(timeout)
+    if tiles is not None:
+        impl = impl.with_tiles(*tiles)
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
     impl.require()
-    scale = resolve_scale(softmax_scale, problem.head_dim)
+    scale = softmax_scale_or_default(softmax_scale, problem.head_dim)
     inputs = Case(problem, dtype, seed=seed).tensors(dev)
     causal = problem.mask == "causal"
     perturber = _Perturber(dev, perturb, seed)
@@ -186,17 +214,24 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     seen: dict[str, set[tuple[int, ...]]] = {name: set() for name in OUTPUTS}
     first: dict[str, torch.Tensor] = {}
     times: list[float] = []
-    bar = progress_bar(trials, f"audit {impl.name}", progress)
+    failure = ""
+    bar = progress_bar(trials, f"audit {impl.name}", progress, unit="trials")
     for t in range(trials):
         args = perturber.before(inputs)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         start = time.perf_counter()
-        result = impl(*args, causal, scale)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        try:
+            result = check_outputs(guard.call(impl, *args, causal, scale, timeout=timeout),
+                                   *args)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        except Finding as found:
+            failure = f"trial {t}: {found}"
+            break
+        finally:
+            perturber.after()
         times.append((time.perf_counter() - start) * 1e3)
-        perturber.after()
         for name, x in zip(OUTPUTS, result):
             digest = _digest(x)
             if t == 0:
@@ -208,7 +243,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         bar.update(1)
     bar.close()
     return AuditReport(impl.name, problem, dtype, trials, perturber.names, outputs, times,
-                       impl.note)
+                       impl.note, failure, impl.tiles)
 
 
 def _record_difference(out: OutputAudit, trial: int, ref: torch.Tensor, x: torch.Tensor

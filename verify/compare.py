@@ -51,17 +51,25 @@ def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+         torch.float64: torch.int64}
+
+
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    view = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-            torch.float64: torch.int64}[x.dtype]
-    return x.contiguous().view(view)
+    return x.contiguous().view(_BITS[x.dtype])
 
 
 def compare(name: str, a: torch.Tensor, b: torch.Tensor) -> TensorDiff:
     """Compare two tensors bit for bit (``-0.0`` and ``+0.0`` count as different bits)."""
+    for x in (a, b):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: compare takes torch.Tensors, got {type(x).__name__}")
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"{name}: cannot compare {tuple(a.shape)} {a.dtype} with "
                          f"{tuple(b.shape)} {b.dtype}")
+    if a.dtype not in _BITS:
+        raise TypeError(f"{name}: compare takes floating-point tensors ("
+                        f"{', '.join(_short(d) for d in _BITS)}), got {_short(a.dtype)}")
     a, b = a.detach().cpu(), b.detach().cpu()
     differ = _bits(a) != _bits(b)
     count = int(differ.sum())

@@ -80,20 +80,42 @@ def run_demo(seqlen: int = 256, head_dim: int = 32, block: int = 32, heads: int 
                 max(r.normwise for r in reports),
                 all(r.normwise <= r.bound for r in reports)))
         if mask == "full":
-            s_a, b_a = results["naive"]
-            s_b, b_b = results["shift"]
-            element = first_dq_mismatch(b_a.dq_acc, b_b.dq_acc)
-            if element is not None:
-                traces[mask] = dq_divergence(s_a, b_a.partials, s_b, b_b.partials, element,
-                                             ("naive", "shift"))
+            trace = dq_trace(results["naive"], results["shift"], head_dim)
+            if trace is not None:
+                traces[mask] = trace
     log("")
     log(format_table(rows, dtype))
-    for div in traces.values():
+    for _, text in traces.values():
         log("")
-        log(div.table())
+        log(text)
     log(f"\ndone in {time.perf_counter() - t0:.1f} s")
     return {"rows": [asdict(r) for r in rows],
-            "traces": {m: {"element": d.element, "step": d.step} for m, d in traces.items()}}
+            "traces": {m: {"element": d.element, "step": d.step}
+                       for m, (d, _) in traces.items()}}
+
+
+def dq_trace(run_a, run_b, head_dim: int, labels: tuple[str, str] = ("naive", "shift")):
+    """``(Divergence, text)`` for one dQ element of two ``(schedule, backward)`` runs: the
+    first whose *rounded* value differs (else the first whose fp32 accumulator does), its
+    running sums step by step and the two rounded values; None if every element agrees.
+    Section 4 of the docs prints the same trace (``docs/bits.py``)."""
+    (s_a, a), (s_b, b) = run_a, run_b
+    element = first_dq_mismatch(a.dq, b.dq) or first_dq_mismatch(a.dq_acc, b.dq_acc)
+    if element is None:
+        return None
+    div = dq_divergence(s_a, a.partials, s_b, b.partials, element, labels)
+    ra, rb = a.dq[element], b.dq[element]
+    text = (div.table() + "\n" +
+            f"  after scaling by 1/sqrt(d) = {head_dim ** -0.5:g} and rounding to "
+            f"{ {torch.bfloat16: 'bf16', torch.float16: 'fp16'}[a.dq.dtype]}: "
+            f"{labels[0]} {float(ra):.6g} [{_hex16(ra)}], {labels[1]} {float(rb):.6g} "
+            f"[{_hex16(rb)}]")
+    return div, text
+
+
+def _hex16(x: torch.Tensor) -> str:
+    """The 16 raw bits of a bf16/fp16 scalar, as 4 hex digits."""
+    return f"{x.reshape(1).view(torch.int16).item() & 0xFFFF:04x}"
 
 
 def floored_ulp_error(x: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> float:

@@ -8,19 +8,25 @@ dtypes, and, for implementations with an audit mode, L1: the fp32 dQ accumulator
 ``dash-exact:NAME``, L2: the CPU emulation equals dQ, dK and dV bit for bit). :func:`fuzz` lets
 ``hypothesis`` draw cases, and when one fails, shrinks it to the smallest failing shape
 and returns it with a ``dash-verify check`` command line that reproduces it.
+
+What an implementation does wrong on a valid case (it raises, exits, hangs past the
+timeout, or breaks the interface contract of :mod:`verify.contract`) is a finding, the
+same as a wrong number: ``ok`` is false and ``kind`` says which. A timeout stops the fuzzer
+at once (shrinking would call the hanging code again and again).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
-from verify.audit import OUTPUTS
+from verify import guard
+from verify.contract import OUTPUTS, ContractViolation, Finding, check_outputs
 from verify.impls import Impl, get_impl
+from verify.options import timeout_seconds
 from verify.progress import progress_bar
 from verify.reference import attention_f64, grad_checks
 from verify.strategies import Case, cases
@@ -29,48 +35,63 @@ from verify.strategies import Case, cases
 MIN_ELEMENTS = 4 * 128
 
 
+#: what a failed check found: a wrong number, or a misbehaving implementation
+KINDS = ("mismatch", "crash", "contract", "timeout")
+
+
 @dataclass
 class CheckResult:
     case: Case
     ok: bool
     errors: dict[str, float]
     message: str = ""
+    kind: str = ""  # "" when ok, else one of KINDS
 
 
 class CheckFailure(AssertionError):
     """A case on which an implementation disagrees with the reference."""
 
 
-def check(impl: Impl | str, case: Case) -> CheckResult:
+class _StopFuzzing(BaseException):
+    """Ends a fuzzing run at once (hypothesis does not catch a BaseException)."""
+
+
+def _kind(found: Finding) -> str:
+    if isinstance(found, guard.TimedOut):
+        return "timeout"
+    return "contract" if isinstance(found, ContractViolation) else "crash"
+
+
+def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckResult:
     """Run one case and hold every output to the float64 reference and its bound.
 
-    A crash of the implementation is a finding (``ok`` false, the message says what it
-    raised); an implementation that cannot run here raises
-    :class:`~verify.impls.Unavailable` instead.
+    A crash, an exit, a call slower than ``timeout`` seconds or a broken interface
+    contract is a finding (``ok`` false, ``kind`` and the message say which); an
+    implementation that cannot run here raises :class:`~verify.impls.Unavailable`
+    instead. The emulator runs the case's tiles; other implementations choose their own.
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    if not isinstance(impl, Impl):
+        raise TypeError(f"impl must be a name or a verify.impls.Impl, got "
+                        f"{type(impl).__name__}")
     if not isinstance(case, Case):
         raise TypeError(f"case must be a verify.strategies.Case, got {type(case).__name__}")
+    timeout = timeout_seconds(timeout)
+    if impl.tiles is not None:
+        impl = impl.with_tiles(case.problem.block_m, case.problem.block_n)
     impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
     try:
-        got = tuple(impl(q, k, v, do, case.causal, scale))
-        problems = impl.bitwise(q, k, v, do, case.causal, scale) if impl.bitwise else []
-    except Exception as exc:  # noqa: BLE001 - a crash on a valid case is a finding
-        return CheckResult(case, False, {}, f"raised {type(exc).__name__}: {exc}")
-    if len(got) != len(OUTPUTS) or not all(isinstance(x, torch.Tensor) for x in got):
-        return CheckResult(case, False, {}, "returned something other than the tensors "
-                           f"{', '.join(OUTPUTS)}")
+        got = check_outputs(guard.call(impl, q, k, v, do, case.causal, scale,
+                                       timeout=timeout), q, k, v, do)
+        problems = (guard.call(impl.bitwise, q, k, v, do, case.causal, scale,
+                               timeout=timeout) if impl.bitwise else [])
+    except Finding as found:
+        return CheckResult(case, False, {}, str(found), _kind(found))
     ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
     errors = {}
-    outputs = {}
-    for name, x, want in zip(OUTPUTS, got, (ref.o, ref.dq, ref.dk, ref.dv)):
-        if tuple(x.shape) != tuple(want.shape) or x.dtype != case.torch_dtype:
-            problems.append(f"{name} is {tuple(x.shape)} {x.dtype}, expected "
-                            f"{tuple(want.shape)} {case.torch_dtype}")
-        else:
-            outputs[name.lower()] = x.detach().cpu()
+    outputs = {name.lower(): x.detach().cpu() for name, x in zip(OUTPUTS, got)}
     for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
         errors[name] = c.normwise
         if not c.finite:
@@ -78,7 +99,8 @@ def check(impl: Impl | str, case: Case) -> CheckResult:
         elif not c.ok:
             problems.append(f"{name} error {c.error:.2e} > allowed {c.allowed:.2e} "
                             f"(normwise {c.normwise:.2e})")
-    return CheckResult(case, not problems, errors, "; ".join(problems))
+    return CheckResult(case, not problems, errors, "; ".join(problems),
+                       "" if not problems else "mismatch")
 
 
 @dataclass
@@ -86,6 +108,7 @@ class FuzzResult:
     impl: str
     examples: int
     failure: CheckResult | None
+    takes_tiles: bool = False  # the implementation runs the tiles the case asks for
 
     @property
     def ok(self) -> bool:
@@ -95,26 +118,32 @@ class FuzzResult:
         """A one-line command that reruns the shrunk failing case."""
         if self.failure is None:
             return ""
-        return f"dash-verify check --impl {self.impl} {self.failure.case.flags()}"
+        flags = self.failure.case.flags(tiles=self.takes_tiles)
+        return f"dash-verify check --impl {self.impl} {flags}"
 
 
 def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_seed: int = 0,
-         progress: bool = True, **case_kwargs) -> FuzzResult:
+         progress: bool = True, timeout: float | None = None, **case_kwargs) -> FuzzResult:
     """Draw up to ``budget`` cases; on a failure, shrink it and return the smallest one.
 
     ``max_elements`` bounds the numbers in ``q, k, v, dO`` together (at least
-    :data:`MIN_ELEMENTS`, one small head). An implementation that cannot run here raises
-    :class:`~verify.impls.Unavailable` before any case is drawn.
+    :data:`MIN_ELEMENTS`, one small head); ``timeout`` bounds each call in seconds. An
+    implementation that cannot run here raises :class:`~verify.impls.Unavailable` before
+    any case is drawn.
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
+    if not isinstance(impl, Impl):
+        raise TypeError(f"impl must be a name or a verify.impls.Impl, got "
+                        f"{type(impl).__name__}")
     integer("budget", budget, minimum=1)
     integer("max_elements", max_elements, minimum=MIN_ELEMENTS)
-    integer("rng_seed", rng_seed)
+    integer("rng_seed", rng_seed, minimum=0)
+    timeout = timeout_seconds(timeout)
     impl.require()
     # the implementation fixes the schedule; record that one with every case
     kind, _, named = impl.name.partition(":")
     case_kwargs.setdefault("schedules", (named if kind in ("emulator", "dash") else "naive",))
-    bar = progress_bar(budget, f"fuzz {impl.name}", progress)
+    bar = progress_bar(budget, f"fuzz {impl.name}", progress, unit="cases")
     state = {"examples": 0, "last_failure": None}
 
     @seed(rng_seed)
@@ -124,19 +153,19 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     def run(case: Case) -> None:
         state["examples"] += 1
         bar.update(1)
-        try:
-            result = check(impl, case)
-        except Exception as exc:  # a crash is a finding too
-            result = CheckResult(case, False, {}, f"raised {type(exc).__name__}: {exc}")
+        result = check(impl, case, timeout)
         if not result.ok:
             state["last_failure"] = result
+            if result.kind == "timeout":
+                raise _StopFuzzing
             raise CheckFailure(result.message)
 
     try:
         run()
-    except CheckFailure:
+    except (CheckFailure, _StopFuzzing):
         pass
     finally:
         bar.close()
     # Hypothesis replays the shrunk example last, so the last failure seen is the smallest.
-    return FuzzResult(impl.name, state["examples"], state["last_failure"])
+    return FuzzResult(impl.name, state["examples"], state["last_failure"],
+                      impl.tiles is not None)

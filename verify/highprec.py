@@ -107,6 +107,7 @@ import mpmath
 import numpy as np
 import torch
 
+from dash_ref._checks import integer, number
 from dash_ref.arithmetic.numerics import ulp_error, unit_roundoff
 from dash_ref.cpu import single_threaded
 
@@ -406,6 +407,15 @@ class ErrorReport:
         return self.normwise <= self.bound
 
 
+def _kappa(value: object) -> float:
+    """A magnification: a number >= 0, inf allowed (an exact output of zero), NaN not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"kappa must be a number, got {value!r} ({type(value).__name__})")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"kappa must be >= 0 (inf allowed), got {value}")
+    return float(value)
+
+
 def error_bound(
     dtype: torch.dtype,
     grad: str = "dq",
@@ -426,7 +436,11 @@ def error_bound(
     """
     if grad not in GRADS:
         raise ValueError(f"grad must be one of {GRADS}, got {grad!r}")
-    kappa = KAPPA_DEFAULT if kappa is None else float(kappa)
+    kappa = KAPPA_DEFAULT if kappa is None else _kappa(kappa)
+    safety = number("safety", safety, minimum=0)
+    seqlen_q, seqlen_k, head_dim = (integer(n, x, minimum=0) for n, x in (
+        ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("head_dim", head_dim)))
+    group = integer("group", group, minimum=1)
     n_acc = head_dim + max(seqlen_q * group, seqlen_k)
     return safety * kappa * unit_roundoff(dtype) + n_acc * _U32
 

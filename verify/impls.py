@@ -8,9 +8,10 @@ over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-ri
 name                   what runs
 =====================  =====================================================================
 ``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME or ``auto`` (CPU,
-                       16 x 16 tiles, 4 workers); with ``atomic``, each call draws a fresh
-                       arrival order, like real atomics (from a seeded stream, so a whole
-                       audit repeats)
+                       4 workers, 16 x 16 tiles unless ``get_impl(..., tiles=(BM, BN))``
+                       or ``Impl.with_tiles`` asks for others); with ``atomic``, each call
+                       draws a fresh arrival order, like real atomics (from a seeded
+                       stream, so a whole audit repeats)
 ``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
                        ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
                        strict ``torch.use_deterministic_algorithms(True)`` (not warn-only:
@@ -29,7 +30,9 @@ name                   what runs
 
 :meth:`Impl.unavailable` says why an implementation cannot run on this machine (no CUDA
 device, a missing package); the audit, the fuzzer and the one-case check refuse to start
-then (``dash-verify`` exits 2), rather than report the failure as a finding.
+then (``dash-verify`` exits 2), rather than report the failure as a finding. Only the
+emulator runs tiles the caller picks (:attr:`Impl.tiles`); the kernels and user callables
+choose their own, and :meth:`Impl.with_tiles` refuses to pretend otherwise.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ import importlib
 import importlib.util
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from . import guard
 
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 AttentionFn = Callable[..., Outputs]
@@ -60,6 +65,23 @@ class Impl:
 
     # what this implementation needs that a machine may lack: a package to import
     needs: tuple[str, ...] = ()
+    # the (BM, BN) tiles it runs where the caller picks them (the emulator), else None
+    tiles: tuple[int, int] | None = None
+    _make: Callable[[int, int], AttentionFn] | None = None
+
+    def with_tiles(self, block_m: int, block_n: int) -> Impl:
+        """This implementation running ``block_m x block_n`` tiles; ``ValueError`` where
+        the implementation chooses its own tiles."""
+        from dash_ref._checks import integer
+
+        integer("block_m", block_m, minimum=1)
+        integer("block_n", block_n, minimum=1)
+        if self._make is None:
+            raise ValueError(f"{self.name} chooses its own tiles; only emulator:NAME runs "
+                             f"the tiles asked for (block_m={block_m}, block_n={block_n})")
+        if (block_m, block_n) == self.tiles:
+            return self
+        return replace(self, fn=self._make(block_m, block_n), tiles=(block_m, block_n))
 
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
         return self.fn(q, k, v, do, causal, softmax_scale)
@@ -85,14 +107,18 @@ class Unavailable(RuntimeError):
     """An implementation cannot run on this machine (no CUDA device, a missing package)."""
 
 
-def _emulator(schedule: str, workers: int = 4) -> AttentionFn:
+EMULATOR_TILES = (16, 16)
+
+
+def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int = 4
+              ) -> AttentionFn:
     from dash_ref import build_schedule
     from dash_ref.emulate import emulate, problem_of
 
     arrivals = random.Random(0)  # atomics: a fresh arrival order per call, the same per run
 
     def run(q, k, v, do, causal, softmax_scale):
-        p = problem_of(q, k, causal, 16, 16)
+        p = problem_of(q, k, causal, block_m, block_n)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
         fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
@@ -227,14 +253,22 @@ def _schedule_name(name: str, schedule: str) -> str:
     return schedule
 
 
-def get_impl(name: str) -> Impl:
-    """Resolve an implementation name (see the module docstring); ``ValueError`` if unknown."""
+def get_impl(name: str, tiles: tuple[int, int] | None = None) -> Impl:
+    """Resolve an implementation name (see the module docstring); ``ValueError`` if unknown
+    or if it cannot be loaded, and for ``tiles`` an implementation does not take."""
+    impl = _resolve(name)
+    return impl if tiles is None else impl.with_tiles(*tiles)
+
+
+def _resolve(name: str) -> Impl:
     if not isinstance(name, str):
         raise TypeError(f"an implementation name must be a str, got {type(name).__name__}")
     kind, colon, arg = name.partition(":")
     if kind == "emulator":
         schedule = _schedule_name(name, arg)
-        return Impl(name, _emulator(schedule), "cpu", "tile-level emulation on the CPU")
+        return Impl(name, _emulator(schedule, *EMULATOR_TILES), "cpu",
+                    "tile-level emulation on the CPU", tiles=EMULATOR_TILES,
+                    _make=lambda bm, bn: _emulator(schedule, bm, bn))
     if kind in DASH_KINDS:
         backend, exact = DASH_KINDS[kind]
         schedule = _schedule_name(name, arg or "auto")
@@ -256,9 +290,9 @@ def get_impl(name: str) -> Impl:
     if name in ("fa4", "fa4-det"):
         return Impl(name, _fa4(name == "fa4-det"), "cuda")
     if colon and kind and arg:
-        try:
-            module = importlib.import_module(kind)
-        except ImportError as exc:
+        try:  # importing runs user code: it may raise, exit or print
+            module = guard.call(importlib.import_module, kind)
+        except guard.Crash as exc:
             raise ValueError(f"implementation {name!r}: cannot import module {kind!r} "
                              f"({exc})") from exc
         fn = getattr(module, arg, None)

@@ -1,26 +1,44 @@
-"""Progress output for long runs: a tqdm bar on stderr, or nothing."""
+"""Progress of long runs: one line on stderr every few seconds, on a terminal or in a log.
+
+Nothing is printed for a run that ends within the first interval, so quick commands stay
+quiet; a long one says how far it is and about how long is left, also when stderr is a
+pipe or a file (a progress bar would be a stream of carriage returns there).
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+
+INTERVAL_S = 5.0
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
+class Progress:
+    """Counts done steps; writes ``desc: done/total unit, elapsed, about N s left``."""
+
+    def __init__(self, total: int, desc: str, unit: str = "", enabled: bool = True,
+                 interval: float = INTERVAL_S) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.enabled, self.interval = enabled, interval
+        self.done = 0
+        self.start = time.monotonic()
+        self.next = self.start + interval
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and now >= self.next:
+            self.next = now + self.interval
+            elapsed = now - self.start
+            left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+            unit = f" {self.unit}" if self.unit else ""
+            print(f"{self.desc}: {self.done}/{self.total}{unit}, {elapsed:.0f} s, about "
+                  f"{left:.0f} s left", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         pass
 
 
-def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm progress bar on stderr (which leaves stdout to the report), or a silent one.
-
-    The bar shows on a terminal only: in a log (stderr redirected) it would be a stream of
-    carriage returns.
-    """
-    if not enabled or not sys.stderr.isatty():
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+def progress_bar(total: int, desc: str, enabled: bool = True, unit: str = "") -> Progress:
+    """A :class:`Progress` of ``total`` steps, silent unless ``enabled``."""
+    return Progress(total, desc, unit, enabled)

@@ -64,12 +64,15 @@ class Case:
         return (draw(p.seqlen_q, p.heads), draw(p.seqlen_k, p.heads_kv),
                 draw(p.seqlen_k, p.heads_kv), draw(p.seqlen_q, p.heads))
 
-    def flags(self) -> str:
-        """The command-line flags that rebuild this case (for one-line reproducers)."""
+    def flags(self, tiles: bool = True) -> str:
+        """The command-line flags that rebuild this case (for one-line reproducers);
+        ``tiles=False`` leaves out ``--block-m``/``--block-n`` (for an implementation that
+        chooses its own tiles, which ``dash-verify check`` refuses them for)."""
         p = self.problem
+        blocks = f"--block-m {p.block_m} --block-n {p.block_n} " if tiles else ""
         return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
                 f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
-                f"--mask {p.mask} --block-m {p.block_m} --block-n {p.block_n} "
+                f"--mask {p.mask} {blocks}"
                 f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
 
 
@@ -94,16 +97,28 @@ def head_layouts(draw, max_kv_heads: int = 4, max_group: int = 4) -> tuple[int, 
     return h_kv * draw(st.integers(1, max_group)), h_kv
 
 
-@st.composite
-def problems(draw, max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
+def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
              masks: tuple[str, ...] = ("full", "causal"),
              blocks: tuple[tuple[int, int], ...] = ((16, 16), (32, 16), (64, 64), (128, 128)),
-             max_len: int = 300) -> Problem:
+             max_len: int = 300) -> st.SearchStrategy:
     """A :class:`Problem` whose inputs hold at most ``max_elements`` numbers.
 
     Lengths are drawn first (tiling bugs live there), against the budget of one head;
     batch and heads then take what the budget leaves, shrinking towards one.
     """
+    integer("max_elements", max_elements, minimum=1)
+    integer("max_len", max_len, minimum=1)
+    for d in head_dims:
+        integer("head_dims[...]", d, minimum=1)
+    for bm, bn in blocks:
+        integer("blocks[...]", bm, minimum=1)
+        integer("blocks[...]", bn, minimum=1)
+    return _problems(max_elements, head_dims, masks, blocks, max_len)
+
+
+@st.composite
+def _problems(draw, max_elements: int, head_dims: tuple[int, ...], masks: tuple[str, ...],
+              blocks: tuple[tuple[int, int], ...], max_len: int) -> Problem:
     d = draw(st.sampled_from(head_dims))
     bm, bn = draw(st.sampled_from(blocks))
     longest = max(1, min(max_len, max_elements // (4 * d)))

@@ -68,9 +68,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+
+import numpy as np
 
 from .._checks import choice, integer, number
+from .._graph import levels_and_times
+from ..schedules.arrays import dq_sequence, visit_arrays
 from ..schedules.problem import Problem
 from ..schedules.schedule import Schedule, ScheduleError
 
@@ -112,29 +115,82 @@ def compute_cost(problem: Problem, i: int, j: int, cost_compute: float, partial:
 
 
 class DAG:
-    """A node-weighted DAG of tasks; ``succ[u]`` lists the nodes that start after ``u`` ends."""
+    """A node-weighted DAG of tasks; ``succ[u]`` lists the nodes that start after ``u`` ends.
 
-    def __init__(self, tasks: Sequence[Task], edges: Iterable[tuple[int, int]] = ()) -> None:
-        self.tasks: list[Task] = list(tasks)
-        self.succ: list[list[int]] = [[] for _ in self.tasks]
-        for u, v in edges:
-            self.succ[u].append(v)
+    Stored as arrays (one entry per task, one per edge), so a schedule of a million visits
+    builds and solves in about a second: the longest path is computed level by level of a
+    topological sort, each level one vectorized step. ``tasks`` and ``succ`` are built on
+    first use, for callers that walk the graph node by node.
+    """
+
+    def __init__(self, tasks: Sequence[Task] | None = None,
+                 edges: Iterable[tuple[int, int]] = (), *, _arrays: dict | None = None
+                 ) -> None:
+        if _arrays is None:
+            tasks = list(tasks or ())
+            _arrays = {
+                "kind": np.array([t.kind == REDUCE for t in tasks], np.int8),
+                "b": np.array([t.b for t in tasks], np.int64),
+                "h": np.array([t.h for t in tasks], np.int64),
+                "i": np.array([t.i for t in tasks], np.int64),
+                "j": np.array([t.j for t in tasks], np.int64),
+                "worker": np.array([t.worker for t in tasks], np.int64),
+                "weight": np.array([t.weight for t in tasks], np.float64),
+            }
+            pairs = np.array(list(edges), np.int64).reshape(-1, 2)
+            _arrays["src"], _arrays["dst"] = pairs[:, 0], pairs[:, 1]
+            self._tasks: list[Task] | None = tasks
+        else:
+            self._tasks = None
+        self._a = _arrays
+        self._succ: list[list[int]] | None = None
         self._index: dict[TaskKey, int] | None = None
 
+    @classmethod
+    def from_arrays(cls, kind, b, h, i, j, worker, weight, src, dst) -> DAG:
+        """A DAG from per-task arrays (``kind`` 0 compute, 1 reduce) and edge arrays."""
+        arrays = {"kind": kind, "b": b, "h": h, "i": i, "j": j, "worker": worker,
+                  "weight": np.asarray(weight, np.float64), "src": np.asarray(src, np.int64),
+                  "dst": np.asarray(dst, np.int64)}
+        return cls(_arrays=arrays)
+
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self._a["weight"])
+
+    @property
+    def tasks(self) -> list[Task]:
+        if self._tasks is None:
+            a = self._a
+            kinds = (COMPUTE, REDUCE)
+            self._tasks = [Task(kinds[k], b, h, i, j, w, x) for k, b, h, i, j, w, x in zip(
+                a["kind"].tolist(), a["b"].tolist(), a["h"].tolist(), a["i"].tolist(),
+                a["j"].tolist(), a["worker"].tolist(), a["weight"].tolist(), strict=True)]
+        return self._tasks
+
+    @property
+    def succ(self) -> list[list[int]]:
+        if self._succ is None:
+            self._succ = [[] for _ in range(len(self))]
+            for u, v in zip(self._a["src"].tolist(), self._a["dst"].tolist(), strict=True):
+                self._succ[u].append(v)
+        return self._succ
 
     @property
     def num_edges(self) -> int:
-        return sum(len(s) for s in self.succ)
+        return len(self._a["src"])
 
     def add_edge(self, u: int, v: int) -> None:
         """Add the dependency ``u -> v`` (``v`` starts after ``u`` ends)."""
-        self.succ[u].append(v)
+        self._a = {**self._a, "src": np.append(self._a["src"], u),
+                   "dst": np.append(self._a["dst"], v)}
+        if self._succ is not None:
+            self._succ[u].append(v)
 
     def copy(self) -> DAG:
         """A copy whose edges can be changed without touching this one."""
-        return DAG(self.tasks, ((u, v) for u, outs in enumerate(self.succ) for v in outs))
+        twin = DAG(_arrays=dict(self._a))
+        twin._tasks = self._tasks
+        return twin
 
     def node(self, kind: str, b: int, h: int, i: int, j: int) -> int:
         """Node id of ``kind(b, h, i, j)``."""
@@ -142,66 +198,69 @@ class DAG:
             self._index = {t.key: n for n, t in enumerate(self.tasks)}
         return self._index[(kind, b, h, i, j)]
 
-    def topological_order(self) -> list[int]:
-        """Kahn's algorithm; raises :class:`ScheduleError` if the graph has a cycle."""
-        indeg = [0] * len(self.tasks)
-        for outs in self.succ:
-            for v in outs:
-                indeg[v] += 1
-        order = [n for n, d in enumerate(indeg) if d == 0]
-        k = 0
-        while k < len(order):
-            for v in self.succ[order[k]]:
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    order.append(v)
-            k += 1
-        if len(order) != len(self.tasks):
-            stuck = next(n for n, d in enumerate(indeg) if d > 0)
+    def _solve(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """Topological levels and the earliest finish of every node, level by level.
+
+        A level is every node whose predecessors all lie in earlier levels; its nodes'
+        start times are final when it is reached. Raises :class:`ScheduleError` on a cycle.
+        """
+        n = len(self)
+        levels, start, finish, indeg = levels_and_times(n, self._a["src"], self._a["dst"],
+                                                        self._a["weight"])
+        reached = sum(level.size for level in levels)
+        if reached != n:
+            stuck = int(np.flatnonzero(indeg > 0)[0])
             raise ScheduleError(
-                f"the DAG has a cycle (deadlock); {len(self.tasks) - len(order)} tasks never "
-                f"become ready, e.g. {_name(self.tasks[stuck])}"
+                f"the DAG has a cycle (deadlock); {n - reached} tasks never become ready, "
+                f"e.g. {_name(self.tasks[stuck])}"
             )
-        return order
+        return levels, start, finish
+
+    def topological_order(self) -> list[int]:
+        """Nodes level by level; raises :class:`ScheduleError` if the graph has a cycle."""
+        levels, _, _ = self._solve()
+        return np.concatenate(levels).tolist() if levels else []
 
     def finish_times(self) -> list[float]:
         """Earliest finish time of every node: the depth of its end event."""
-        finish = [0.0] * len(self.tasks)
-        start = [0.0] * len(self.tasks)
-        for u in self.topological_order():
-            f = start[u] + self.tasks[u].weight
-            finish[u] = f
-            for v in self.succ[u]:
-                if f > start[v]:
-                    start[v] = f
-        return finish
+        return self._solve()[2].tolist()
 
     def start_times(self) -> list[float]:
         """Earliest start time of every node: the depth of its start event."""
-        return [f - t.weight for f, t in zip(self.finish_times(), self.tasks, strict=True)]
+        return self._solve()[1].tolist()
 
     def critical_path(self) -> CriticalPath:
-        """Longest path by dynamic programming in topological order (ties: first found)."""
-        if not self.tasks:
+        """The longest path: finish times level by level, then back from the node that
+        ends last along predecessors whose finish is the start of their successor (ties:
+        the predecessor in the earliest level, then the lowest node id)."""
+        if not len(self):
             return CriticalPath(0.0, ())
-        start = [0.0] * len(self.tasks)
-        via = [-1] * len(self.tasks)
-        best, end = -1.0, -1
-        for u in self.topological_order():
-            f = start[u] + self.tasks[u].weight
-            if f > best:
-                best, end = f, u
-            for v in self.succ[u]:
-                if via[v] < 0 or f > start[v]:
-                    start[v], via[v] = f, u
+        levels, start, finish = self._solve()
+        depth = np.empty(len(self), np.int64)  # the level of every node
+        for n, level in enumerate(levels):
+            depth[level] = n
+        src, dst = self._a["src"], self._a["dst"]
+        order = np.argsort(dst, kind="stable")
+        preds = src[order]
+        first = np.zeros(len(self) + 1, np.int64)
+        np.cumsum(np.bincount(dst, minlength=len(self)), out=first[1:])
+        end = int(np.argmax(finish))
         path = [end]
-        while via[path[-1]] >= 0:
-            path.append(via[path[-1]])
-        return CriticalPath(best, tuple(reversed(path)))
+        while True:
+            v = path[-1]
+            mine = preds[first[v]:first[v + 1]]
+            on_path = mine[finish[mine] == start[v]]
+            if not on_path.size:
+                break
+            path.append(int(on_path[np.lexsort((on_path, depth[on_path]))[0]]))
+        return CriticalPath(float(finish[end]), tuple(reversed(path)))
 
     def path_keys(self, path: CriticalPath) -> set[TaskKey]:
         """The task keys on ``path`` (for highlighting in a Gantt chart)."""
-        return {self.tasks[n].key for n in path.nodes}
+        a = self._a
+        kinds = (COMPUTE, REDUCE)
+        return {(kinds[int(a["kind"][n])], int(a["b"][n]), int(a["h"][n]), int(a["i"][n]),
+                 int(a["j"][n])) for n in path.nodes}
 
 
 def _name(t: Task) -> str:
@@ -247,36 +306,48 @@ def build_dag(
     cost_compute, cost_reduce = checked_costs(model, cost_compute, cost_reduce)
     staging = checked_staging(model, staging)
     p = schedule.problem
-    tasks: list[Task] = []
-    edges: list[tuple[int, int]] = []
-    visit: dict[tuple[int, int, int, int], int] = {}
-    for w, chains in enumerate(schedule.workers):
-        prev = -1
-        first = len(tasks) // 2  # the worker's first visit
-        for c in chains:
-            for i in c.visits:
-                k = len(tasks) // 2
-                visit[(c.b, c.h, i, c.j)] = k
-                tasks.append(Task(COMPUTE, c.b, c.h, i, c.j, w,
-                                  compute_cost(p, i, c.j, cost_compute, partial)))
-                tasks.append(Task(REDUCE, c.b, c.h, i, c.j, w, cost_reduce))
-                edges.append((2 * k, 2 * k + 1))
-                if prev >= 0:
-                    if model == "sync":
-                        edges.append((2 * prev + 1, 2 * k))
-                    else:
-                        edges.append((2 * prev, 2 * k))
-                        edges.append((2 * prev + 1, 2 * k + 1))
-                if staging is not None and k - staging >= first:
-                    edges.append((2 * (k - staging) + 1, 2 * k))  # the buffer is free
-                prev = k
+    v = visit_arrays(schedule)
+    w, b, h, i, j = v["worker"], v["b"], v["h"], v["i"], v["j"]
+    n = len(w)
+    k = np.arange(n)
+    compute_w = np.full(n, cost_compute)
+    if partial:
+        fraction = np.zeros((p.n_q, p.n_kv))
+        for qi, cols in enumerate(p.tile_cols):
+            for kj in cols:
+                fraction[qi, kj] = p.tile_fraction(qi, kj)
+        compute_w = cost_compute * fraction[i, j]
+    src = [2 * k]  # each reduce after its compute
+    dst = [2 * k + 1]
+    same = np.flatnonzero(w[1:] == w[:-1]) + 1  # visits after another on their worker
+    if model == "sync":
+        src.append(2 * (same - 1) + 1)
+        dst.append(2 * same)
+    else:
+        src += [2 * (same - 1), 2 * (same - 1) + 1]
+        dst += [2 * same, 2 * same + 1]
+    if staging is not None:  # compute k waits until reduce k - staging frees its buffer
+        first = np.searchsorted(w, w)  # the worker's first visit (visits are worker-major)
+        held = k[k - staging >= first]
+        src.append(2 * (held - staging) + 1)
+        dst.append(2 * held)
     if dq_edges:
-        for (b, h, i), order in schedule.dq_orders.items():
-            if order is None:
-                continue  # atomic: arrival order, no edge
-            for j0, j1 in pairwise(order):
-                edges.append((2 * visit[(b, h, i, j0)] + 1, 2 * visit[(b, h, i, j1)] + 1))
-    return DAG(tasks, edges)
+        a, c = _dq_pairs(schedule, v)
+        src.append(2 * a + 1)
+        dst.append(2 * c + 1)
+    kind = np.tile(np.array([0, 1], np.int8), n)
+    weight = np.empty(2 * n)
+    weight[0::2], weight[1::2] = compute_w, cost_reduce
+    return DAG.from_arrays(kind, np.repeat(b, 2), np.repeat(h, 2), np.repeat(i, 2),
+                           np.repeat(j, 2), np.repeat(w, 2), weight, np.concatenate(src),
+                           np.concatenate(dst))
+
+
+def _dq_pairs(schedule: Schedule, v: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Visit numbers ``(a, c)``: in some tile's dQ order, ``c`` comes right after ``a``."""
+    at, tiles = dq_sequence(schedule, v)
+    next_in_tile = np.flatnonzero(tiles[1:] == tiles[:-1])
+    return at[next_in_tile], at[next_in_tile + 1]
 
 
 def critical_path(

@@ -1,9 +1,13 @@
-"""A discrete-event simulator of a schedule: makespan, per-worker timelines and idle time.
+"""A simulator of a schedule's workers and semaphores: makespan, per-worker timelines, idle time.
 
 It runs the same model as :mod:`dash_ref.model.dag` but by a different method, so the two check
 each other: every worker is an agent that walks its program (the schedule's chains in run
 order) and blocks on the semaphore of a dQ tile until the tile's counter equals the rank
-of its ``j`` in the tile's dQ order, exactly as a kernel does. An event loop advances time.
+of its ``j`` in the tile's dQ order, exactly as a kernel does. A worker runs until it
+blocks; the release of the semaphore it waits for wakes it. Each stage's start is the
+latest of the moments it waits for (its unit free, its compute done, its semaphore's
+release, a staging buffer free), so no global clock is needed: workers interact only
+through semaphores. (A global event queue gives the same times, more slowly.)
 
 Worker models (``docs/design.md`` section 4): ``sync``, one unit per worker does compute then
 reduce, visit after visit; ``async``, a compute unit runs computes back to back and a dQ
@@ -23,15 +27,25 @@ the default is checked against :meth:`dash_ref.model.dag.DAG.critical_path`.
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
 
 from .._checks import number
 from ..schedules.schedule import Schedule, ScheduleError
-from .dag import COMPUTE, REDUCE, checked_costs, checked_staging, compute_cost
+from .dag import (
+    COMPUTE,
+    REDUCE,
+    checked_costs,
+    checked_staging,
+    compute_cost,
+    dq_sequence,
+    visit_arrays,
+)
 
 WAIT = "wait"
-RELEASE = "release"
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,7 @@ class SimResult:
     model: str
     num_workers: int
     makespan: float
-    intervals: tuple[Interval, ...]
+    intervals: Sequence[Interval]  # sorted by worker, start, kind
     busy: tuple[float, ...]
     waiting: tuple[float, ...]
 
@@ -90,7 +104,7 @@ def simulate(
     handoff_latency: float = 0.0,
     staging: int | None = None,
 ) -> SimResult:
-    """Run ``schedule`` in the event simulator; raise :class:`ScheduleError` on deadlock.
+    """Run ``schedule`` in the simulator; raise :class:`ScheduleError` on deadlock.
 
     Costs and the hand-off latency are finite and non-negative (a ``ValueError`` says which
     is not); ``staging`` (``async`` only) is None (unbounded) or at least 1.
@@ -100,125 +114,130 @@ def simulate(
     handoff_latency = number("handoff_latency", handoff_latency, minimum=0)
     p = schedule.problem
     W = schedule.num_workers
-    progs = [[(c.b, c.h, i, c.j) for c in chains for i in c.visits] for chains in schedule.workers]
-    ranks: dict[tuple[int, int, int, int], int | None] = {}
-    for (b, h, i), order in schedule.dq_orders.items():
-        if order is None:
-            for j in p.tile_cols[i]:
-                ranks[(b, h, i, j)] = None
-        else:
-            for r, j in enumerate(order):
-                ranks[(b, h, i, j)] = r
+    v = visit_arrays(schedule)
+    n = len(v["i"])
+    # per visit: its tile (flat index) and rank in the tile's dQ order (-1: atomic)
+    tile_of = ((v["b"] * p.heads + v["h"]) * p.n_q + v["i"]).tolist()
+    rank_np = np.full(n, -1, np.int64)
+    at, tiles = dq_sequence(schedule, v)
+    if len(at):
+        first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
+        rank_np[at] = np.arange(len(at)) - np.repeat(first, np.diff(np.append(first, len(at))))
+    rank_of = rank_np.tolist()
+    if partial:
+        fraction = np.zeros((p.n_q, p.n_kv))
+        for qi, cols in enumerate(p.tile_cols):
+            for kj in cols:
+                fraction[qi, kj] = compute_cost(p, qi, kj, cost_compute, partial)
+        compute_w = fraction[v["i"], v["j"]].tolist()
+    else:
+        compute_w = [cost_compute] * n
+    bounds = np.searchsorted(v["worker"], np.arange(W + 1)).tolist()  # worker w: [lo, hi)
 
-    sem: dict[tuple[int, int, int], int] = {}
-    blocked: dict[tuple[tuple[int, int, int], int], int] = {}  # (tile, rank) -> worker
-    wait_since = [0.0] * W
-    computed = [0] * W
-    reduced = [0] * W
-    writer_busy = [False] * W  # reducing, or blocked on a semaphore
-    computing = [False] * W
-    started = [0.0] * W  # start of the stage in flight (compute unit / writer share it in sync)
-    writer_started = [0.0] * W
-    intervals: list[Interval] = []
-    events: list[tuple[float, int, str, int, tuple | None]] = []
-    seq = 0
+    count = [0] * (p.batch * p.heads * p.n_q)  # semaphore: reduces added to the tile
+    released = [0.0] * len(count)  # when the last one became visible
+    blocked: dict[tuple[int, int], int] = {}  # (tile, rank) -> worker waiting for it
+    pos = bounds[:-1]
+    c_start, c_end, r_ready, r_start, r_end = ([0.0] * n for _ in range(5))
+    compute_free = [0.0] * W  # when the compute unit (sync: the worker) is free
+    writer_free = [0.0] * W
+    runnable = list(range(W - 1, -1, -1))
+    sync = model == "sync"
+    while runnable:
+        w = runnable.pop()
+        g, hi, lo = pos[w], bounds[w + 1], bounds[w]
+        while g < hi:
+            tile, rank = tile_of[g], rank_of[g]
+            if rank > 0 and count[tile] != rank:
+                blocked[(tile, rank)] = w  # woken by the release of rank - 1
+                break
+            if sync:
+                cs = writer_free[w]
+            else:
+                cs = compute_free[w]
+                if staging is not None and g - staging >= lo and r_end[g - staging] > cs:
+                    cs = r_end[g - staging]  # a staging buffer frees up
+            ce = cs + compute_w[g]
+            ready = ce if sync or ce >= writer_free[w] else writer_free[w]
+            rs = released[tile] if rank > 0 and released[tile] > ready else ready
+            re = rs + cost_reduce
+            c_start[g], c_end[g], r_ready[g], r_start[g], r_end[g] = cs, ce, ready, rs, re
+            compute_free[w], writer_free[w] = ce, re
+            g += 1
+            if rank >= 0:
+                count[tile] = rank + 1
+                released[tile] = re + handoff_latency
+                other = blocked.pop((tile, rank + 1), None)
+                if other is not None:
+                    runnable.append(other)
+        pos[w] = g
 
-    def push(t: float, action: str, w: int, tile: tuple | None = None) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, action, w, tile))
-        seq += 1
-
-    def release(tile: tuple, t: float) -> None:
-        """The tile's semaphore moves to the next rank; wake the worker waiting for it."""
-        sem[tile] = sem.get(tile, 0) + 1
-        other = blocked.pop((tile, sem[tile]), None)
-        if other is not None:
-            ob, oh, oi, oj = progs[other][reduced[other]]
-            if t > wait_since[other]:
-                intervals.append(Interval(other, WAIT, ob, oh, oi, oj, wait_since[other], t))
-            writer_busy[other] = False
-            try_reduce(other, t)
-
-    def start_compute(w: int, t: float) -> None:
-        b, h, i, j = progs[w][computed[w]]
-        computing[w] = True
-        started[w] = t
-        push(t + compute_cost(p, i, j, cost_compute, partial), COMPUTE, w)
-
-    def try_compute(w: int, t: float) -> None:
-        """``async``: start the next compute if the unit is free and a buffer is."""
-        if computing[w] or computed[w] >= len(progs[w]):
-            return
-        if staging is None or computed[w] - reduced[w] < staging:
-            start_compute(w, t)
-
-    def try_reduce(w: int, t: float) -> None:
-        if writer_busy[w] or reduced[w] >= computed[w]:
-            return
-        b, h, i, j = progs[w][reduced[w]]
-        rank = ranks[(b, h, i, j)]
-        if rank is not None and sem.get((b, h, i), 0) != rank:
-            blocked[((b, h, i), rank)] = w
-            wait_since[w] = t
-            writer_busy[w] = True
-            return
-        writer_busy[w] = True
-        writer_started[w] = t
-        push(t + cost_reduce, REDUCE, w)
-
-    for w in range(W):
-        if progs[w]:
-            start_compute(w, 0.0)
-
-    while events:
-        t, _, action, w, tile = heapq.heappop(events)
-        if action == RELEASE:
-            release(tile, t)
-        elif action == COMPUTE:
-            b, h, i, j = progs[w][computed[w]]
-            intervals.append(Interval(w, COMPUTE, b, h, i, j, started[w], t))
-            computed[w] += 1
-            computing[w] = False
-            if model == "async":
-                try_compute(w, t)
-            try_reduce(w, t)
-        else:
-            b, h, i, j = progs[w][reduced[w]]
-            intervals.append(Interval(w, REDUCE, b, h, i, j, writer_started[w], t))
-            reduced[w] += 1
-            writer_busy[w] = False
-            if ranks[(b, h, i, j)] is not None:
-                if handoff_latency > 0:
-                    push(t + handoff_latency, RELEASE, w, (b, h, i))
-                else:
-                    release((b, h, i), t)
-            if model == "sync" and computed[w] < len(progs[w]):
-                start_compute(w, t)
-            elif model == "async":
-                try_compute(w, t)
-            try_reduce(w, t)
-
-    stuck = [w for w in range(W) if reduced[w] < len(progs[w])]
+    stuck = [w for w in range(W) if pos[w] < bounds[w + 1]]
     if stuck:
-        shown = ", ".join(
-            "w{} at (b={},h={},i={},j={}) waiting for rank {}".format(
-                w, *progs[w][reduced[w]], ranks[progs[w][reduced[w]]])
-            for w in stuck[:4]
-        )
+        def at_(w: int) -> str:
+            g = pos[w]
+            return (f"w{w} at (b={v['b'][g]},h={v['h'][g]},i={v['i'][g]},j={v['j'][g]}) "
+                    f"waiting for rank {rank_of[g]}")
+        shown = ", ".join(at_(w) for w in stuck[:4])
         raise ScheduleError(f"simulation deadlocked: {len(stuck)} workers blocked: {shown}")
 
-    intervals.sort(key=lambda x: (x.worker, x.start, x.kind))
-    makespan = max((x.end for x in intervals), default=0.0)
-    busy = [0.0] * W
-    waiting = [0.0] * W
-    last_end = [float("-inf")] * W
-    for x in intervals:  # union of compute and reduce intervals per worker
-        if x.kind == WAIT:
-            waiting[x.worker] += x.end - x.start
-            continue
-        lo = max(x.start, last_end[x.worker])
-        if x.end > lo:
-            busy[x.worker] += x.end - lo
-        last_end[x.worker] = max(last_end[x.worker], x.end)
-    return SimResult(schedule.name, model, W, makespan, tuple(intervals), tuple(busy),
-                     tuple(waiting))
+    times = {name: np.array(x) for name, x in (("cs", c_start), ("ce", c_end), (
+        "ready", r_ready), ("rs", r_start), ("re", r_end))}
+    worker = v["worker"]
+    makespan = float(max(times["ce"].max(), times["re"].max())) if n else 0.0
+    waiting = np.bincount(worker, times["rs"] - times["ready"], minlength=W)
+    if sync:  # one unit: compute and reduce never overlap
+        busy = np.bincount(worker, (times["ce"] - times["cs"]) + (times["re"] - times["rs"]),
+                           minlength=W).tolist()
+    else:
+        busy = [_union_length(times, lo, hi) for lo, hi in pairwise(bounds)]
+    return SimResult(schedule.name, model, W, makespan, _Intervals(v, times),
+                     tuple(busy), tuple(waiting.tolist()))
+
+
+def _union_length(times: dict[str, np.ndarray], lo: int, hi: int) -> float:
+    """Time covered by one worker's computes and reduces (they overlap in ``async``)."""
+    starts = np.concatenate((times["cs"][lo:hi], times["rs"][lo:hi]))
+    ends = np.concatenate((times["ce"][lo:hi], times["re"][lo:hi]))
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    before = np.maximum.accumulate(np.concatenate(([-np.inf], ends[:-1])))
+    return float(np.clip(ends - np.maximum(starts, before), 0, None).sum())
+
+
+class _Intervals(Sequence):
+    """The intervals of a simulation, made :class:`Interval` objects on first use and sorted
+    by worker, start and kind (a million visits need not pay for them unless read)."""
+
+    def __init__(self, v: dict[str, np.ndarray], times: dict[str, np.ndarray]) -> None:
+        self._v, self._t = v, times
+        self._built: tuple[Interval, ...] | None = None
+
+    def _all(self) -> tuple[Interval, ...]:
+        if self._built is None:
+            v, t = self._v, self._t
+            made = []
+            for w, b, h, i, j, cs, ce, ready, rs, re in zip(
+                    *(v[k].tolist() for k in ("worker", "b", "h", "i", "j")),
+                    *(t[k].tolist() for k in ("cs", "ce", "ready", "rs", "re")), strict=True):
+                made.append(Interval(w, COMPUTE, b, h, i, j, cs, ce))
+                if rs > ready:
+                    made.append(Interval(w, WAIT, b, h, i, j, ready, rs))
+                made.append(Interval(w, REDUCE, b, h, i, j, rs, re))
+            made.sort(key=lambda x: (x.worker, x.start, x.kind))
+            self._built = tuple(made)
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __getitem__(self, index):
+        return self._all()[index]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self._all()) == tuple(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._all())

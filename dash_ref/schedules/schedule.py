@@ -68,6 +68,7 @@ from functools import lru_cache
 import numpy as np
 
 from .._checks import integer
+from .._graph import levels_and_times
 from .auto import auto_schedule
 from .problem import Problem
 
@@ -274,6 +275,47 @@ class Schedule:
 # validation
 # ---------------------------------------------------------------------------------------
 def _check_coverage(s: Schedule) -> None:
+    if not _covers_exactly(s):
+        _report_coverage(s)
+
+
+def _covers_exactly(s: Schedule) -> bool:
+    """Coverage, vectorized: True when every active tile pair is visited exactly once and
+    every dQ order is a permutation of its tile's active ``j`` (else the slow check below
+    names what is wrong)."""
+    from .arrays import visit_arrays
+
+    p = s.problem
+    if len(s.workers) != s.num_workers or s.num_workers < 1:
+        return False
+    if len(s.dq_orders) != p.batch * p.heads * p.n_q:
+        return False
+    v = visit_arrays(s)
+    b, h, i, j = v["b"], v["h"], v["i"], v["j"]
+    inside = ((b >= 0) & (b < p.batch) & (h >= 0) & (h < p.heads) & (i >= 0) & (i < p.n_q)
+              & (j >= 0) & (j < p.n_kv))
+    if not inside.all():
+        return False
+    active = np.zeros((p.n_q, p.n_kv), bool)
+    for qi, cols in enumerate(p.tile_cols):
+        active[qi, list(cols)] = True
+    if not active[i, j].all():
+        return False
+    keys = ((b * p.heads + h) * p.n_q + i) * p.n_kv + j
+    if len(np.unique(keys)) != len(keys) or len(keys) != p.batch * p.heads * int(active.sum()):
+        return False
+    chains = [(c.b, c.h, c.j) for _, c in s.chains()]
+    if len(set(chains)) != len(chains):
+        return False
+    for (tb, th, ti), order in s.dq_orders.items():
+        if not (0 <= tb < p.batch and 0 <= th < p.heads and 0 <= ti < p.n_q):
+            return False
+        if order is not None and sorted(order) != list(p.tile_cols[ti]):
+            return False
+    return True
+
+
+def _report_coverage(s: Schedule) -> None:
     p = s.problem
     if len(s.workers) != s.num_workers or s.num_workers < 1:
         raise ScheduleError(
@@ -331,6 +373,23 @@ def _check_deadlock_free(s: Schedule) -> None:
     """
     if not s.deterministic:
         return  # atomics never wait
+    from .arrays import dq_sequence, visit_arrays
+
+    v = visit_arrays(s)
+    w = v["worker"]
+    same = np.flatnonzero(w[1:] == w[:-1]) + 1  # a visit after another on its worker
+    at, tiles = dq_sequence(s, v)
+    after = np.flatnonzero(tiles[1:] == tiles[:-1])  # next in its tile's dQ order
+    src = np.concatenate((same - 1, at[after]))
+    dst = np.concatenate((same, at[after + 1]))
+    levels, _, _, _ = levels_and_times(len(w), src, dst)
+    if sum(level.size for level in levels) == len(w):
+        return
+    _report_cycle(s)
+
+
+def _report_cycle(s: Schedule) -> None:
+    """Find a cycle of waits (node by node: only on the way to an error) and raise."""
     node: dict[tuple[int, int, int, int], int] = {}
     succ: list[list[int]] = []
     for chains in s.workers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +27,20 @@ class Outcome:
 
 
 # -- argument types: a bad value is a usage error (exit 2) that names the rule ----------------
+# ASCII digits only: Python's int() and float() also take "1_000", " 12 ", "١٢", "1e400"
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: the largest integer any flag takes: beyond it no shape fits in memory anyway
+MAX_INT = 2**31 - 1
+
+
 def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not _INT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected an integer (ASCII digits), got {text!r}")
+    value = int(text)
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_INT}, got {text}")
+    return value
 
 
 def at_least(minimum: int):
@@ -50,14 +60,26 @@ positive_int = at_least(1)
 nonnegative_int = at_least(0)
 
 
+def _float(text: str) -> float:
+    if not _FLOAT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a number (ASCII digits), got {text!r}")
+    return float(text)
+
+
 def cost(text: str) -> float:
     """A finite, non-negative cost."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    special = text.lower().lstrip("+-") in ("nan", "inf", "infinity")
+    value = float(text) if special else _float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite, positive number of seconds."""
+    value = _float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
     return value
 
 
@@ -73,18 +95,26 @@ def output_file(text: str) -> Path:
 
 
 # -- shared flags ---------------------------------------------------------------------------
-def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True) -> None:
-    """The problem-shape flags (and the worker count) shared by several subcommands."""
+def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
+                   impl_tiles: bool = False) -> None:
+    """The problem-shape flags (and the worker count) shared by several subcommands.
+
+    With ``impl_tiles`` (the checks), ``--block-m``/``--block-n`` default to None: the
+    implementation's own tiles; only ``emulator:NAME`` takes others.
+    """
+    tiles = 16 if impl_tiles else 128
     g = parser.add_argument_group("problem shape")
     g.add_argument("--mask", choices=MASKS, default="full", help="attention mask")
     g.add_argument("--seqlen-q", type=positive_int, default=1024, metavar="N",
                    help="query length S_q")
     g.add_argument("--seqlen-k", type=positive_int, default=None, metavar="N",
                    help="key length S_k (default: --seqlen-q)")
-    g.add_argument("--block-m", type=positive_int, default=128, metavar="BM",
-                   help="query rows per tile")
-    g.add_argument("--block-n", type=positive_int, default=128, metavar="BN",
-                   help="key rows per tile")
+    own = (" (default: the implementation's own; only emulator:NAME takes others, "
+           f"its own are {tiles})") if impl_tiles else ""
+    g.add_argument("--block-m", type=positive_int, default=None if impl_tiles else tiles,
+                   metavar="BM", help=f"query rows per tile{own}")
+    g.add_argument("--block-n", type=positive_int, default=None if impl_tiles else tiles,
+                   metavar="BN", help=f"key rows per tile{own}")
     g.add_argument("--batch", type=positive_int, default=1, metavar="B", help="batch size")
     g.add_argument("--heads", type=positive_int, default=1, metavar="H", help="query heads")
     g.add_argument("--heads-kv", type=positive_int, default=None, metavar="H_KV",
@@ -95,8 +125,10 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True) -> Non
                        help="persistent workers (SMs); pin it to reproduce the same orders")
 
 
-def problem_from_args(args: argparse.Namespace) -> Problem:
-    """The :class:`Problem` the shape flags describe (``ValueError`` if inconsistent)."""
+def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16)
+                      ) -> Problem:
+    """The :class:`Problem` the shape flags describe (``ValueError`` if inconsistent);
+    ``tiles`` stand in for ``--block-m``/``--block-n`` left at None."""
     return Problem(
         batch=args.batch,
         heads=args.heads,
@@ -105,9 +137,25 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         seqlen_k=args.seqlen_q if args.seqlen_k is None else args.seqlen_k,
         head_dim=args.head_dim,
         mask=args.mask,
-        block_m=args.block_m,
-        block_n=args.block_n,
+        block_m=tiles[0] if args.block_m is None else args.block_m,
+        block_n=tiles[1] if args.block_n is None else args.block_n,
     )
+
+
+def impl_from_args(args: argparse.Namespace):
+    """The implementation ``--impl`` names, running ``--block-m``/``--block-n`` if given
+    (``ValueError``, exit 2, where it chooses its own tiles)."""
+    from verify.impls import get_impl
+
+    impl = get_impl(args.impl)
+    if args.block_m is None and args.block_n is None:
+        return impl
+    if impl.tiles is None:
+        raise ValueError(f"--block-m/--block-n: {args.impl} chooses its own tiles; only "
+                         "emulator:NAME runs the tiles asked for")
+    bm = impl.tiles[0] if args.block_m is None else args.block_m
+    bn = impl.tiles[1] if args.block_n is None else args.block_n
+    return impl.with_tiles(bm, bn)
 
 
 def add_impl_args(parser: argparse.ArgumentParser) -> None:
@@ -118,3 +166,11 @@ def add_impl_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                         help="input dtype")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="input seed")
+    add_timeout_arg(parser)
+
+
+def add_timeout_arg(parser: argparse.ArgumentParser) -> None:
+    """``--timeout``: seconds per call of the implementation; a hang becomes a finding."""
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                        help="give each call of the implementation at most SECONDS; one "
+                             "that takes longer is a finding (exit 1). Default: no limit")

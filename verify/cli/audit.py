@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TextIO
 
+from . import budget
 from .args import (
     EXIT_FINDING,
     EXIT_OK,
@@ -13,6 +14,7 @@ from .args import (
     add_impl_args,
     add_shape_args,
     at_least,
+    impl_from_args,
     problem_from_args,
 )
 
@@ -22,10 +24,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "audit", help="audit run-to-run determinism of an attention backward",
         description="Run forward + backward TRIALS times on identical inputs (perturbing "
                     "streams, allocations and unrelated work between runs) and count the "
-                    "distinct bit patterns of O, dQ, dK, dV. Exit 0 if each output had one "
-                    "pattern, 1 if not.")
+                    "distinct bit patterns of O, dQ, dK, dV. Every call's outputs are held "
+                    "to the interface contract first (four tensors, the inputs' shapes, "
+                    "dtype and device, finite). Exit 0 if each output had one pattern, 1 "
+                    "if not or if the implementation crashed, exited, timed out or broke "
+                    "the contract.")
     add_impl_args(p)
-    add_shape_args(p, workers=False)
+    add_shape_args(p, workers=False, impl_tiles=True)
+    budget.add_allow_large(p)
     p.add_argument("--trials", type=at_least(2), default=100, help="runs to compare")
     p.add_argument("--no-perturb", dest="perturb", action="store_false",
                    help="run without a busy stream, fresh allocations or unrelated work")
@@ -35,10 +41,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.audit import audit
 
-    report = audit(args.impl, problem_from_args(args), trials=args.trials,
-                   perturb=args.perturb, dtype=args.dtype, seed=args.seed)
+    impl = impl_from_args(args)
+    problem = problem_from_args(args, impl.tiles or (16, 16))
+    if impl.tiles is not None:  # the emulator: its cost is known
+        budget.require(budget.emulator_cost(problem, args.trials), args)
+    report = audit(impl, problem, trials=args.trials, perturb=args.perturb, dtype=args.dtype,
+                   seed=args.seed, timeout=args.timeout)
     print(report.summary(), file=out)
-    print(report.timing(), file=sys.stderr)
-    verdict = "deterministic" if report.deterministic else "NOT deterministic"
+    if report.times_ms:
+        print(report.timing(), file=sys.stderr)
+    verdict = ("deterministic" if report.deterministic else report.failure
+               or "NOT deterministic")
     return Outcome(EXIT_OK if report.deterministic else EXIT_FINDING,
-                   f"{args.impl}: {verdict} over {args.trials} trials", report.to_json())
+                   f"{args.impl}: {verdict} over {args.trials} trials" if not report.failure
+                   else f"{args.impl}: {verdict}", report.to_json())

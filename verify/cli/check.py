@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from . import budget
 from .args import (
     EXIT_FINDING,
     EXIT_OK,
@@ -12,6 +13,7 @@ from .args import (
     Outcome,
     add_impl_args,
     add_shape_args,
+    impl_from_args,
     problem_from_args,
 )
 
@@ -21,9 +23,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "check", help="check one shape of an implementation against float64",
         description="Run one case and hold O, dQ, dK, dV to the float64 reference within "
                     "the bound of verify.highprec (and to L1/L2 where the implementation "
-                    "has an audit mode). Exit 0 if it passes, 1 if not.")
+                    "has an audit mode), after holding them to the interface contract. Exit "
+                    "0 if it passes, 1 if not or if the implementation crashed, exited, "
+                    "timed out or broke the contract.")
     add_impl_args(p)
-    add_shape_args(p, workers=False)
+    add_shape_args(p, workers=False, impl_tiles=True)
+    budget.add_allow_large(p)
     p.add_argument("--schedule", choices=SCHEDULES, default="naive",
                    help="recorded with the case only: the implementation name picks the "
                         "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
@@ -34,13 +39,19 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import check
     from verify.strategies import Case
 
-    result = check(args.impl, Case(problem_from_args(args), args.dtype, args.schedule,
-                                   args.seed))
+    impl = impl_from_args(args)
+    case = Case(problem_from_args(args, impl.tiles or (16, 16)), args.dtype, args.schedule,
+                args.seed)
+    if impl.tiles is not None:  # the emulator: its cost is known
+        budget.require(budget.emulator_cost(case.problem, 1), args)
+    result = check(impl, case, timeout=args.timeout)
     errs = ", ".join(f"{k} {v:.2e}" for k, v in result.errors.items())
     verdict = "PASS" if result.ok else "FAIL"
-    print(f"{verdict} {args.impl}: normwise errors {errs or '-'}"
-          f"{'' if result.ok else '; ' + result.message}", file=out)
-    data = {"ok": result.ok, "errors": result.errors, "message": result.message,
-            "case": result.case.flags()}
+    said = [f"normwise errors {errs}"] if errs else []
+    said += [] if result.ok else [result.message]
+    print(f"{verdict} {args.impl}: {'; '.join(said) or 'no output compared'}", file=out)
+    data = {"ok": result.ok, "kind": result.kind, "errors": result.errors,
+            "message": result.message, "case": result.case.flags(impl.tiles is not None),
+            "tiles": impl.tiles}
     return Outcome(EXIT_OK if result.ok else EXIT_FINDING,
                    f"{args.impl}: {verdict}{'' if result.ok else ': ' + result.message}", data)

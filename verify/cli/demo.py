@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from . import budget
 from .args import EXIT_FINDING, EXIT_OK, Outcome, at_least, nonnegative_int, positive_int
 
 
@@ -20,12 +21,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--block", type=positive_int, default=32, help="BM = BN")
     p.add_argument("--workers", type=positive_int, default=4, help="persistent workers")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="input seed")
+    budget.add_allow_large(p)
     return p
 
 
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.demo import run_demo
 
+    budget.require(budget.demo_cost(args.seqlen, args.head_dim), args)
     result = run_demo(seqlen=args.seqlen, head_dim=args.head_dim, block=args.block,
                       workers=args.workers, seed=args.seed,
                       log=lambda line: print(line, file=out))

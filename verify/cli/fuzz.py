@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from .args import EXIT_FINDING, EXIT_OK, Outcome, at_least, nonnegative_int
+from .args import (
+    EXIT_FINDING,
+    EXIT_OK,
+    Outcome,
+    add_timeout_arg,
+    at_least,
+    nonnegative_int,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -17,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "S_k, GQA/MQA), hold each to float64 within its bound (and to L1/L2 "
                     "where the implementation has an audit mode); on a failure, shrink it "
                     "and print a one-line reproducer. Exit 0 if every case passed, 1 if "
-                    "one failed.")
+                    "one failed (a crash, an exit, a timeout or a broken interface "
+                    "contract included).")
     p.add_argument("--impl", required=True,
                    help="emulator:NAME, dash:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
                         "fa4[-det] or module:function")
@@ -25,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-elements", type=at_least(MIN_ELEMENTS), default=20_000,
                    help="memory budget: numbers in q, k, v, dO together")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="hypothesis seed")
+    add_timeout_arg(p)
     return p
 
 
@@ -32,14 +41,17 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import fuzz
 
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
-                  rng_seed=args.seed)
+                  rng_seed=args.seed, timeout=args.timeout)
     data = {"examples": result.examples, "ok": result.ok}
     if result.ok:
         print(f"PASS {args.impl}: {result.examples} cases, no failure", file=out)
         return Outcome(EXIT_OK, f"{args.impl}: {result.examples} cases passed", data)
     print(f"FAIL {args.impl}: {result.failure.message}", file=out)
-    print(f"smallest failing case (after shrinking): {result.failure.case}", file=out)
+    how = ("not shrunk: shrinking would call the hanging code again"
+           if result.failure.kind == "timeout" else "after shrinking")
+    print(f"smallest failing case ({how}): {result.failure.case}", file=out)
     print(f"reproduce: {result.reproducer()}", file=out)
-    data.update(message=result.failure.message, case=result.failure.case.flags(),
+    data.update(message=result.failure.message, kind=result.failure.kind,
+                case=result.failure.case.flags(result.takes_tiles),
                 reproducer=result.reproducer())
     return Outcome(EXIT_FINDING, f"{args.impl}: {result.failure.message}", data)

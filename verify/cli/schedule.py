@@ -7,6 +7,7 @@ from typing import TextIO
 
 from dash_ref.schedules.schedule import Schedule, build_schedule
 
+from . import budget
 from .args import EXIT_OK, SCHEDULES, Outcome, add_shape_args, problem_from_args
 
 
@@ -32,11 +33,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Build a schedule for one problem shape, validate it and print it.")
     p.add_argument("--name", choices=SCHEDULES, default="auto", help="the schedule")
     add_shape_args(p)
+    budget.add_allow_large(p)
     return p
 
 
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
-    s = build_schedule(problem_from_args(args), args.name, args.workers).validate()
+    problem = problem_from_args(args)
+    budget.require(budget.schedule_cost(problem, args.workers), args)
+    s = build_schedule(problem, args.name, args.workers).validate()
     print(s.describe(), file=out)
     return Outcome(EXIT_OK, f"{s.name}: valid, fingerprint {s.fingerprint()}",
                    schedule_json(s))

@@ -16,6 +16,7 @@ from dash_ref.model.gantt import save_gantt, text_timeline
 from dash_ref.model.simulator import simulate
 from dash_ref.schedules.schedule import NAMES, build_schedule
 
+from . import budget
 from .args import (
     EXIT_OK,
     SCHEDULES,
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--timeline", action="store_true",
                    help="also print a plain-text timeline per schedule")
     p.add_argument("--width", type=at_least(20), default=72, help="timeline width in columns")
+    budget.add_allow_large(p)
     return p
 
 
@@ -61,6 +63,7 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
         raise RuntimeError("--gantt needs matplotlib (pip install 'dash-attention[plot]')")
     problem = problem_from_args(args)
     names = NAMES if args.name == "all" else (args.name,)
+    budget.require(budget.schedule_cost(problem, args.workers, len(names), simulate=True), args)
     schedules = [build_schedule(problem, n, args.workers) for n in names]
     c, r = args.cost_compute, args.cost_reduce
     results, paths = [], []
