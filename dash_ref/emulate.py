@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import attention_inputs
+from ._checks import attention_inputs, boolean
 from .arithmetic import steps
 from .arithmetic.steps import ARITHMETICS, IEEE, Arithmetic, dq_add, epilogue
 from .cpu import single_threaded
@@ -105,6 +105,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     bits do not depend on ``block_m``, since a row's sums never leave the row.
     """
     a = steps.arithmetic(arithmetic)
+    boolean("causal", causal)
     if a.forward is None:
         raise ValueError(f"the forward is emulated in 'ieee' and 'fast' arithmetic, not "
                          f"{a.name!r}")
@@ -161,6 +162,14 @@ class BackwardResult:
     partials: torch.Tensor | None  # (V, BM, d) fp32 in table order, rows past S_q are zero
 
 
+def _schedule(schedule: object) -> Schedule:
+    """``schedule`` if it is a :class:`Schedule` (``build_schedule`` makes one)."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a dash_ref.Schedule (from build_schedule), got "
+                        f"{type(schedule).__name__}")
+    return schedule
+
+
 def visit_index(schedule: Schedule) -> dict[tuple[int, int, int, int], int]:
     """``{(b, h, i, j): v}``: the row of each visit in the partials tensor (table order)."""
     index: dict[tuple[int, int, int, int], int] = {}
@@ -182,7 +191,7 @@ def replay(schedule: Schedule, partials: torch.Tensor,
     ``arrival`` gives one for every tile. ``flush_subnormals`` mirrors a kernel whose adds
     flush subnormals (its audit record says so). Returns ``(B, S_q, H, d)`` fp32.
     """
-    p = schedule.problem
+    p = _schedule(schedule).problem
     if partials.dtype != F32 or partials.dim() != 3 or partials.shape[1] != p.block_m:
         raise ValueError(f"partials must be fp32 (V, {p.block_m}, d), got "
                          f"{tuple(partials.shape)} {partials.dtype}")
@@ -259,7 +268,7 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``arrival_seed`` (a stand-in for the run-to-run variation of atomics).
     """
     a = steps.arithmetic(arithmetic)
-    p = schedule.problem
+    p = _schedule(schedule).problem
     _check_inputs(p, q, k, v, o=o, do=do, lse2=lse2)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
     scale2 = steps.scale_log2(scale)
@@ -302,7 +311,7 @@ def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``arithmetic`` selects the backward's arithmetic (:func:`backward`) and the forward's
     where it has one (``"fast"``, on the problem's KV tiles; else the IEEE forward).
     """
-    p = schedule.problem
+    p = _schedule(schedule).problem
     a = steps.arithmetic(arithmetic)
     fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n,
                   a if a.forward is not None else IEEE)

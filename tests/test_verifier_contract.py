@@ -172,6 +172,7 @@ P = Problem(1, 1, 1, 24, 24, 16, "full", 16, 16)
 def _api_cases():
     from dash_cuda import backward_problem
     from dash_ref._checks import boolean, number
+    from dash_ref.emulate import backward, emulate, forward
     from verify.audit import audit
     from verify.compare import compare
     from verify.fuzz import check, fuzz
@@ -179,6 +180,7 @@ def _api_cases():
     from verify.impls import get_impl
     from verify.strategies import Case, problems
 
+    x = torch.zeros(1, 8, 1, 16, dtype=torch.bfloat16)
     return [
         (lambda: audit("emulator:naive", Problem(1, 1, 1, 0, 24, 16), progress=False),
          ValueError, "no attention to audit"),
@@ -233,6 +235,16 @@ def _api_cases():
          "seqlen_q must be an int"),
         (lambda: backward_problem(1, 1, 1, 64, 64, 64, False, backend="bogus"), ValueError,
          "unknown backend"),
+        (lambda: forward(x, x, x, causal="yes"), TypeError, "causal must be a bool"),
+        (lambda: forward(x, x, x, softmax_scale="0.25"), TypeError,
+         "softmax_scale must be a number"),
+        (lambda: forward(x, x, x, softmax_scale=True), TypeError,
+         "softmax_scale must be a number"),
+        (lambda: forward(x, x, x, softmax_scale=math.inf), ValueError,
+         "softmax_scale must be finite"),
+        (lambda: emulate(None, x, x, x, x), TypeError, "schedule must be a dash_ref.Schedule"),
+        (lambda: backward(None, x, x, x, x, x[..., 0].float(), x), TypeError,
+         "schedule must be a dash_ref.Schedule"),
     ]
 
 

@@ -40,6 +40,7 @@ from functools import lru_cache
 
 import torch
 
+from .._checks import number
 from .exp2 import exp2_fma
 from .mufu import ex2_approx_ftz, lg2_approx_ftz
 from .numerics import fma_f32, fp32_add_rne
@@ -149,8 +150,11 @@ def default_scale(head_dim: int) -> float:
 
 
 def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
-    """``softmax_scale``, or :func:`default_scale` when it is None."""
-    return default_scale(head_dim) if softmax_scale is None else float(softmax_scale)
+    """``softmax_scale`` (a finite number; bools and strings are refused), or
+    :func:`default_scale` when it is None."""
+    if softmax_scale is None:
+        return default_scale(head_dim)
+    return number("softmax_scale", softmax_scale)
 
 
 @step("scale_log2", "both", "c = fp32(softmax_scale * log2(e))")
