@@ -312,3 +312,27 @@ def test_the_emulator_tiles_change_its_bits_both_ways():
     base = bits((16, 16))
     assert not torch.equal(base, bits((64, 16)))  # BM: the dQ tiles and dK's visits
     assert not torch.equal(base, bits((16, 64)))  # BN: the online softmax and dQ's sums
+
+
+def test_a_timed_out_call_that_prints_later_writes_to_stderr(capsys):
+    """The call goes on in its thread after the timeout; its prints must not reach stdout."""
+    import threading
+    import time
+
+    from verify import guard
+    from verify.contract import Finding
+
+    go = threading.Event()
+
+    def late():
+        go.wait(5)
+        print("LATE-PRINT")
+
+    with pytest.raises(Finding, match="no result within"):
+        guard.call(late, timeout=0.05)
+    go.set()
+    deadline = time.time() + 5
+    while any(t.is_alive() for t in guard._Router.abandoned) and time.time() < deadline:
+        time.sleep(0.01)
+    out, err = capsys.readouterr()
+    assert "LATE-PRINT" not in out and "LATE-PRINT" in err

@@ -6,9 +6,12 @@ message, instead of letting it end or hijack the run:
 
 - an exception, ``sys.exit()`` or a ``KeyboardInterrupt`` it raises itself: :class:`Crash`;
 - no result within ``timeout`` seconds: :class:`TimedOut` (the call goes on in a daemon
-  thread, which the process does not wait for);
+  thread, which the process does not wait for; what that thread prints through
+  ``sys.stdout`` afterwards still goes to stderr, :class:`_Router`);
 - what it prints to stdout (``print``, ``sys.stdout`` and, where the platform allows, the
   file descriptor) goes to stderr, so a report or a JSON document on stdout stays clean.
+  (The file descriptor is restored when the call returns or times out: C code in a
+  timed-out thread that writes to fd 1 afterwards is not caught.)
 
 A real Ctrl-C (SIGINT) still interrupts: it is told apart from a ``KeyboardInterrupt``
 the code raises itself, and propagates.
@@ -99,6 +102,31 @@ class _Sigint:
             signal.signal(signal.SIGINT, self.previous)
 
 
+class _Router:
+    """``sys.stdout`` once a call has timed out: the abandoned threads' writes go to stderr,
+    everyone else's to the stdout it wraps."""
+
+    abandoned: set[threading.Thread] = set()
+
+    def __init__(self, out) -> None:
+        self.out = out
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() in self.abandoned:
+            return sys.stderr.write(text)
+        return self.out.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.out, name)
+
+
+def _abandon(worker: threading.Thread) -> None:
+    """From now on, what ``worker`` prints through ``sys.stdout`` goes to stderr."""
+    _Router.abandoned.add(worker)
+    if not isinstance(sys.stdout, _Router):
+        sys.stdout = _Router(sys.stdout)
+
+
 def call(fn: Callable, *args, timeout: float | None = None):
     """``fn(*args)``; its misbehaviour as :class:`Crash` or :class:`TimedOut` (see above)."""
     box: dict = {}
@@ -109,15 +137,21 @@ def call(fn: Callable, *args, timeout: float | None = None):
         except BaseException as exc:  # noqa: BLE001 - classified below
             box["error"] = exc
 
-    with _Sigint() as sigint, stdout_to_stderr():
-        if timeout is None:
-            target()
-        else:
-            worker = threading.Thread(target=target, daemon=True, name="dash-verify call")
-            worker.start()
-            worker.join(timeout)
-            if worker.is_alive():
-                raise TimedOut(f"no result within {timeout:g} s (--timeout)")
+    abandoned = None
+    try:
+        with _Sigint() as sigint, stdout_to_stderr():
+            if timeout is None:
+                target()
+            else:
+                worker = threading.Thread(target=target, daemon=True, name="dash-verify call")
+                worker.start()
+                worker.join(timeout)
+                if worker.is_alive():
+                    abandoned = worker
+                    raise TimedOut(f"no result within {timeout:g} s (--timeout)")
+    finally:
+        if abandoned is not None:  # after stdout_to_stderr has put sys.stdout back
+            _abandon(abandoned)
     error = box.get("error")
     if error is None:
         return box["value"]
