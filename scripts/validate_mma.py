@@ -221,17 +221,21 @@ def examples(got, want, cases: MMACases, load_c: bool, limit: int) -> list[dict]
             tiles[t] = {name: mma_bits(a, b, c, cases.dtype, config=cfg)[0]
                         for name, cfg in CANDIDATES.items()}
         preds = {name: f"{int(d[i, j]):08x}" for name, d in tiles.get(t, {}).items()}
-        out.append({
-            "tile": int(t), "row": int(i), "col": int(j),
-            "family": FAMILIES[int(cases.family[t])],
-            "gpu": f"{int(got[t, i, j]):08x}", "model": f"{int(want[t, i, j]):08x}",
-            "gpu_value": _value(got[t, i, j]), "model_value": _value(want[t, i, j]),
-            "a_row": " ".join(f"{int(x):04x}" for x in cases.a_bits[t, i]),
-            "b_col": " ".join(f"{int(x):04x}" for x in cases.b_bits[t, :, j]),
-            "c": f"{int(cases.c_bits[t, i, j]):08x}" if load_c else "none (+0)",
-            "candidates": preds,
-        })
+        out.append({**mismatch_row(got, want, cases, load_c, t, i, j), "candidates": preds})
     return out
+
+
+def mismatch_row(got, want, cases: MMACases, load_c: bool, t, i, j) -> dict:
+    """One mismatching output: where, which family, both bit patterns and the inputs."""
+    return {
+        "tile": int(t), "row": int(i), "col": int(j),
+        "family": FAMILIES[int(cases.family[t])],
+        "gpu": f"{int(got[t, i, j]):08x}", "model": f"{int(want[t, i, j]):08x}",
+        "gpu_value": _value(got[t, i, j]), "model_value": _value(want[t, i, j]),
+        "a_row": " ".join(f"{int(x):04x}" for x in cases.a_bits[t, i]),
+        "b_col": " ".join(f"{int(x):04x}" for x in cases.b_bits[t, :, j]),
+        "c": f"{int(cases.c_bits[t, i, j]):08x}" if load_c else "none (+0)",
+    }
 
 
 # ---------------------------------------------------------------------------------------

@@ -412,20 +412,10 @@ def build_sets(variants, tiles: dict[int, int], seed: int) -> dict:
 
 def _plain_examples(got, want, cases: MMACases, load_c: bool, limit: int) -> list[dict]:
     """validate_mma's ``examples`` without the other candidates' bits (cheap)."""
-    from validate_mma import _value
+    from validate_mma import mismatch_row
 
-    out = []
-    for t, i, j in list(zip(*np.nonzero(got != want)))[:limit]:
-        out.append({
-            "tile": int(t), "row": int(i), "col": int(j),
-            "family": FAMILIES[int(cases.family[t])],
-            "gpu": f"{int(got[t, i, j]):08x}", "model": f"{int(want[t, i, j]):08x}",
-            "gpu_value": _value(got[t, i, j]), "model_value": _value(want[t, i, j]),
-            "a_row": " ".join(f"{int(x):04x}" for x in cases.a_bits[t, i]),
-            "b_col": " ".join(f"{int(x):04x}" for x in cases.b_bits[t, :, j]),
-            "c": f"{int(cases.c_bits[t, i, j]):08x}" if load_c else "none (+0)",
-        })
-    return out
+    return [mismatch_row(got, want, cases, load_c, t, i, j)
+            for t, i, j in list(zip(*np.nonzero(got != want)))[:limit]]
 
 
 def evaluate(variants, sets: dict, outputs: dict, model: dict, ptx: dict, examples_n: int,
