@@ -207,12 +207,9 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
 
 
 def load_fa4() -> Callable | None:
-    """FlashAttention-4's ``flash_attn_func`` if importable (also from ``/tmp/site``)."""
-    import os
-    import sys
-
-    bundle = ["/tmp/site", "/tmp/site/nvidia_cutlass_dsl/dsl_packages"]
-    sys.path[:0] = [p for p in bundle if os.path.isdir(p) and p not in sys.path]
+    """FlashAttention-4's ``flash_attn_func`` if it is installed (``pip install
+    flash-attn-4``, or on ``PYTHONPATH``, as ``scripts/gpu_release.sh`` puts the bundle of
+    ``scripts/fa4_bundle.sh``), else None."""
     try:
         from flash_attn.cute import flash_attn_func
     except Exception:  # noqa: BLE001 - any import failure means "not available"
@@ -223,8 +220,9 @@ def load_fa4() -> Callable | None:
 def _fa4(deterministic: bool) -> AttentionFn:
     fa = load_fa4()
     if fa is None:
-        raise Unavailable("FlashAttention-4 is not importable here (scripts/fa4_bundle.sh "
-                          "packs it for the GPU machine)")
+        raise Unavailable("FlashAttention-4 is not importable here: pip install "
+                          "flash-attn-4, or put it on PYTHONPATH (scripts/fa4_bundle.sh packs "
+                          "it for the GPU machine)")
 
     def run(q, k, v, do, causal, softmax_scale):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
