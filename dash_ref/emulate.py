@@ -54,11 +54,7 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, blo
 
 def visible(p: Problem, rows: range, cols: range) -> torch.Tensor:
     """Boolean ``(len(rows), len(cols))``: which elements of a tile pair are unmasked."""
-    r = torch.arange(rows.start, rows.stop)[:, None]
-    c = torch.arange(cols.start, cols.stop)[None, :]
-    if p.mask == "full":
-        return torch.ones(len(rows), len(cols), dtype=torch.bool)
-    return c <= r + p.causal_offset
+    return p.visibility.visible(rows, cols, p.seqlen_q, p.seqlen_k)
 
 
 def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

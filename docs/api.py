@@ -15,7 +15,7 @@ import sys
 
 SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Problems and schedules", "dash_ref",
-     ["Problem", "build_schedule", "resolve_name", "default_schedule", "Schedule", "Chain",
+     ["Problem", "Mask", "build_schedule", "resolve_name", "default_schedule", "Schedule", "Chain",
       "ScheduleTables", "ScheduleError", "NAMES", "DETERMINISTIC"]),
     ("Tile-level emulation", "dash_ref.emulate",
      ["emulate", "forward", "backward", "replay", "visit_index", "problem_of",

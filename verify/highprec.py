@@ -110,6 +110,7 @@ import torch
 from dash_ref._checks import integer, number
 from dash_ref.arithmetic.numerics import ulp_error, unit_roundoff
 from dash_ref.cpu import single_threaded
+from dash_ref.schedules.mask import Mask
 
 __all__ = [
     "GRADS",
@@ -235,9 +236,9 @@ class HighPrecResult:
 
 
 def _visible(causal: bool, s_q: int, s_k: int) -> list[range]:
-    if not causal:
-        return [range(s_k)] * s_q
-    return [range(min(s_k, max(0, r + s_k - s_q + 1))) for r in range(s_q)]
+    """The keys each query row sees (:meth:`dash_ref.schedules.mask.Mask.keys`)."""
+    mask = Mask.of(causal)
+    return [mask.keys(r, s_q, s_k) for r in range(s_q)]
 
 
 @single_threaded

@@ -18,6 +18,7 @@ import torch
 from dash_ref._checks import attention_inputs
 from dash_ref.arithmetic.steps import resolve_scale
 from dash_ref.cpu import single_threaded
+from dash_ref.schedules.mask import Mask
 from verify.highprec import add_rounding_magnitudes, error_bound
 
 
@@ -32,10 +33,10 @@ class Grads:
 
 
 def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Bottom-right causal mask ``(S_q, S_k)``: row ``r`` sees ``c`` iff ``c <= r + S_k - S_q``."""
-    r = torch.arange(seqlen_q, device=device)[:, None]
-    c = torch.arange(seqlen_k, device=device)[None, :]
-    return c <= r + seqlen_k - seqlen_q
+    """Bottom-right causal mask ``(S_q, S_k)``: row ``r`` sees ``c`` iff ``c <= r + S_k - S_q``
+    (the rule of :class:`dash_ref.schedules.mask.Mask`)."""
+    mask = Mask("causal").visible(range(seqlen_q), range(seqlen_k), seqlen_q, seqlen_k)
+    return mask.to(device)
 
 
 @single_threaded

@@ -1,5 +1,7 @@
 """Schedules as data: a problem's tiling, every schedule built once, and what ``auto`` picks.
 
+- :mod:`~dash_ref.schedules.mask`: :class:`Mask`, which keys each query row sees (the one
+  visibility rule);
 - :mod:`~dash_ref.schedules.problem`: :class:`Problem`, the shape and its tiles;
 - :mod:`~dash_ref.schedules.schedule`: :func:`build_schedule`, :class:`Schedule` (visit
   orders, dQ orders, validity checks, fingerprint, the kernel tables);
@@ -7,7 +9,8 @@
 """
 
 from .auto import auto_schedule
-from .problem import MASKS, Problem
+from .mask import MASKS, Mask
+from .problem import Problem
 from .schedule import (
     DETERMINISTIC,
     NAMES,
@@ -24,6 +27,7 @@ from .schedule import (
 __all__ = [
     "DETERMINISTIC",
     "MASKS",
+    "Mask",
     "NAMES",
     "PORTABLE",
     "Chain",

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .._checks import choice, integer
-
-MASKS = ("full", "causal")
+from .mask import MASKS, Mask
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,11 @@ class Problem:
         """Query heads per key/value head (1 for MHA, ``H`` for MQA)."""
         return self.heads // self.heads_kv
 
+    @cached_property
+    def visibility(self) -> Mask:
+        """The mask as a value, with the one visibility rule (:class:`Mask`)."""
+        return Mask(self.mask)
+
     @property
     def causal_offset(self) -> int:
         """``S_k - S_q``: row ``r`` sees key ``c`` iff ``c <= r + causal_offset`` (causal only)."""
@@ -75,10 +79,8 @@ class Problem:
         """True if any element of tile pair ``(i, j)`` is unmasked."""
         if not (0 <= i < self.n_q and 0 <= j < self.n_kv):
             return False
-        if self.mask == "full":
-            return True
-        last_row = self.rows(i)[-1]
-        return j * self.block_n <= last_row + self.causal_offset
+        return self.visibility.any_visible(self.rows(i), self.cols(j), self.seqlen_q,
+                                           self.seqlen_k)
 
     @cached_property
     def chain_rows(self) -> tuple[tuple[int, ...], ...]:
@@ -101,16 +103,8 @@ class Problem:
 
     def unmasked(self, i: int, j: int) -> int:
         """Number of unmasked elements in tile pair ``(i, j)``."""
-        rows, cols = self.rows(i), self.cols(j)
-        if not rows or not cols:
-            return 0
-        if self.mask == "full":
-            return len(rows) * len(cols)
-        total = 0
-        for r in rows:
-            last = min(r + self.causal_offset, cols[-1])
-            total += max(0, last - cols[0] + 1)
-        return total
+        return self.visibility.unmasked(self.rows(i), self.cols(j), self.seqlen_q,
+                                        self.seqlen_k)
 
     def tile_fraction(self, i: int, j: int) -> float:
         """Unmasked fraction of a full ``BM x BN`` tile: the partial weight of a diagonal tile."""
