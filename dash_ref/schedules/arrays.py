@@ -6,12 +6,20 @@ Visits are numbered worker by worker in program order (the numbering of the DAG 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .schedule import Schedule
+from .problem import Problem
+
+
+class Schedule(Protocol):
+    """What these functions read of a :class:`~dash_ref.schedules.schedule.Schedule`."""
+
+    problem: Problem
+    workers: Sequence[Sequence[Any]]  # each worker's chains (b, h, j, visits) in run order
+    dq_orders: Mapping[tuple[int, int, int], tuple[int, ...] | None]
 
 
 def visit_arrays(schedule: Schedule) -> dict[str, np.ndarray]:
