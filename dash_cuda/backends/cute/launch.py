@@ -310,7 +310,7 @@ DYNAMIC_CAUSAL = 1024  # S_q from which causal forwards hand out tiles from a co
 def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: int,
                  k: torch.Tensor, heads: int) -> tuple[int, int, bool]:
     """``(CTAs, heads per causal section, dynamic)`` of a forward launch, by measurement on
-    the H200 (``benchmarks/results/forward_grid.md``); none of them changes the bits.
+    the H200 (``benchmarks/results/experiments/forward_grid.md``); none of them changes the bits.
 
     Persistent (one CTA per SM, or one per tile where there are fewer tiles) at both head
     dims and every length. Full masks: every CTA takes every CTAs-th tile of the list, all

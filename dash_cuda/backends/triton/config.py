@@ -39,7 +39,7 @@ _FORWARD = {
 # Backward: a chain keeps K_j, V_j (block_n rows) and its dK_j, dV_j accumulators on chip,
 # and visits Q tiles of block_m rows. BN = 128 rows of fp32 dK and dV at d = 128 are 128
 # registers per thread over 8 warps, which is why BM stays at 64 there. Measured on an H200
-# (benchmarks/results/issue4_h200_notes.md, sweep_tiles.md): prefetch pays at d = 64
+# (benchmarks/results/experiments/issue4_h200_notes.md, sweep_tiles.md): prefetch pays at d = 64
 # (shift, full, S = 2048: 166 against 156 TFLOP/s); BM = 32 at d = 128 (140 against 181),
 # releasing a tile one visit late (149 against 173 at d = 64) and 64 x 64 tiles with two
 # programs per SM (161 against 173) do not. The dQ hand-off is a red.add under the
