@@ -29,7 +29,7 @@ import torch
 from dash_ref import Problem, build_schedule
 from dash_ref.emulate import visit_index
 
-from .l2 import Steps, forward_steps, l2_steps
+from .l2 import Steps, forward_steps, l2_steps, visit_rows
 
 FORMAT = "dash-capture/1"
 TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partials", "dq_acc")
@@ -124,9 +124,7 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
 def _real_rows(partials: torch.Tensor, schedule) -> torch.Tensor:
     """The partials' rows that hold query rows (``(rows, d)``, visit by visit): a tile's rows
     past ``S_q`` hold anything and are not kept."""
-    p = schedule.problem
-    rows = [min(p.block_m, p.seqlen_q - i * p.block_m)
-            for i in schedule.to_tables().visit_q.tolist()]
+    rows = visit_rows(schedule)
     return torch.cat([partials[n, :r] for n, r in enumerate(rows)]) if rows else partials[:0, 0]
 
 
@@ -225,8 +223,7 @@ def _padded(rows: torch.Tensor, schedule) -> torch.Tensor:
     p = schedule.problem
     out = torch.zeros(len(visit_index(schedule)), p.block_m, rows.shape[-1], dtype=rows.dtype)
     start = 0
-    for n, i in enumerate(schedule.to_tables().visit_q.tolist()):
-        r = min(p.block_m, p.seqlen_q - i * p.block_m)
+    for n, r in enumerate(visit_rows(schedule)):
         if start + r > rows.shape[0]:
             raise CaptureError("the captured partials are fewer than the schedule's visits")
         out[n, :r] = rows[start:start + r]

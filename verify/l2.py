@@ -51,8 +51,7 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
     a = contract.arithmetic(arithmetic).with_dq_adds(flush_subnormals)
     emu = backward(schedule, q, k, v, o, lse2, do, softmax_scale, return_partials=True,
                    arithmetic=a)
-    rows = torch.tensor([min(p.block_m, p.seqlen_q - i * p.block_m)
-                         for i in schedule.to_tables().visit_q.tolist()])
+    rows = torch.tensor(visit_rows(schedule))
     real_rows = torch.arange(p.block_m)[None, :] < rows[:, None]  # padding rows are not read
     steps = [("D", kernel["delta"], contract.delta(a, o, do)),
              ("partials", kernel["partials"][real_rows], emu.partials[real_rows]),
@@ -63,6 +62,13 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
     steps += [("dq", kernel["dq"], emu.dq), ("dk", kernel["dk"], emu.dk),
               ("dv", kernel["dv"], emu.dv)]
     return steps
+
+
+def visit_rows(schedule: Schedule) -> list[int]:
+    """The query rows each visit's partial holds, in table order (a tile's rows past ``S_q``
+    are padding: a kernel writes anything there)."""
+    p = schedule.problem
+    return [len(p.rows(i)) for i in schedule.to_tables().visit_q.tolist()]
 
 
 def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
