@@ -46,33 +46,20 @@ BLOCK = 1024
 
 
 @triton.jit
-def _ex2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _mufu_kernel(x_ptr, y_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    """``y = ASM(x)`` elementwise: one instruction of ``ASM`` per fp32 input."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
-    y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x],
-                                  dtype=tl.float32, is_pure=True, pack=1)
+    y = tl.inline_asm_elementwise(ASM, "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     tl.store(y_ptr + offs, y, mask=mask)
-
-
-@triton.jit
-def _lg2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    y = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x],
-                                  dtype=tl.float32, is_pure=True, pack=1)
-    tl.store(y_ptr + offs, y, mask=mask)
-
-
-KERNELS = {"ex2": _ex2_kernel, "lg2": _lg2_kernel}
 
 
 def hardware(op: str, x: torch.Tensor) -> torch.Tensor:
     """The instruction's fp32 results for fp32 ``x`` (on the GPU)."""
     y = torch.full_like(x, float("nan"))
     n = x.numel()
-    KERNELS[op][(triton.cdiv(n, BLOCK),)](x, y, n, BLOCK=BLOCK)
+    _mufu_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, ASM=ASM[op], BLOCK=BLOCK)
     return y
 
 
@@ -82,7 +69,7 @@ def sass_of(op: str) -> list[str]:
     import tempfile
 
     x = torch.ones(BLOCK, device="cuda")
-    compiled = KERNELS[op][(1,)](x, torch.empty_like(x), BLOCK, BLOCK=BLOCK)
+    compiled = _mufu_kernel[(1,)](x, torch.empty_like(x), BLOCK, ASM=ASM[op], BLOCK=BLOCK)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
