@@ -83,7 +83,7 @@ STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "attention_forwar
          ("dash_cuda.ops", "attention_backward_impl"), ("dash_cuda.prepost", "preprocess_delta"),
          ("dash_cuda.backends.cute.launch", "run_schedule"),
          ("dash_cuda.backends.cute.launch", "pad_row_stats"),
-         ("dash_cuda.prepost", "finish_dq_tiles")]
+         ("dash_cuda.backends.cute.finish_dq", "finish_dq_tiles")]
 
 
 def breakdown(call, calls: int) -> dict[str, float]:

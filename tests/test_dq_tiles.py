@@ -1,4 +1,4 @@
-"""The dQ epilogue from staged tiles (``prepost.dash_dq_tiles_kernel``), specified on the CPU.
+"""The dQ epilogue from staged tiles (``dash_cuda.backends.cute.finish_dq``), specified on the CPU.
 
 The CuTe backward keeps dQacc as fp32 tiles whose elements are in *staging order*
 (:func:`dash_cuda.backends.cute.bwd_kernel.staging_coords`). The epilogue writes
@@ -44,7 +44,7 @@ CASES = [
 
 INTERPRETED = """
 import sys, torch
-from dash_cuda.prepost import finish_dq_tiles
+from dash_cuda.backends.cute.finish_dq import finish_dq_tiles
 cases = torch.load(sys.argv[1])
 for c in cases:
     finish_dq_tiles(c["acc"], c["dq"][:, :c["seqlen_q"]], c["scale"], c["block_m"])
@@ -131,7 +131,7 @@ def test_rows_past_seqlen_are_not_written(interpreted):
 
 def test_only_the_two_staged_tile_shapes_are_accepted():
     """The kernel knows the staging order of 128 x 64 and 64 x 128 tiles, nothing else."""
-    from dash_cuda.prepost import finish_dq_tiles
+    from dash_cuda.backends.cute.finish_dq import finish_dq_tiles
 
     dq = torch.empty(1, 64, 1, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="128 x 64 or 64 x 128"):
@@ -154,8 +154,8 @@ def sass(head_dim: int, dtype: str) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from dash_cuda.backends.cute.finish_dq import dash_dq_tiles_kernel as kernel
     from dash_cuda.backends.triton.inspect_asm import sass_of
-    from dash_cuda.prepost import dash_dq_tiles_kernel as kernel
 
     names = kernel.arg_names
     constants = {"BM": TILES[head_dim], "HEAD_DIM": head_dim}

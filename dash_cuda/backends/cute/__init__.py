@@ -9,6 +9,8 @@
   the next visit's MMAs;
 - :mod:`.ptx`, :mod:`.layouts`: the contract's inline instructions, the shared layouts;
 - :mod:`.launch`: compiled kernels (in memory, or exported ahead of time), buffers, launch;
+- :mod:`.finish_dq`: the dQ epilogue from the staged tiles (a Triton kernel: this backend
+  needs Triton too);
 - :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
@@ -40,7 +42,8 @@ class CuteBackend:
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
                                 ("cuda.bindings", "nvidia-cutlass-dsl"),
-                                ("tvm_ffi", "apache-tvm-ffi")):
+                                ("tvm_ffi", "apache-tvm-ffi"),
+                                ("triton", "triton")):  # finish_dq and the shared prepost
             if importlib.util.find_spec(module) is None:
                 return (f"{module} is not importable: install {package} "
                         "(pip install 'dash-attention[gpu]')")
@@ -85,7 +88,7 @@ class CuteBackend:
         return dq_acc_rows(dq_acc, problem)
 
     def finish_dq(self, dq_acc, dq, problem, softmax_scale):
-        from dash_cuda.prepost import finish_dq_tiles
+        from .finish_dq import finish_dq_tiles
 
         finish_dq_tiles(dq_acc, dq, softmax_scale, problem.block_m)
 

@@ -78,8 +78,8 @@ _INSTRUCTIONS: dict[str, Instruction] = {
     "epilogue": Instruction("dK, dV: `mul.f32` then `cvt.rn` in the kernel with one query head "
                             "per KV head, to shared memory and out by TMA stores (else the "
                             "shared `dash_gqa_kernel`); dQ: `mul.f32` "
-                            "then `cvt.rn` in the shared `dash_dq_tiles_kernel`, which reads "
-                            "the staged tiles"),
+                            "then `cvt.rn` in this backend's `dash_dq_tiles_kernel` (a Triton "
+                            "kernel, `finish_dq.py`), which reads the staged tiles"),
 }
 
 #: the ``dash_ref`` functions that reproduce each step's instructions bit for bit
