@@ -118,16 +118,17 @@ def compile_backward(v: Variant):
                     options)
 
 
-def compile_delta(head_dim: int, exact: bool, dtype: str = "bf16"):
-    """The ``D = rowsum(dO * O)`` preprocess kernel."""
+def compile_delta(head_dim: int, pairwise: bool, dtype: str = "bf16"):
+    """The ``D = rowsum(dO * O)`` preprocess kernel; ``pairwise``: its pairwise tree (the
+    ``exact`` arithmetic and the CuTe default), built with fp fusion off as a launch does."""
     from dash_cuda.prepost import dash_delta_kernel
 
     from .config import backward_config
 
     pointers = {"O": f"*{dtype}", "DO": f"*{dtype}", "DELTA": "*fp32"}
-    constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, EXACT=exact)
+    constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise)
     return _compile(dash_delta_kernel, pointers, (), constants,
-                    dict(num_warps=4, enable_fp_fusion=not exact))
+                    dict(num_warps=4, enable_fp_fusion=not pairwise))
 
 
 def sass_of(kernel) -> str:
