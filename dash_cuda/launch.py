@@ -89,9 +89,10 @@ def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_
                 seqlen_k: int, head_dim: int, causal: bool) -> Problem:
     """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape with its tiles
     (built once per shape: a problem is immutable)."""
-    block_m, block_n = backend.backward_tiles(head_dim)
-    return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
-                   "causal" if causal else "full", block_m, block_n)
+    mask = "causal" if causal else "full"
+    block_m, block_n = backend.backward_tiles(head_dim, mask)
+    return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, mask, block_m,
+                   block_n)
 
 
 # -- forward / backward -------------------------------------------------------------------------

@@ -64,23 +64,13 @@ def variants(dtypes, head_dims, audit: bool, exact: bool = False, groups=(1, 2)
 
 
 def cute_variants(dtypes, head_dims) -> list:
-    """Every CuTe kernel variant: the forwards, then the backwards (audit runs with per-head
-    dK/dV, and so does GQA)."""
+    """Every shipped CuTe kernel variant of these dtypes and head dims
+    (:func:`dash_cuda.backends.cute.variants.shipped_variants`)."""
     import torch
 
-    from dash_cuda.backends.cute.fwd_kernel import forward_block_ms
-    from dash_cuda.backends.cute.launch import ForwardVariant, Variant
+    from dash_cuda.backends.cute.variants import shipped_variants
 
-    out: list = [ForwardVariant(getattr(torch, DTYPES[dtype]), d, causal, block_m)
-                 for dtype, d, causal in itertools.product(dtypes, head_dims, (False, True))
-                 for block_m in forward_block_ms(d, causal)]
-    for dtype, d, causal, det in itertools.product(dtypes, head_dims, (False, True),
-                                                   (True, False)):
-        dt = getattr(torch, DTYPES[dtype])
-        out += [Variant(dt, d, causal, det, audit=False, per_head=False),
-                Variant(dt, d, causal, det, audit=False, per_head=True),
-                Variant(dt, d, causal, det, audit=True, per_head=True)]
-    return out
+    return shipped_variants(tuple(getattr(torch, DTYPES[d]) for d in dtypes), tuple(head_dims))
 
 
 def export_cute(args: tuple) -> tuple[str, float]:

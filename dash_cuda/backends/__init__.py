@@ -137,8 +137,9 @@ class Backend(Protocol):
     def unsupported(self, case: Case) -> str | None:
         """Why this backend cannot run ``case``, or None when it can."""
 
-    def backward_tiles(self, head_dim: int) -> tuple[int, int]:
-        """``(block_m, block_n)`` of the backward: the tiles of the schedule's problem."""
+    def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
+        """``(block_m, block_n)`` of the backward for a head dim and mask kind: the tiles of
+        the schedule's problem, from the backend's configuration function."""
 
     def forward_block_n(self, head_dim: int) -> int | None:
         """The forward's KV tile where ``default_arithmetic`` reproduces the forward."""

@@ -58,19 +58,18 @@ class CuteBackend:
             return f"dtype {case.dtype}"
         return None
 
-    def backward_tiles(self, head_dim: int) -> tuple[int, int]:
-        from .bwd_kernel import TILES
+    def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
+        from .config import backward_config
 
-        cfg = TILES[head_dim]
+        cfg = backward_config(head_dim, mask)
         return cfg.block_m, cfg.block_n
 
     def forward_block_n(self, head_dim: int) -> int:
         """Keys per KV tile of the forward: its bits depend on it (``dash_ref``'s fast
         forward takes it), not on the query tile."""
-        from .fwd_kernel import FORWARD_TILES
+        from .config import forward_block_n
 
-        (block_n,) = {t.block_n for (d, _), t in FORWARD_TILES.items() if d == head_dim}
-        return block_n
+        return forward_block_n(head_dim)
 
     def forward(self, q, k, v, causal, softmax_scale, poison):
         from .launch import run_forward
@@ -99,7 +98,7 @@ class CuteBackend:
     def partials_rows(self, partials, problem):
         from .launch import tiles_to_rows
 
-        return tiles_to_rows(partials, problem.head_dim)
+        return tiles_to_rows(partials, problem.block_m, problem.head_dim)
 
     def max_workers(self, launch: Launch) -> int:
         from .launch import max_workers

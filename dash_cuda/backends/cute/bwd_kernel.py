@@ -47,7 +47,7 @@ Layouts the kernel expects (the launcher prepares them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -58,6 +58,9 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ...tables import TABLE_NAMES
+from . import mask
+from .config import BackwardConfig
 from .layouts import (
     MATH_REGS,
     MATH_THREADS,
@@ -76,53 +79,16 @@ from .ptx import (
     bulk_store_1d,
     cvt_pack,
     ds_value,
-    red_add_v4_f32,
     sm_clock,
     softmax_p,
 )
-
-# ---------------------------------------------------------------------------------------------
-# Tile shapes
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    """Tiles and buffering of one head dim.
-
-    ``block_m`` (query rows per Q tile) and ``block_n`` (key rows per KV tile) are part of the
-    problem: the schedule's tables name tiles of exactly these sizes.
-    """
-
-    block_m: int
-    block_n: int
-    q_stages: int = 2  # Q/LSE and dO/D pipeline depth; also the dS buffers (one per Q stage)
-    dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
-    # [dk_step] issued before the dS barrier (tensor cores busy while dS goes to shared
-    # memory), or after the partial's MMA (its staging overlaps dK). Chosen by measurement on
-    # an H200 (docs/performance.md): late at both head dims (d = 128: early is 1 - 6 % slower;
-    # d = 64: 2 - 10 %, once dS^T is packed explicitly, see [ds] in the visit loop: before,
-    # ptxas serialized every wgmma of the late d = 64 kernel and early won by 10 - 19 %).
-    early_dk: bool = False
-    # Full masks: every tile runs [softmax_p]'s selects (they keep every element of a tile
-    # that needs no mask) instead of a branch around them. Without the branch, the
-    # exponentials and [ds] are one basic block and ptxas interleaves them across the wait
-    # for dP. Measured on an H200 (docs/performance.md): d = 128 +1 - 6 % deterministic;
-    # d = 64 spills inside the visit loop. Causal masks keep the branch.
-    full_mask_selects: bool = False
-
-
-# The shapes FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128 a
-# 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA and
-# would make the tiling depend on the mask).
-TILES = {64: TileConfig(128, 128), 128: TileConfig(64, 128, full_mask_selects=True)}
 
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
 BAR_EPILOGUE = 2
 
 
-def staging_coords(head_dim: int) -> list[tuple[int, int]]:
+def staging_coords(block_m: int, head_dim: int) -> list[tuple[int, int]]:
     """(row, col) inside a BM x d tile of every fp32 position of a staged dQ partial.
 
     A math thread ``t`` of warpgroup ``w`` holds its wgmma accumulator in registers
@@ -133,8 +99,7 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
     % 2)``, column ``8 * (r // 4) + 2 * (t % 4) + r % 2``; warpgroup ``w`` owns rows
     ``64 w ..`` (d = 64, BM = 128) or columns ``64 w ..`` (d = 128, BM = 64).
     """
-    cfg = TILES[head_dim]
-    half = cfg.block_m * head_dim // 2
+    half = block_m * head_dim // 2
     out = [(0, 0)] * (2 * half)
     for w in range(2):
         for t in range(128):
@@ -142,7 +107,7 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
             for r in range(32):
                 row = 16 * warp + lane // 4 + 8 * ((r // 2) % 2)
                 col = 8 * (r // 4) + 2 * (lane % 4) + r % 2
-                if cfg.block_m == 128:
+                if block_m == 128:
                     row += 64 * w
                 else:
                     col += 64 * w
@@ -159,13 +124,57 @@ def staging_coords(head_dim: int) -> list[tuple[int, int]]:
 PROBE_VISIT_SLOTS = 8
 PROBE_CHAIN_SLOTS = 4
 
-# The ``dq_add="red"`` writer's unroll: it runs with the producer warps' 24 registers, so a
-# deeper unroll spills (ptxas: 8 bytes more than the bulk writer at unroll 1, 16 at 2, 56 at 4).
-RED_UNROLL = 2
-
 # ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
+
+
+MASK_KINDS = mask.KINDS
+
+#: the schedule's tables as the kernel holds them, by name (``dash_ref.Schedule.to_tables``)
+Tables = namedtuple("Tables", TABLE_NAMES)
+
+#: :meth:`DashBackwardSm90.__call__`'s arguments, in order (:mod:`.arguments`): the
+#: placeholders for compiling and every launch's values are made from this list
+LAUNCH_ARGS = (
+    ("q_ptr", "input"), ("k_ptr", "input"), ("v_ptr", "input"), ("do_ptr", "input"),
+    ("lse_ptr", "f32"), ("delta_ptr", "f32"), ("dqacc_ptr", "f32"),
+    ("dk_ptr", "output"), ("dv_ptr", "output"), ("sem_ptr", "i32"), ("partials_ptr", "f32"),
+    *((f"{table}_ptr", "i32") for table in TABLE_NAMES),
+    *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "n_q",
+                           "num_chains", "num_visits", "num_workers")),
+    *((f"{t}_strides", "strides") for t in ("q", "k", "v", "do", "dk", "dv")),
+    ("scale_log2", "float"), ("softmax_scale", "float"), ("stream", "stream"),
+)
+
+
+def storage(dtype, config: BackwardConfig, head_dim: int):
+    """The shared memory of one CTA as a struct: the kernel allocates it, and the host reads
+    its size (:func:`shared_bytes`). The epilogue reuses the tile buffers, so the layout
+    depends on the dtype, the tiles and the stages only.
+
+    The 1024-byte-aligned tiles first, the small buffers last: no padding between them,
+    which keeps d = 64 within the 227 KiB a CTA may use. Element counts are the cosizes of
+    the swizzled layouts (whole atoms: rows x columns x stages; the kernel checks them).
+    """
+    bm, bn, d, qs, dqs = (config.block_m, config.block_n, head_dim, config.q_stages,
+                          config.dq_stages)
+
+    def tile(elem, count: int, align: int = 1024):
+        return cute.struct.Align[cute.struct.MemRange[elem, count], align]
+
+    # built from a dict: this module's annotations are strings (``from __future__``)
+    fields = {
+        "sK": tile(dtype, bn * d), "sV": tile(dtype, bn * d),
+        "sQ": tile(dtype, bm * d * qs), "sdO": tile(dtype, bm * d * qs),
+        "sdS": tile(dtype, bm * bn * qs), "s_dq": tile(Float32, bm * d * dqs),
+        "s_lse": tile(Float32, bm * qs, 128), "s_delta": tile(Float32, bm * qs, 128),
+        "mbar_kv": cute.struct.MemRange[cutlass.Int64, 2],
+        "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * qs],
+        "mbar_do": cute.struct.MemRange[cutlass.Int64, 2 * qs],
+        "mbar_dq": cute.struct.MemRange[cutlass.Int64, 2 * dqs],
+    }
+    return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
 
 class DashBackwardSm90:
@@ -176,32 +185,27 @@ class DashBackwardSm90:
     wait for their rank; otherwise they run in arrival order. ``audit``: every partial is also
     copied to ``partials``. ``probe``: a diagnostic variant that writes cycle stamps over
     ``partials`` instead (see ``PROBE_VISIT_SLOTS``); its gradients are those of the plain
-    variant. ``dq_add``: ``"bulk"``, the dQ writer adds a staged partial with one TMA bulk
-    reduce-add; ``"red"`` (a diagnostic variant, measured against it in
-    ``docs/performance.md``), its 32 lanes add it with vector ``red.global.add.v4.f32``.
+    variant. ``mask``: the mask's kind, a compile-time constant (:mod:`.mask` holds the
+    rule). ``config``: tiles, buffering and in-tile choices (:mod:`.config`).
     """
 
-    def __init__(self, dtype, head_dim: int, *, causal: bool, deterministic: bool, audit: bool,
-                 per_head: bool, probe: bool = False, dq_add: str = "bulk"):
+    def __init__(self, dtype, head_dim: int, *, mask: str, config: BackwardConfig,
+                 deterministic: bool, audit: bool, per_head: bool, probe: bool = False):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
-        if dq_add not in ("bulk", "red"):
-            raise ValueError(f"dq_add must be 'bulk' or 'red', got {dq_add!r}")
-        if dq_add == "red" and (audit or probe):
-            raise ValueError("the red.add dQ writer has no audit or probe variant")
-        if head_dim not in TILES:
-            raise ValueError(f"head_dim {head_dim} not supported (have {sorted(TILES)})")
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
         self.d = head_dim
-        cfg = TILES[head_dim]
-        self.bm, self.bn = cfg.block_m, cfg.block_n
-        self.q_stages, self.dq_stages = cfg.q_stages, cfg.dq_stages
-        self.causal = causal
+        self.config = config
+        self.bm, self.bn = config.block_m, config.block_n
+        self.q_stages, self.dq_stages = config.q_stages, config.dq_stages
+        self.mask = mask
+        self.causal = mask == "causal"
         self.deterministic = deterministic
         self.audit = audit
         self.per_head = per_head
         self.probe = probe
-        self.dq_add = dq_add
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
@@ -214,8 +218,7 @@ class DashBackwardSm90:
         self.epilogue_overlapped = self.bm >= 2 * head_dim
         self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
         assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
-        self.early_dk = cfg.early_dk
-        self.always_select = cfg.full_mask_selects and not causal
+        self.select_every_tile = config.select_every_tile
         self.cvt_kind = "bf16" if dtype is cutlass.BFloat16 else "f16"
 
     # -- MMAs ----------------------------------------------------------------------------------
@@ -278,12 +281,14 @@ class DashBackwardSm90:
                 cute.make_layout(num_visits * PROBE_VISIT_SLOTS
                                  + num_chains * PROBE_CHAIN_SLOTS))
         mSem = cute.make_tensor(sem_ptr, cute.make_layout(num_tiles))
-        tables = (
-            cute.make_tensor(worker_offsets_ptr, cute.make_layout(num_workers + 1)),
-            cute.make_tensor(chain_bhj_ptr, cute.make_layout((3, num_chains), stride=(1, 3))),
-            cute.make_tensor(chain_offsets_ptr, cute.make_layout(num_chains + 1)),
-            cute.make_tensor(visit_q_ptr, cute.make_layout(num_visits)),
-            cute.make_tensor(visit_rank_ptr, cute.make_layout(num_visits)),
+        tables = Tables(
+            worker_offsets=cute.make_tensor(worker_offsets_ptr,
+                                            cute.make_layout(num_workers + 1)),
+            chain_bhj=cute.make_tensor(chain_bhj_ptr,
+                                       cute.make_layout((3, num_chains), stride=(1, 3))),
+            chain_offsets=cute.make_tensor(chain_offsets_ptr, cute.make_layout(num_chains + 1)),
+            visit_q=cute.make_tensor(visit_q_ptr, cute.make_layout(num_visits)),
+            visit_rank=cute.make_tensor(visit_rank_ptr, cute.make_layout(num_visits)),
         )
 
         sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
@@ -310,25 +315,10 @@ class DashBackwardSm90:
 
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
 
-        # The 1024-byte-aligned tiles first, the small buffers last: no padding between
-        # them, which keeps d = 64 within the 227 KiB a CTA may use.
-        @cute.struct
-        class Storage:
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)],
-                                   1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)],
-                                   1024]
-            s_dq: cute.struct.Align[
-                cute.struct.MemRange[Float32, self.dq_tile_elems * self.dq_stages], 1024]
-            s_lse: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
-            s_delta: cute.struct.Align[cute.struct.MemRange[Float32, bm * self.q_stages], 128]
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            mbar_dq: cute.struct.MemRange[cutlass.Int64, 2 * self.dq_stages]
+        Storage = storage(self.dtype, self.config, d)
+        for layout, elements in ((sK_layout, bn * d), (sQ_layout, bm * d * self.q_stages),
+                                 (sdS_layout, bm * bn * self.q_stages)):
+            assert cute.cosize(layout) == elements, "a swizzled layout is not whole atoms"
 
         self.kernel(
             tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, tdK, tdV, tma_dk, tma_dv,
@@ -346,7 +336,7 @@ class DashBackwardSm90:
         tma_q: cute.CopyAtom, tma_do: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
         tdK: cute.Tensor, tdV: cute.Tensor, tma_dk: cute.CopyAtom, tma_dv: cute.CopyAtom,
         mLSE: cute.Tensor, mDelta: cute.Tensor, mDQacc: cute.Tensor, mPartials: cute.Tensor,
-        mSem: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tables: tuple,
+        mSem: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tables: Tables,
         mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
@@ -435,14 +425,14 @@ class DashBackwardSm90:
     @cute.jit
     def chain_slot(self, tables: tuple, c, k: int):
         """Index of chain ``c``'s probe slot ``k`` (after every visit's slots)."""
-        return (cute.size(tables[3]) * PROBE_VISIT_SLOTS + c * PROBE_CHAIN_SLOTS + k)
+        return (cute.size(tables.visit_q) * PROBE_VISIT_SLOTS + c * PROBE_CHAIN_SLOTS + k)
 
     # -- table walking -------------------------------------------------------------------------
     @cute.jit
     def chain_range(self, tables: tuple):
         """Chains of this CTA's worker: ``worker_offsets[w] : worker_offsets[w + 1]``."""
         w, _, _ = cute.arch.block_idx()
-        return tables[0][w], tables[0][w + 1]
+        return tables.worker_offsets[w], tables.worker_offsets[w + 1]
 
     # -- loader warp ---------------------------------------------------------------------------
     @cute.jit
@@ -451,7 +441,7 @@ class DashBackwardSm90:
                heads_kv, heads):
         """K_j, V_j once per chain, then Q_i/LSE2_i and dO_i/D_i for every visit, in order."""
         bm, bn, d = self.bm, self.bn, self.d
-        _, chain_bhj, chain_offsets, visit_q, _ = tables
+        chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
@@ -501,7 +491,8 @@ class DashBackwardSm90:
     @cute.jit
     def dq_writer(self, s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q):
         """Adds staged partials into dQacc in table order; deterministic: in dQ order."""
-        _, chain_bhj, chain_offsets, visit_q, visit_rank = tables
+        chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
+        visit_rank = tables.visit_rank
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.dq_stages)
         c_begin, c_end = self.chain_range(tables)
@@ -511,11 +502,7 @@ class DashBackwardSm90:
             for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
                 t = tile_base + visit_q[vis]
                 pipe_dq.consumer_wait(state)
-                if const_expr(self.dq_add == "red"):
-                    self.red_add_tile(mDQacc[None, t].iterator,
-                                      s_dq[None, None, None, None, state.index].iterator,
-                                      mSem.iterator + t, visit_rank[vis], lane)
-                elif lane == 0:
+                if lane == 0:
                     staged = s_dq[None, None, None, None, state.index].iterator
                     if const_expr(self.deterministic):
                         rank = visit_rank[vis]
@@ -539,29 +526,6 @@ class DashBackwardSm90:
                 state.advance()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
-
-    @cute.jit
-    def red_add_tile(self, dst: cute.Pointer, staged: cute.Pointer, sem: cute.Pointer,
-                     rank: Int32, lane: Int32):
-        """The ``dq_add="red"`` hand-off: the warp adds the staged tile element-wise.
-
-        Lane 0 acquires the tile's turn; the warp barrier orders every lane's adds after it
-        (and after the turn's previous adds). The adds are relaxed reductions performed at
-        L2: the release store after the second warp barrier makes them visible to the next
-        rank's acquire, so no wait for their completion is needed before it.
-        """
-        if const_expr(self.deterministic):
-            if lane == 0:
-                self.acquire_turn(sem, rank)
-            cute.arch.sync_warp()
-        # 16-byte vectors, lane-interleaved: each warp instruction covers 512 consecutive bytes
-        for k in cutlass.range(self.dq_tile_elems // 128, unroll=RED_UNROLL):
-            offset = (k * 32 + lane) * 4
-            red_add_v4_f32(dst + offset, staged + offset)
-        cute.arch.sync_warp()
-        if const_expr(self.deterministic):  # noqa: SIM102 - compile time, then run time
-            if lane == 0:
-                cute.arch.store(sem, rank + 1, sem="release", scope="gpu")
 
     @cute.jit
     def acquire_turn(self, sem: cute.Pointer, rank: Int32):
@@ -589,7 +553,7 @@ class DashBackwardSm90:
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
              heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out):
         bm, bn, d = self.bm, self.bn, self.d
-        _, chain_bhj, chain_offsets, visit_q, _ = tables
+        chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -680,11 +644,6 @@ class DashBackwardSm90:
                 # [dv_step] dV_j += rnd(P^T) dO_i, operand A straight from registers; issued
                 # once S and dP are dead, so that it never competes with them for registers.
                 gemm(mma_dkv, acc_dv, p_op, b_dot[None, None, None, stage], zero_init=False)
-                if const_expr(self.early_dk):
-                    # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers: the tensor
-                    # cores work on it while dS goes to shared memory
-                    gemm(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
-                             zero_init=False)
                 # dS to shared memory for the partial (both warpgroups' key rows are needed).
                 # One buffer per Q stage: the buffer written here was last read by the dQ MMAs
                 # of two visits ago, which both warpgroups waited for before the previous
@@ -700,15 +659,13 @@ class DashBackwardSm90:
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
                 gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
-                if const_expr(self.early_dk):
-                    warpgroup.wait_group(0)  # dV, dK and the partial are done
-                else:
-                    # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers
-                    gemm(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage],
-                             zero_init=False)
-                    # dV and the partial are done (groups retire in order); dK still runs
-                    # while the partial is staged for the dQ writer
-                    warpgroup.wait_group(1)
+                # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers, issued after the
+                # partial's MMA so that staging the partial overlaps it (measured: issuing it
+                # before the dS barrier is slower at both head dims, :mod:`.config`)
+                gemm(mma_dkv, acc_dk, ds_op, b_qt[None, None, None, stage], zero_init=False)
+                # dV and the partial are done (groups retire in order); dK still runs while
+                # the partial is staged for the dQ writer
+                warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
                 pipe_dq.producer_acquire(dq_state)
                 self.stamp(mProbe, slot + 4, lead)
@@ -749,29 +706,22 @@ class DashBackwardSm90:
 
         In tile-local coordinates (key row ``r``, query column ``c``) an element is visible
         iff ``r < keys_left`` (key < S_k), ``c < rows_left`` (query < S_q) and, causal,
-        ``r - c <= diagonal`` (key <= query + S_k - S_q). Tiles that need none of the three
-        tests skip the selects by a branch, unless the variant selects on every tile
-        (``TileConfig.full_mask_selects``).
+        ``r - c <= diagonal`` (key <= query + S_k - S_q): :func:`.mask.visible`. Tiles that
+        need none of the three tests skip the selects by a branch, unless the variant selects
+        on every tile (``BackwardConfig.select_every_tile``).
         """
-        if const_expr(self.always_select):
+        if const_expr(self.select_every_tile):  # noqa: SIM114 - compile time, then run time
             self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
-        else:
-            bm, bn = self.bm, self.bn
-            ragged = (keys_left < bn) | (rows_left < bm)
-            if const_expr(self.causal):
-                ragged = ragged | (diagonal < bn - 1)
-            if ragged:
-                self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
+        elif mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm):
+            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
 
     @cute.jit
     def select_visible(self, acc_s, coords, keys_left, rows_left, diagonal):
         """The selects of :meth:`mask_scores`, one per element."""
         for e in cutlass.range_constexpr(cute.size(acc_s)):
             r, c = coords[e][0], coords[e][1]
-            visible = (r < keys_left) & (c < rows_left)
-            if const_expr(self.causal):
-                visible = visible & (r - c <= diagonal)
-            acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(0.0))
+            seen = mask.visible(self.mask, r, c, keys_left, diagonal, rows_left)
+            acc_s[e] = cutlass.select_(seen, acc_s[e], Float32(0.0))
 
     @cute.jit
     def store_dkv_tma(self, acc_dk, acc_dv, out, epi_bar, tid, b, h_kv, j, softmax_scale,
@@ -892,27 +842,15 @@ class DashBackwardSm90:
                     row_dv[col] = acc_dv[e]
 
 
-def shared_bytes(head_dim: int, element_bytes: int = 2) -> int:
-    """Shared memory of one CTA, as ``Storage`` in :meth:`DashBackwardSm90.__call__` lays it out.
+def shared_bytes(dtype, config: BackwardConfig, head_dim: int) -> int:
+    """Shared memory of one CTA: the size of :func:`storage`, which the kernel allocates.
 
-    226 KiB at d = 64, 224 KiB at d = 128: one CTA per SM, within the 227 KiB an sm_90 CTA may
-    use (the launcher reads the device's limits and checks).
+    227 KiB at d = 64 and 226 KiB at d = 128 (bf16/fp16, rounded up to the struct's 1 KiB
+    alignment): one CTA per SM, within the 227 KiB
+    an sm_90 CTA may use (the launcher reads the device's limits and checks).
     """
-    cfg = TILES[head_dim]
-    bm, bn, d = cfg.block_m, cfg.block_n, head_dim
-    parts = [  # (bytes, alignment) in declaration order
-        (bn * d * element_bytes, 1024), (bn * d * element_bytes, 1024),
-        (bm * d * cfg.q_stages * element_bytes, 1024),
-        (bm * d * cfg.q_stages * element_bytes, 1024),
-        (bm * bn * cfg.q_stages * element_bytes, 1024), (bm * d * 4 * cfg.dq_stages, 1024),
-        (bm * cfg.q_stages * 4, 128), (bm * cfg.q_stages * 4, 128),
-        (2 * 8, 8), (2 * cfg.q_stages * 8, 8), (2 * cfg.q_stages * 8, 8),
-        (2 * cfg.dq_stages * 8, 8),
-    ]
-    offset = 0
-    for size, align in parts:
-        offset = -(-offset // align) * align + size
-    return offset
+    return storage(dtype, config, head_dim).size_in_bytes()
 
 
-__all__ = ["DashBackwardSm90", "TILES", "TileConfig", "shared_bytes", "staging_coords"]
+__all__ = ["LAUNCH_ARGS", "MASK_KINDS", "DashBackwardSm90", "Tables", "shared_bytes",
+           "staging_coords", "storage"]

@@ -9,7 +9,7 @@ section's heads first), full-mask tiles head by head (neighbours share K/V in L2
 launcher picks the grid, the hand-out and the section (``launch.forward_grid``): one CTA per
 SM, or one per tile.
 
-Roles (``FORWARD_TILES``: 512 threads at d=64, 384 at d=128)::
+Roles (:class:`~.config.ForwardConfig`: 512 threads at d=64, 384 at d=128)::
 
     warpgroup 0, warp 0   loader: picks the tiles (hands their numbers to the math warps
                           through shared memory); TMA loads of Q_i once per tile and of
@@ -52,7 +52,6 @@ backwards read.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -63,6 +62,8 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from . import mask
+from .config import ForwardConfig
 from .layouts import (
     acc_as_operand_a,
     bshd_as_sdhb,
@@ -73,63 +74,6 @@ from .layouts import (
 )
 from .ptx import exp2_minus, exp2_scaled_minus, lse2_of, reciprocal, rescaled_sum, scale_max
 
-
-@dataclass(frozen=True)
-class ForwardTiles:
-    """Tiles and buffering of the forward at one head dim.
-
-    ``block_m`` does not change the bits: a row's sums run over KV tiles of ``block_n`` keys
-    within its own warpgroup, whichever tile holds the row.
-    """
-
-    block_m: int  # query rows per tile: 64 per math warpgroup
-    block_n: int  # key rows per KV tile
-    kv_stages: int  # K and V pipeline depth
-
-    @property
-    def math_warpgroups(self) -> int:
-        return self.block_m // 64
-
-    @property
-    def math_threads(self) -> int:
-        return 128 * self.math_warpgroups
-
-    @property
-    def registers(self) -> tuple[int, int]:
-        """(loader, math) registers per thread after setmaxnreg: the file holds 64K."""
-        return {2: (24, 240), 3: (32, 160)}[self.math_warpgroups]
-
-
-# (head_dim, block_m) -> tiles. Three math warpgroups (192 rows) keep the tensor cores busier
-# while each runs its softmax (d=64); d=128 needs 240 registers per math thread, so two
-FORWARD_TILES = {
-    (64, 192): ForwardTiles(192, 128, 3),
-    (64, 128): ForwardTiles(128, 128, 3),
-    (128, 128): ForwardTiles(128, 128, 2),
-}
-
-
-SHORT_CAUSAL = 1024  # S_q up to which causal problems keep 128-row tiles at d=64
-
-
-def forward_block_m(head_dim: int, causal: bool, seqlen_q: int) -> int:
-    """Query rows per tile, by measurement on the H200 (``docs/performance.md``).
-
-    At d=64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <=
-    ``SHORT_CAUSAL``), where 128 rows waste less on the diagonal and are ~10 % faster. Bits
-    do not depend on it (see :class:`ForwardTiles`).
-    """
-    if head_dim == 64 and not (causal and seqlen_q <= SHORT_CAUSAL):
-        return 192
-    return 128
-
-
-def forward_block_ms(head_dim: int, causal: bool) -> tuple[int, ...]:
-    """Every ``block_m`` :func:`forward_block_m` can pick for this head dim and mask (the
-    rule only looks at which side of ``SHORT_CAUSAL`` the length falls)."""
-    return tuple(sorted({forward_block_m(head_dim, causal, s)
-                         for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}))
-
 TILE_STAGES = 2  # tile numbers in flight from the loader to the math warps
 
 # named barriers per math warpgroup w (0 is syncthreads): BAR_O_FULL + w, its O tile is
@@ -138,20 +82,33 @@ BAR_O_FULL = 1
 BAR_TURN = 4
 
 
+MASK_KINDS = mask.KINDS
+
+#: :meth:`DashForwardSm90.__call__`'s arguments, in order (:mod:`.arguments`): the
+#: placeholders for compiling and every launch's values are made from this list
+LAUNCH_ARGS = (
+    ("q_ptr", "input"), ("k_ptr", "input"), ("v_ptr", "input"), ("o_ptr", "input"),
+    ("lse_ptr", "f32"), ("counter_ptr", "i32"),
+    *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "num_ctas",
+                           "l2_heads", "dynamic")),
+    *((f"{t}_strides", "strides") for t in ("q", "k", "v", "o")),
+    ("scale_log2", "float"), ("stream", "stream"),
+)
+
+
 class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
-    def __init__(self, dtype, head_dim: int, *, causal: bool, block_m: int):
-        if (head_dim, block_m) not in FORWARD_TILES:
-            raise ValueError(f"(head_dim, block_m) = {(head_dim, block_m)} not supported (have "
-                             f"{sorted(FORWARD_TILES)})")
-        cfg = FORWARD_TILES[head_dim, block_m]
+    def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig):
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
         self.d = head_dim
-        self.bm, self.bn, self.kv_stages = cfg.block_m, cfg.block_n, cfg.kv_stages
-        self.wgs, self.math_threads = cfg.math_warpgroups, cfg.math_threads
-        self.loader_regs, self.math_regs = cfg.registers
-        self.causal = causal
+        self.bm, self.bn, self.kv_stages = config.block_m, config.block_n, config.kv_stages
+        self.wgs, self.math_threads = config.math_warpgroups, config.math_threads
+        self.loader_regs, self.math_regs = config.registers
+        self.mask = mask  # the mask's kind, a compile-time constant (:mod:`.mask`)
+        self.causal = mask == "causal"
 
     def _tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -322,9 +279,9 @@ class DashForwardSm90:
         At least one: a causal Q tile that sees no key (S_q > S_k) runs KV tile 0 fully
         masked, which gives its rows O = 0 and LSE2 = -inf, as the contract says.
         """
-        hi = seqlen_k
+        hi = mask.keys_seen(self.mask, (i + 1) * self.bm, seqlen_q, seqlen_k)
         if const_expr(self.causal):
-            hi = cutlass.max(cutlass.min(seqlen_k, (i + 1) * self.bm + seqlen_k - seqlen_q), 1)
+            hi = cutlass.max(cutlass.min(seqlen_k, hi), 1)
         return (hi + self.bn - 1) // self.bn
 
     # -- loader warp ---------------------------------------------------------------------------
@@ -587,10 +544,7 @@ class DashForwardSm90:
     def ragged(self, keys_left, diagonal):
         """Whether a KV tile needs the mask: it reaches past S_k, or (causal) some key in it
         lies after some query's diagonal (see :meth:`mask_scores`)."""
-        ragged = keys_left < self.bn
-        if const_expr(self.causal):
-            ragged = ragged | (diagonal < self.bn - 1)
-        return ragged
+        return mask.needs_mask(self.mask, keys_left, diagonal, self.bn)
 
     @cute.jit
     def unmasked_kv_tiles(self, i, seqlen_q, seqlen_k):
@@ -598,7 +552,7 @@ class DashForwardSm90:
         below the diagonal of the tile's first row; :meth:`ragged` is false exactly there."""
         n = seqlen_k // self.bn
         if const_expr(self.causal):
-            first_row_sees = i * self.bm + seqlen_k - seqlen_q + 1  # keys of the tile's top row
+            first_row_sees = mask.keys_seen(self.mask, i * self.bm + 1, seqlen_q, seqlen_k)
             n = cutlass.min(n, cutlass.max(first_row_sees, 0) // self.bn)
         return n
 
@@ -614,10 +568,8 @@ class DashForwardSm90:
         diagonal = diagonal + offset[0] - offset[1]
         for e in cutlass.range_constexpr(cute.size(acc_s)):
             row, col = coords[e][0], coords[e][1]
-            visible = col < keys_left
-            if const_expr(self.causal):
-                visible = visible & (col - row <= diagonal)
-            acc_s[e] = cutlass.select_(visible, acc_s[e], Float32(-math.inf))
+            seen = mask.visible(self.mask, col, row, keys_left, diagonal)
+            acc_s[e] = cutlass.select_(seen, acc_s[e], Float32(-math.inf))
 
     @cute.jit
     def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
@@ -661,5 +613,4 @@ class DashForwardSm90:
 
 
 
-__all__ = ["FORWARD_TILES", "DashForwardSm90", "ForwardTiles", "forward_block_m",
-           "forward_block_ms"]
+__all__ = ["LAUNCH_ARGS", "MASK_KINDS", "DashForwardSm90"]

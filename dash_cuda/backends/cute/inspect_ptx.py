@@ -2,8 +2,8 @@
 
     python -m dash_cuda.backends.cute.inspect_ptx [--out DIR] [--export DIR] [--quick]
 
-For each variant (the forwards: d in {64, 128}, bf16/fp16, causal; the backwards: also
-deterministic, audit, plus the GQA per-head epilogue) this compiles the kernel, keeps its
+For each shipped variant (:func:`.variants.shipped_variants`, the list warm-up exports and
+the tests use) this compiles the kernel, keeps its
 PTX, checks the instruction facts of :mod:`.contract` (:func:`check_ptx`) and that the only
 approximate instructions are the ones :mod:`dash_ref.arithmetic.mufu` models bit for bit
 (:func:`check_approx_ptx`), assembles the PTX with Triton's bundled ``ptxas`` and checks
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
-import itertools
 import os
 import re
 import shutil
@@ -37,34 +36,27 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
 from . import launch  # noqa: E402
-from .bwd_kernel import RED_UNROLL, TILES, DashBackwardSm90, staging_coords  # noqa: E402
-from .fwd_kernel import FORWARD_TILES, forward_block_ms  # noqa: E402
+from .bwd_kernel import staging_coords  # noqa: E402
+from .config import HEAD_DIMS  # noqa: E402
+from .variants import ForwardVariant, Variant, backward_variant, shipped_variants  # noqa: E402
 
 
-def all_variants(quick: bool = False) -> list[launch.Variant | launch.ForwardVariant]:
-    dims = (64,) if quick else (64, 128)
-    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
-    out: list = [launch.ForwardVariant(dt, d, causal, block_m)
-                 for d, dt, causal in itertools.product(dims, dtypes, (False, True))
-                 for block_m in forward_block_ms(d, causal)]
-    for d, dt, causal, det, audit in itertools.product(dims, dtypes, (False, True),
-                                                       (True, False), (False, True)):
-        out.append(launch.Variant(dt, d, causal, det, audit, per_head=audit))
-    # GQA runs the per-head epilogue without audit
-    for d, causal, det in itertools.product(dims, (False, True), (True, False)):
-        out.append(launch.Variant(torch.bfloat16, d, causal, det, False, per_head=True))
-    return out
+def all_variants(quick: bool = False) -> list[Variant | ForwardVariant]:
+    """:func:`.variants.shipped_variants` (``quick``: bf16 at d = 64 only)."""
+    if quick:
+        return shipped_variants((torch.bfloat16,), (64,))
+    return shipped_variants()
 
 
-def expected_wgmmas(d: int) -> int:
+def expected_wgmmas(v: Variant) -> int:
     """wgmma instructions per visit and warpgroup: k-blocks of S, dP, dV, dK and the partial."""
-    bm, bn = TILES[d].block_m, TILES[d].block_n
+    d, bm, bn = v.head_dim, v.config.block_m, v.config.block_n
     return 2 * (d // 16) + 2 * (bm // 16) + bn // 16
 
 
-def check_forward_ptx(ptx: str, v: launch.ForwardVariant) -> list[str]:
+def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     """The forward contract's instruction facts; returns the failures."""
-    cfg = FORWARD_TILES[v.head_dim, v.block_m]
+    cfg = v.config
     d, bm, bn = v.head_dim, cfg.block_m, cfg.block_n
     threads = cfg.math_threads
     scores = bm * bn // threads  # per math thread
@@ -116,12 +108,12 @@ def check_forward_ptx(ptx: str, v: launch.ForwardVariant) -> list[str]:
     return bad
 
 
-def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
+def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     """The contract's instruction facts; returns the failures."""
-    if isinstance(v, launch.ForwardVariant):
+    if isinstance(v, ForwardVariant):
         return check_forward_ptx(ptx, v)
     bad = []
-    d, bm, bn = v.head_dim, TILES[v.head_dim].block_m, TILES[v.head_dim].block_n
+    d, bm, bn = v.head_dim, v.config.block_m, v.config.block_n
     scores = bn * bm // 256  # score elements per math thread
 
     def need(cond, msg):
@@ -146,16 +138,13 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
          f"{len(ds)} sub.rn.f32 -> mul.rn.f32 pairs, expected {scores}")
     # [qk], [dp], [dv_step], [dk_step], [dq_partial]
     n_wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
-    need(n_wgmma == expected_wgmmas(d), f"{n_wgmma} wgmma.mma_async, expected "
-         f"{expected_wgmmas(d)}")
+    need(n_wgmma == expected_wgmmas(v), f"{n_wgmma} wgmma.mma_async, expected "
+         f"{expected_wgmmas(v)}")
     # rnd(P), rnd(dS) to the operand dtype
     cvt = "cvt.rn.bf16x2.f32" if v.dtype == torch.bfloat16 else "cvt.rn.f16x2.f32"
     need(len(re.findall(re.escape(cvt), ptx)) >= scores, f"fewer than {scores} {cvt}")
     # [dq_add]
-    if v.dq_add == "red":
-        bad += check_red_writer(ptx, v)
-    else:
-        bad += check_bulk_writer(ptx, v)
+    bad += check_bulk_writer(ptx, v)
     need("setmaxnreg.dec.sync.aligned.u32 \t24" in ptx or
          re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx) is not None,
          "no setmaxnreg.dec 24")
@@ -171,7 +160,7 @@ def check_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
     return bad
 
 
-def check_bulk_writer(ptx: str, v: launch.Variant) -> list[str]:
+def check_bulk_writer(ptx: str, v: Variant) -> list[str]:
     """[dq_add] by the TMA unit: one bulk reduce-add per staged tile; deterministic: the
     acquire spin before it, the wait for its completion and a proxy fence before the
     release."""
@@ -205,34 +194,6 @@ def check_bulk_writer(ptx: str, v: launch.Variant) -> list[str]:
     return bad
 
 
-def check_red_writer(ptx: str, v: launch.Variant) -> list[str]:
-    """[dq_add], the diagnostic ``dq_add="red"`` writer: vector ``red.global.add.v4.f32``
-    (``RED_UNROLL`` of them in the unrolled loop), no bulk reduce-add; deterministic: the
-    acquire spin, a warp barrier, the adds, a warp barrier, then the release store."""
-    bad = []
-
-    def need(cond, msg):
-        if not cond:
-            bad.append(msg)
-
-    red = "red.global.add.v4.f32"
-    need(ptx.count(red) == RED_UNROLL, f"{red} appears {ptx.count(red)} times, expected "
-         f"{RED_UNROLL}")
-    need("cp.reduce.async.bulk" not in ptx, "a bulk reduce-add in the red.add writer")
-    if v.deterministic and red in ptx:
-        head, tail = ptx[:ptx.index(red)], ptx[ptx.rindex(red):]
-        acquire = head.rfind("ld.acquire.gpu")
-        need(acquire >= 0 and "bar.warp.sync" in head[acquire:],
-             "no acquire spin and warp barrier before the adds")
-        m_rel = re.search(r"st\.release\.gpu", tail)
-        need(m_rel is not None and "bar.warp.sync" in tail[:m_rel.start()],
-             "no warp barrier, then release store, after the adds")
-    elif not v.deterministic:
-        need("ld.acquire" not in ptx and "st.release" not in ptx,
-             "atomic variant has semaphore code")
-    return bad
-
-
 #: The approximate instructions each kernel may run: exactly the ones
 #: :mod:`dash_ref.arithmetic.mufu` reproduces bit for bit (``ex2_approx_ftz``,
 #: ``lg2_approx_ftz``). The backward takes exp2 only ([softmax_p]); the forward also log2
@@ -248,9 +209,9 @@ _FLOAT_TYPES = frozenset({"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"})
 _STATEMENT_HEAD = re.compile(r"^(?:[$\w]+:\s*)*(?:@!?%?\w+\s+)?([a-z][\w]*(?:\.[\w:]+)*)")
 
 
-def approx_budget(v: launch.Variant | launch.ForwardVariant) -> frozenset[str]:
+def approx_budget(v: Variant | ForwardVariant) -> frozenset[str]:
     """The approximate instructions ``v``'s contract names."""
-    return FORWARD_APPROX if isinstance(v, launch.ForwardVariant) else BACKWARD_APPROX
+    return FORWARD_APPROX if isinstance(v, ForwardVariant) else BACKWARD_APPROX
 
 
 def ptx_opcodes(ptx: str) -> collections.Counter[str]:
@@ -271,7 +232,7 @@ def ptx_opcodes(ptx: str) -> collections.Counter[str]:
     return ops
 
 
-def check_approx_ptx(ptx: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
+def check_approx_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     """Exactly the approximate instructions the contract names, and no others that compute a
     value; returns the failures.
 
@@ -504,7 +465,7 @@ def check_mufu_sass(ptx: str) -> list[str]:
     return check_sass(ptx, assemble_sass(ptx))
 
 
-def compile_ptx(v: launch.Variant, folder: str) -> tuple[object, str, str, float]:
+def compile_ptx(v: Variant, folder: str) -> tuple[object, str, str, float]:
     """Compile ``v`` keeping its PTX under ``folder``: (kernel, PTX text, PTX path, seconds).
 
     The kernel also enters the in-memory cache, so an ``--export`` after it does not compile
@@ -524,11 +485,11 @@ def compile_ptx(v: launch.Variant, folder: str) -> tuple[object, str, str, float
         return kernel, f.read(), path, seconds
 
 
-def check_launch_registers(report: str, v: launch.Variant | launch.ForwardVariant) -> list[str]:
+def check_launch_registers(report: str, v: Variant | ForwardVariant) -> list[str]:
     """The backward's residency (``launch.ctas_per_sm``) assumes ``REGISTERS_AT_LAUNCH``
     registers per thread: ptxas must agree (nothing to check where ptxas did not run)."""
     m = re.match(r"regs=(\d+)", report)
-    if m is None or not isinstance(v, launch.Variant):
+    if m is None or not isinstance(v, Variant):
         return []
     regs = int(m.group(1))
     if regs != launch.REGISTERS_AT_LAUNCH:
@@ -579,12 +540,12 @@ def check_staging_layout() -> list[str]:
             found[t] = [part[e] for e in range(cute.size(part))]
 
     bad = []
-    for d in TILES:
+    for d in HEAD_DIMS:
         found.clear()
-        k = DashBackwardSm90(cutlass.BFloat16, d, causal=False, deterministic=True,
-                             audit=False, per_head=False)
+        v = backward_variant(torch.bfloat16, d, "full", True, audit=False, per_head=False)
+        k = v.kernel_object()
         cute.compile(probe, k, options="--gpu-arch=sm_90a")
-        coords = staging_coords(d)
+        coords = staging_coords(k.bm, d)
         half = k.bm * d // 2
         for t, regs in found.items():
             w, tl = divmod(t, 128)

@@ -1,11 +1,12 @@
 """Host side of the CuTe kernels: compiled kernels, the buffers they read, the launches.
 
-Kernels are specialized on (dtype, head dim, causal, deterministic, audit, per-head; the
-forward on its tile height) only; shapes and strides are run-time values. A compiled kernel
-is kept per variant in memory; ``DASH_CUTE_AOT_DIR`` names a folder of kernels exported
+Kernels are specialized on a :mod:`.variants` value (dtype, head dim, mask kind, flags and
+configuration) only; shapes and strides are run-time values. A compiled kernel is kept per
+variant in memory; ``DASH_CUTE_AOT_DIR`` names a folder of kernels exported
 ahead of time (:func:`export_kernels`, ``python -m dash_cuda.warmup --cute-aot DIR``), which
 load in milliseconds instead of compiling for a second or two. Kernels are called through
-CuTe DSL's TVM-FFI entry with plain Python values (:data:`COMPILE_OPTIONS`).
+CuTe DSL's TVM-FFI entry with plain Python values (:data:`COMPILE_OPTIONS`), made by name
+from each kernel's ``LAUNCH_ARGS`` (:mod:`.arguments`).
 
 Layouts the kernel reads (:mod:`.bwd_kernel` says why):
 
@@ -23,114 +24,36 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper, with or without a GPU
 
-import cuda.bindings.driver as cuda  # noqa: E402
-import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32, Int32  # noqa: E402
-from cutlass.cute.runtime import make_ptr  # noqa: E402
 
 from dash_cuda.backends import Launch, device_properties, new_row_stats  # noqa: E402
+from dash_cuda.tables import TABLE_NAMES  # noqa: E402
 from dash_ref import Problem  # noqa: E402
 from dash_ref.arithmetic.steps import scale_log2_value  # noqa: E402
 
-from .bwd_kernel import (  # noqa: E402
-    PROBE_CHAIN_SLOTS,
-    PROBE_VISIT_SLOTS,
-    TILES,
-    DashBackwardSm90,
-    shared_bytes,
-    staging_coords,
-)
-from .fwd_kernel import DashForwardSm90, forward_block_m  # noqa: E402
+from . import arguments, bwd_kernel, fwd_kernel  # noqa: E402
+from .bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS, staging_coords  # noqa: E402
+from .config import backward_config, forward_config  # noqa: E402
 from .layouts import NUM_THREADS  # noqa: E402
+from .variants import DTYPES, ForwardVariant, Variant, backward_variant  # noqa: E402
 
-TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
-_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 #: registers per thread at launch (ptxas -v, every variant), before setmaxnreg rebalances
 REGISTERS_AT_LAUNCH = 168
+_BACKWARD_ARGS = arguments.names(bwd_kernel.LAUNCH_ARGS)
+_FORWARD_ARGS = arguments.names(fwd_kernel.LAUNCH_ARGS)
 
 
-# -- variants and compiled kernels ------------------------------------------------------------
-@dataclass(frozen=True)
-class Variant:
-    """Everything a compiled kernel is specialized on (shapes and strides are run-time)."""
-
-    dtype: torch.dtype
-    head_dim: int
-    causal: bool
-    deterministic: bool
-    audit: bool
-    per_head: bool
-    probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
-    dq_add: str = "bulk"  # "red": the red.add dQ writer, measured against bulk (diagnostic)
-
-    @property
-    def name(self) -> str:
-        flags = ["bf16" if self.dtype == torch.bfloat16 else "fp16", f"d{self.head_dim}",
-                 "causal" if self.causal else "full",
-                 "det" if self.deterministic else "atomic"]
-        flags += ["audit"] if self.audit else []
-        flags += ["perhead"] if self.per_head else []
-        flags += ["probe"] if self.probe else []
-        flags += ["red"] if self.dq_add == "red" else []
-        return "dash_bwd_" + "_".join(flags)
-
-    def kernel_object(self) -> DashBackwardSm90:
-        return DashBackwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
-                                deterministic=self.deterministic, audit=self.audit,
-                                per_head=self.per_head, probe=self.probe, dq_add=self.dq_add)
-
-    def placeholder_args(self) -> list:
-        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
-        dt = _DTYPES[self.dtype]
-        out = Float32 if self.per_head else dt
-        ptrs = [_ptr(dt)] * 4 + [_ptr(Float32)] * 3 + [_ptr(out)] * 2
-        ptrs += [_ptr(Int32), _ptr(Float32)] + [_ptr(Int32)] * len(TABLE_NAMES)
-        ints = [Int32(1)] * 9
-        strides = [(Int32(1), Int32(1), Int32(1))] * 6
-        return [*ptrs, *ints, *strides, Float32(1.0), Float32(1.0), cuda.CUstream(0)]
-
-    @classmethod
-    def of(cls, launch: Launch) -> Variant:
-        p = launch.problem
-        return cls(launch.q.dtype, p.head_dim, p.mask == "causal", launch.deterministic,
-                   launch.audit, launch.per_head)
-
-
-def _ptr(dtype, address: int = 16):
-    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
-
-
-@dataclass(frozen=True)
-class ForwardVariant:
-    """Everything a compiled forward is specialized on (shapes and strides are run-time)."""
-
-    dtype: torch.dtype
-    head_dim: int
-    causal: bool
-    block_m: int
-
-    @property
-    def name(self) -> str:
-        return "_".join(["dash_fwd", "bf16" if self.dtype == torch.bfloat16 else "fp16",
-                         f"d{self.head_dim}", "causal" if self.causal else "full",
-                         f"m{self.block_m}"])
-
-    def kernel_object(self) -> DashForwardSm90:
-        return DashForwardSm90(_DTYPES[self.dtype], self.head_dim, causal=self.causal,
-                               block_m=self.block_m)
-
-    def placeholder_args(self) -> list:
-        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
-        dt = _DTYPES[self.dtype]
-        return [*[_ptr(dt)] * 4, _ptr(Float32), _ptr(Int32), *[Int32(1)] * 8,
-                *[(Int32(1), Int32(1), Int32(1))] * 4, Float32(1.0), cuda.CUstream(0)]
+def variant_of(launch: Launch) -> Variant:
+    """The backward variant that runs ``launch``."""
+    p = launch.problem
+    return backward_variant(launch.q.dtype, p.head_dim, p.mask, launch.deterministic,
+                            launch.audit, launch.per_head)
 
 
 #: every kernel is compiled with CuTe DSL's TVM-FFI host entry: a call takes plain Python
@@ -227,18 +150,18 @@ def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
                        dtype=torch.float32)
 
 
-_staged: dict[tuple[int, str], torch.Tensor] = {}
+_staged: dict[tuple[int, int, str], torch.Tensor] = {}
 
 
-def staged_index(head_dim: int, device: torch.device) -> torch.Tensor:
+def staged_index(block_m: int, head_dim: int, device: torch.device) -> torch.Tensor:
     """int32 ``(BM * d,)``: at ``r * d + c``, where element ``(r, c)`` of a tile is staged.
 
     The inverse of :func:`.bwd_kernel.staging_coords`; reading a tile through it gives the
     row-major tile (a gather, so that writes of the result are contiguous).
     """
-    key = (head_dim, str(device))
+    key = (block_m, head_dim, str(device))
     if key not in _staged:
-        coords = torch.tensor(staging_coords(head_dim), dtype=torch.int64)
+        coords = torch.tensor(staging_coords(block_m, head_dim), dtype=torch.int64)
         index = torch.empty(len(coords), dtype=torch.int32)
         index[coords[:, 0] * head_dim + coords[:, 1]] = torch.arange(len(coords),
                                                                     dtype=torch.int32)
@@ -246,16 +169,17 @@ def staged_index(head_dim: int, device: torch.device) -> torch.Tensor:
     return _staged[key]
 
 
-def tiles_to_rows(tiles: torch.Tensor, head_dim: int) -> torch.Tensor:
+def tiles_to_rows(tiles: torch.Tensor, block_m: int, head_dim: int) -> torch.Tensor:
     """``(N, BM * d)`` tiles in staging order as ``(N, BM, d)`` row-major (a copy)."""
-    index = staged_index(head_dim, tiles.device).long()
-    return tiles[:, index].reshape(tiles.shape[0], TILES[head_dim].block_m, head_dim)
+    index = staged_index(block_m, head_dim, tiles.device).long()
+    return tiles[:, index].reshape(tiles.shape[0], block_m, head_dim)
 
 
 def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
     """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (rows past ``S_q`` dropped)."""
     p = problem
-    rows = tiles_to_rows(dq_acc, p.head_dim).reshape(p.batch, p.heads, -1, p.head_dim)
+    rows = tiles_to_rows(dq_acc, p.block_m, p.head_dim).reshape(p.batch, p.heads, -1,
+                                                                  p.head_dim)
     return rows[:, :, :p.seqlen_q].permute(0, 2, 1, 3).contiguous()
 
 
@@ -263,7 +187,9 @@ def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
 def ctas_per_sm(launch: Launch) -> int:
     """CTAs that fit on one SM at once: shared memory, registers and threads decide."""
     props = device_properties(launch.q.device)
-    smem = shared_bytes(launch.problem.head_dim, launch.q.element_size())
+    p = launch.problem
+    smem = bwd_kernel.shared_bytes(DTYPES[launch.q.dtype], backward_config(p.head_dim, p.mask),
+                                   p.head_dim)
     by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
     regs = getattr(props, "regs_per_multiprocessor", 65536)
     by_regs = regs // (REGISTERS_AT_LAUNCH * NUM_THREADS)
@@ -350,8 +276,9 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         # zero scale makes every score 0 (Q = 0, scale 1)
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
-    variant = ForwardVariant(q.dtype, head_dim, causal,
-                             block_m or forward_block_m(head_dim, causal, seqlen_q))
+    mask = "causal" if causal else "full"
+    variant = ForwardVariant(q.dtype, head_dim, mask,
+                             forward_config(head_dim, mask, seqlen_q, q.dtype, block_m))
     kernel = get_kernel(variant)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
@@ -360,13 +287,14 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     by_counter = by_counter if dynamic is None else dynamic
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
-    kernel(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse2.data_ptr(),
-        counter.data_ptr() if by_counter else 0,
-        batch, heads, heads_kv, seqlen_q, seqlen_k, num_ctas or grid,
-        sections or heads_per_section, int(by_counter), _strides(q), _strides(k),
-        _strides(v), _strides(o), scale_log2_value(softmax_scale), _stream(q),
-    )
+    kernel(*arguments.values(_FORWARD_ARGS, dict(
+        q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
+        lse_ptr=lse2.data_ptr(), counter_ptr=counter.data_ptr() if by_counter else 0,
+        batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        num_ctas=num_ctas or grid, l2_heads=sections or heads_per_section,
+        dynamic=int(by_counter), q_strides=_strides(q), k_strides=_strides(k),
+        v_strides=_strides(v), o_strides=_strides(o),
+        scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
     return o, lse2
 
 
@@ -397,8 +325,8 @@ def run_schedule(launch: Launch) -> None:
     _check_tma(q=q, k=k, v=v, do=do)
     lse2 = pad_row_stats(launch.lse2, p.block_m)
     delta = pad_row_stats(launch.delta, p.block_m)
-    tables = [launch.tables[n] for n in TABLE_NAMES]
-    variant = Variant.of(launch)
+    tables = launch.tables
+    variant = variant_of(launch)
     partials = launch.partials
     stamps = getattr(_probe, "stamps", None)
     if stamps is not None:
@@ -408,14 +336,18 @@ def run_schedule(launch: Launch) -> None:
             raise ValueError(f"probing needs audit=False and {need} stamps")
         variant, partials = replace(variant, probe=True), stamps
     kernel = get_kernel(variant)
-    kernel(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse2.data_ptr(),
-        delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
-        launch.dv_out.data_ptr(), launch.sem.data_ptr(), partials.data_ptr(),
-        *(t.data_ptr() for t in tables),
-        p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.n_q, tables[2].numel() - 1,
-        tables[3].numel(), launch.num_workers,
-        _strides(q), _strides(k), _strides(v), _strides(do), _strides(launch.dk_out),
-        _strides(launch.dv_out),
-        scale_log2_value(launch.softmax_scale), float(launch.softmax_scale), _stream(q),
-    )
+    kernel(*arguments.values(_BACKWARD_ARGS, dict(
+        q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), do_ptr=do.data_ptr(),
+        lse_ptr=lse2.data_ptr(), delta_ptr=delta.data_ptr(),
+        dqacc_ptr=launch.dq_acc.data_ptr(), dk_ptr=launch.dk_out.data_ptr(),
+        dv_ptr=launch.dv_out.data_ptr(), sem_ptr=launch.sem.data_ptr(),
+        partials_ptr=partials.data_ptr(),
+        **{f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES},
+        batch=p.batch, heads=p.heads, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q,
+        seqlen_k=p.seqlen_k, n_q=p.n_q, num_chains=tables["chain_offsets"].numel() - 1,
+        num_visits=tables["visit_q"].numel(), num_workers=launch.num_workers,
+        q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
+        do_strides=_strides(do), dk_strides=_strides(launch.dk_out),
+        dv_strides=_strides(launch.dv_out),
+        scale_log2=scale_log2_value(launch.softmax_scale),
+        softmax_scale=float(launch.softmax_scale), stream=_stream(q))))

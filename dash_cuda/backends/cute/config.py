@@ -1,0 +1,142 @@
+"""The CuTe kernels' configurations: tiles, buffering and in-tile choices, as values.
+
+One function of the problem chooses each: :func:`backward_config` (head dim, mask kind,
+dtype) and :func:`forward_config` (head dim, mask kind, ``S_q``, dtype). The kernels take the
+configuration they are given (nothing is looked up inside a kernel module), and a compiled
+variant's name carries its configuration's :attr:`~BackwardConfig.name`.
+
+The backward's ``block_m`` and ``block_n`` are part of the problem: a schedule's tables name
+tiles of exactly these sizes (``dash_cuda.launch.problem_for`` asks :func:`backward_config`),
+so changing them changes the dQ orders and the bits. Nothing else here changes a bit: the
+forward's bits depend on ``block_n`` alone (a row's sums never leave its warpgroup), and
+stages and in-tile choices only move work in time. Every choice was made by measurement on
+an H200 (``docs/performance.md``; the A/Bs are kept under ``benchmarks/results/experiments``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tiles and buffering of one backward variant."""
+
+    block_m: int  # query rows per Q tile (part of the problem)
+    block_n: int  # key rows per KV tile (part of the problem)
+    q_stages: int = 2  # Q/LSE and dO/D pipeline depth; also the dS buffers (one per Q stage)
+    dq_stages: int = 2  # staged dQ partials between the math warps and the dQ writer
+    # [softmax_p]'s selects run in every tile (they keep every element of a tile that needs
+    # no mask) instead of behind a branch. Without the branch the exponentials and [ds] are
+    # one basic block, and ptxas interleaves them across the wait for dP: d = 128 full
+    # masks +1 - 6 % deterministic; at d = 64 it spills inside the visit loop, and causal
+    # masks keep the branch.
+    select_every_tile: bool = False
+
+    @property
+    def name(self) -> str:
+        """What a compiled variant's name says of its configuration."""
+        return (f"m{self.block_m}n{self.block_n}q{self.q_stages}dq{self.dq_stages}"
+                + ("sel" if self.select_every_tile else ""))
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """Tiles and buffering of one forward variant (``block_m`` does not change the bits)."""
+
+    block_m: int  # query rows per tile: 64 per math warpgroup
+    block_n: int  # key rows per KV tile (the bits depend on it)
+    kv_stages: int  # K and V pipeline depth
+
+    @property
+    def math_warpgroups(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def math_threads(self) -> int:
+        return 128 * self.math_warpgroups
+
+    @property
+    def registers(self) -> tuple[int, int]:
+        """(loader, math) registers per thread after setmaxnreg: the file holds 64K."""
+        return {2: (24, 240), 3: (32, 160)}[self.math_warpgroups]
+
+    @property
+    def name(self) -> str:
+        return f"m{self.block_m}n{self.block_n}kv{self.kv_stages}"
+
+
+def _supported(head_dim: int) -> None:
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported by the CuTe kernels "
+                         f"(supported: {HEAD_DIMS})")
+
+
+def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat16
+                    ) -> BackwardConfig:
+    """The backward's configuration for a problem (``mask``: its kind, ``"full"`` or
+    ``"causal"``; both dtypes run the same one).
+
+    The tiles FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128
+    a 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA
+    and would make the tiling depend on the mask). [dk_step] is issued after the partial's
+    MMA, so that staging the partial overlaps it (issuing it before the dS barrier was 1 -
+    6 % slower at d = 128 and 2 - 10 % at d = 64).
+    """
+    _supported(head_dim)
+    if head_dim == 64:
+        return BackwardConfig(128, 128)
+    return BackwardConfig(64, 128, select_every_tile=mask == "full")
+
+
+#: causal problems with S_q up to this keep 128-row forward tiles at d = 64
+SHORT_CAUSAL = 1024
+
+# Three math warpgroups (192 rows) keep the tensor cores busier while each runs its softmax
+# (d = 64); d = 128 needs 240 registers per math thread, so two.
+_FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3)},
+            128: {128: ForwardConfig(128, 128, 2)}}
+
+
+def forward_config(head_dim: int, mask: str, seqlen_q: int,
+                   dtype: torch.dtype = torch.bfloat16, block_m: int | None = None
+                   ) -> ForwardConfig:
+    """The forward's configuration for a problem.
+
+    At d = 64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <=
+    :data:`SHORT_CAUSAL`), where 128 rows waste less on the diagonal and are ~10 % faster.
+    ``block_m`` (tests, measurements) asks for the configuration of that height instead;
+    the bits do not depend on it.
+    """
+    _supported(head_dim)
+    if block_m is not None:
+        if block_m not in _FORWARD[head_dim]:
+            raise ValueError(f"block_m {block_m} at head dim {head_dim}: the forward has "
+                             f"{sorted(_FORWARD[head_dim])}")
+        return _FORWARD[head_dim][block_m]
+    if head_dim == 64 and not (mask == "causal" and seqlen_q <= SHORT_CAUSAL):
+        return _FORWARD[64][192]
+    return _FORWARD[head_dim][128]
+
+
+def forward_configs(head_dim: int, mask: str) -> tuple[ForwardConfig, ...]:
+    """Every configuration :func:`forward_config` can pick for this head dim and mask (its
+    rule only looks at which side of :data:`SHORT_CAUSAL` the length falls)."""
+    picked = {forward_config(head_dim, mask, s) for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}
+    return tuple(sorted(picked, key=lambda c: c.block_m))
+
+
+def forward_block_n(head_dim: int) -> int:
+    """Keys per KV tile of the forward at ``head_dim``: every configuration's (the bits
+    depend on it, so ``dash_ref``'s fast forward takes it)."""
+    _supported(head_dim)
+    (block_n,) = {c.block_n for c in _FORWARD[head_dim].values()}
+    return block_n
+
+
+__all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "BackwardConfig", "ForwardConfig", "backward_config",
+           "forward_block_n", "forward_config", "forward_configs"]

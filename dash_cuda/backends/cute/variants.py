@@ -1,0 +1,123 @@
+"""What a compiled CuTe kernel is specialized on, and the one list of every shipped variant.
+
+A variant is a value: the dtype, the head dim, the mask's kind, the flags that change the
+kernel's code (deterministic, audit, per-head dK/dV), and the configuration
+(:mod:`.config`) chosen for them. Shapes and strides are run-time arguments. Its ``name``
+says all of it, so an exported kernel (``DIR/<name>.o``) can only be loaded by the variant
+it was compiled for. :func:`shipped_variants` is what warm-up exports, what the instruction
+checks compile and what the tests parametrize over.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import cutlass
+import torch
+from cutlass import Float32
+
+from . import arguments, bwd_kernel, fwd_kernel
+from .config import (
+    HEAD_DIMS,
+    BackwardConfig,
+    ForwardConfig,
+    backward_config,
+    forward_configs,
+)
+from .mask import KINDS as MASK_KINDS
+
+DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return "bf16" if dtype == torch.bfloat16 else "fp16"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Everything a compiled backward is specialized on."""
+
+    dtype: torch.dtype
+    head_dim: int
+    mask: str
+    deterministic: bool
+    audit: bool
+    per_head: bool
+    config: BackwardConfig
+    probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
+
+    @property
+    def name(self) -> str:
+        flags = [_dtype_name(self.dtype), f"d{self.head_dim}", self.mask,
+                 "det" if self.deterministic else "atomic"]
+        flags += ["audit"] if self.audit else []
+        flags += ["perhead"] if self.per_head else []
+        flags += ["probe"] if self.probe else []
+        return "_".join(["dash_bwd", *flags, self.config.name])
+
+    def kernel_object(self) -> bwd_kernel.DashBackwardSm90:
+        return bwd_kernel.DashBackwardSm90(
+            DTYPES[self.dtype], self.head_dim, mask=self.mask, config=self.config,
+            deterministic=self.deterministic, audit=self.audit, per_head=self.per_head,
+            probe=self.probe)
+
+    def placeholder_args(self) -> list:
+        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
+        out = Float32 if self.per_head else DTYPES[self.dtype]
+        return arguments.placeholders(bwd_kernel.LAUNCH_ARGS, DTYPES[self.dtype], out)
+
+
+@dataclass(frozen=True)
+class ForwardVariant:
+    """Everything a compiled forward is specialized on."""
+
+    dtype: torch.dtype
+    head_dim: int
+    mask: str
+    config: ForwardConfig
+
+    @property
+    def block_m(self) -> int:
+        return self.config.block_m
+
+    @property
+    def name(self) -> str:
+        return "_".join(["dash_fwd", _dtype_name(self.dtype), f"d{self.head_dim}", self.mask,
+                         self.config.name])
+
+    def kernel_object(self) -> fwd_kernel.DashForwardSm90:
+        return fwd_kernel.DashForwardSm90(DTYPES[self.dtype], self.head_dim, mask=self.mask,
+                                          config=self.config)
+
+    def placeholder_args(self) -> list:
+        """Arguments of the right types for ``cute.compile`` (their values are never used)."""
+        dt = DTYPES[self.dtype]
+        return arguments.placeholders(fwd_kernel.LAUNCH_ARGS, dt, dt)
+
+
+def backward_variant(dtype: torch.dtype, head_dim: int, mask: str, deterministic: bool,
+                     audit: bool, per_head: bool, probe: bool = False) -> Variant:
+    """The backward variant of a call, with the configuration :func:`.config.backward_config`
+    chooses for it."""
+    return Variant(dtype, head_dim, mask, deterministic, audit, per_head,
+                   backward_config(head_dim, mask, dtype), probe)
+
+
+def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant | ForwardVariant]:
+    """Every variant a call can run: the forwards (each configuration the forward's rule can
+    pick), then the backwards (deterministic and atomic; dK/dV rounded, per-head for GQA,
+    and per-head with audit)."""
+    out: list[Variant | ForwardVariant] = [
+        ForwardVariant(dtype, d, mask, config)
+        for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
+        for config in forward_configs(d, mask)]
+    for dtype, d, mask, det in itertools.product(dtypes, head_dims, MASK_KINDS, (True, False)):
+        out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
+                backward_variant(dtype, d, mask, det, audit=False, per_head=True),
+                backward_variant(dtype, d, mask, det, audit=True, per_head=True)]
+    return out
+
+
+__all__ = ["DTYPES", "MASK_KINDS", "ForwardVariant", "Variant", "backward_variant",
+           "shipped_variants"]
