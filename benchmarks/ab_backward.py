@@ -15,13 +15,6 @@ clock hits all) on the best deterministic schedule of the mask (``shift`` full, 
 shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
 against the candidate with ``torch.equal``: a change that moves no add must keep the bits.
 Writes ``ab_backward.json`` and ``ab_backward.md``.
-
-``--export DIR --dq-add red`` exports the working tree's kernels with the diagnostic
-``red.add`` dQ writer under the plain kernels' names, so that they run as a base against
-the bulk reduce-add (``docs/performance.md``, the dQ add instruction)::
-
-    python benchmarks/ab_backward.py --export ab/red --dq-add red                # CPU
-    python benchmarks/ab_backward.py --base red=ab/red --out OUT                 # GPU
 """
 
 from __future__ import annotations
@@ -29,8 +22,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
+
+from harness import (
+    HIDDEN,
+    TOKENS,
+    cute_backward_variant,
+    flops_backward,
+    grid_inputs,
+    group_error,
+    no_cuda,
+    save_report,
+    timed,
+)
 
 
 def variants(head_dims, per_head: bool = False):
@@ -38,9 +42,7 @@ def variants(head_dims, per_head: bool = False):
     the grouped-query ones, which keep dK and dV per query head)."""
     import torch
 
-    from dash_cuda.backends.cute import launch
-
-    return [launch.Variant(torch.bfloat16, d, causal, det, False, per_head)
+    return [cute_backward_variant(torch.bfloat16, d, causal, det, per_head=per_head)
             for d in head_dims for causal in (False, True) for det in (True, False)]
 
 
@@ -54,8 +56,6 @@ def load_base(folder: Path, head_dims, per_head: bool = False) -> dict:
 
 def run(args) -> dict:
     import torch
-    from bench_attention import grid_inputs
-    from bench_backward import timed
 
     import dash_cuda
     from dash_cuda.backends.cute import launch
@@ -71,10 +71,10 @@ def run(args) -> dict:
     for d in args.head_dims:
         for causal in (False, True):
             for s in args.seqlens:
-                h, b = 2048 // d, 16384 // s
+                h, b = HIDDEN // d, TOKENS // s
                 q, k, v, do = grid_inputs(d, s, gen, args.group)
                 o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
-                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                flops = flops_backward(b, h, s, d, causal)
                 for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
                     det = schedule != "atomic"
 
@@ -147,13 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head: > 1 times the grouped-query kernels")
-    ap.add_argument("--dq-add", choices=("bulk", "red"), default="bulk",
-                    help="with --export: the dQ writer's add instruction (red: the "
-                         "diagnostic red.add writer, exported under the plain names)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_attention import group_error
-
     error = group_error(args.group, args.head_dims)
     if error:
         print(f"ab_backward: --group: {error}", file=sys.stderr)
@@ -164,13 +158,9 @@ def main(argv: list[str] | None = None) -> int:
 
         plain = variants(args.head_dims, args.group > 1)
         for v in plain:
-            kernel = launch.compile_kernel(replace(v, dq_add=args.dq_add))
-            launch.export_kernel(kernel, str(args.export), v.name)
-        print(f"exported {len(plain)} kernels ({args.dq_add} dQ add) to {args.export}")
+            launch.export_kernel(launch.compile_kernel(v), str(args.export), v.name)
+        print(f"exported {len(plain)} kernels to {args.export}")
         return 0
-    if args.dq_add != "bulk":
-        print("ab_backward: --dq-add goes with --export", file=sys.stderr)
-        return 2
     if not args.base:
         print("ab_backward: give at least one --base NAME=DIR", file=sys.stderr)
         return 2
@@ -178,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"ab_backward: no folder {', '.join(missing)}", file=sys.stderr)
         return 2
-    from report import no_cuda, save_report
-
     if no_cuda("ab_backward"):
         return 2
     report = run(args)

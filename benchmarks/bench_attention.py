@@ -18,74 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from report import save_report
+from harness import (
+    HIDDEN,
+    SEQLENS,
+    environment,
+    flops_backward,
+    grid_cells,
+    grid_inputs,
+    load_fa4,
+    peer_closures,
+    save_report,
+    timed,
+)
 
-TOKENS, HIDDEN = 16384, 2048
 REPEATS = 20
-
-
-def group_error(group: int, head_dims) -> str | None:
-    """Why the grid cannot run ``group`` query heads per KV head at ``head_dims`` (the grid's
-    head counts are ``HIDDEN / d``), or None."""
-    if group < 1 or any((HIDDEN // d) % group for d in head_dims):
-        return f"the group must divide the head count {HIDDEN} / d for d in {list(head_dims)}"
-    return None
-
-
-def grid_inputs(d: int, s: int, gen, group: int = 1):
-    """``(q, k, v, dO)`` of the grid cell ``(d, S)``: bf16 ``(B, S, H, d)``, 16384 tokens,
-    hidden 2048; K and V with ``H / group`` heads (grouped-query attention)."""
-    import torch
-
-    h, b = HIDDEN // d, TOKENS // s
-    return tuple(torch.randn(b, s, heads, d, device="cuda", generator=gen).bfloat16()
-                 for heads in (h, h // group, h // group, h))
-
-
-def _sdpa_closures(backend: str, q, k, v, do, causal):
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-
-    def fwd():
-        with sdpa_kernel(chosen):
-            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
-                                                                    is_causal=causal)
-
-    out = fwd()
-    dot = do.transpose(1, 2)
-    return fwd, lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
-
-
-def _fa4_closures(fa, deterministic: bool, q, k, v, do, causal):
-    import torch
-
-    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-
-    def fwd():
-        out = fa(qg, kg, vg, causal=causal, deterministic=deterministic)
-        return out[0] if isinstance(out, tuple) else out
-
-    out = fwd()
-    return fwd, lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
-
-
-def _dash_closures(backend: str, name: str, q, k, v, do, causal, workers):
-    import dash_cuda
-
-    det = name != "atomic"
-    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
-    return (lambda: dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend),
-            lambda: dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
-                                                 schedule=name if det else "auto",
-                                                 deterministic=det, num_workers=workers,
-                                                 backend=backend))
 
 
 def ours(impl: str) -> bool:
@@ -107,19 +56,16 @@ def repeatable(bwd, n: int = REPEATS) -> bool:
 
 def run(args) -> dict:
     import torch
-    from bench_backward import environment, flops_backward, timed
 
     from dash_cuda import backward_problem, tables
     from dash_ref import DETERMINISTIC
-    from verify.impls import load_fa4
 
     fa = load_fa4()
     env = environment(args)
     env["fa4"] = "available" if fa is not None else "not importable"
     dash_rows = [f"{be}:{n}" for be in args.backends for n in (*DETERMINISTIC, "atomic")]
     peers = ["sdpa-cudnn", "sdpa-flash"] + (["fa4", "fa4-det"] if fa is not None else [])
-    cells = [(d, HIDDEN // d, s, TOKENS // s, causal) for d in args.head_dims
-             for causal in (m == "causal" for m in args.masks) for s in args.seqlens]
+    cells = list(grid_cells(args.head_dims, args.masks, args.seqlens))
     t0 = time.perf_counter()
     tables.prepare([(backward_problem(b, h, h, s, s, d, causal, backend=be), n,
                      env["num_workers"])
@@ -136,20 +82,13 @@ def run(args) -> dict:
                   "cells not measured", flush=True)
             env["cells_skipped"] = len(cells) - n_cell + 1
             break
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                       for _ in range(4))
+        q, k, v, do = grid_inputs(d, s, gen)
         flops_b = flops_backward(b, h, s, d, causal)
         mask = "causal" if causal else "full"
         for impl in dash_rows + peers:
             rec = {"d": d, "H": h, "S": s, "B": b, "mask": mask, "impl": impl}
             try:
-                if ours(impl):
-                    fwd, bwd = _dash_closures(*impl.split(":"), q, k, v, do, causal,
-                                              args.workers)
-                elif impl.startswith("sdpa-"):
-                    fwd, bwd = _sdpa_closures(impl[5:], q, k, v, do, causal)
-                else:
-                    fwd, bwd = _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)
+                fwd, bwd = peer_closures(impl, q, k, v, do, causal, args.workers, fa)
                 fwd_ms, _ = timed(fwd, args.warmup, args.reps)
                 bwd_ms, mode = timed(bwd, args.warmup, args.reps)
                 rec.update(fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4), timing=mode,
@@ -371,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--plot", type=Path, help="only redraw the PNG (and table) of a JSON")
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
-    parser.add_argument("--seqlens", nargs="+", type=int,
-                        default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
     parser.add_argument("--masks", nargs="+", default=["full", "causal"])
     parser.add_argument("--backends", nargs="+", default=["cute", "triton"],
                         choices=["cute", "triton"])
@@ -389,7 +327,6 @@ def main(argv: list[str] | None = None) -> int:
         plot(report, args.plot.with_suffix(".png"))
         args.plot.with_suffix(".md").write_text(markdown(report))
         return 0
-    sys.path.insert(0, str(Path(__file__).parent))
     report = run(args)
     save_report(args.out, args.tag, report, markdown(report))
     try:

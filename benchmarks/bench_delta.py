@@ -19,15 +19,21 @@ import functools
 import sys
 from pathlib import Path
 
-from report import no_cuda, provenance, save_report
-
-SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+from harness import (
+    HEAD_DIMS,
+    SEQLENS,
+    environment,
+    grid_inputs,
+    interleaved_rounds,
+    no_cuda,
+    provenance,
+    replayable,
+    save_report,
+)
 
 
 def run(args) -> dict:
     import torch
-    from bench_attention import grid_inputs
-    from bench_backward import environment, replayable
 
     import dash_cuda
     from dash_cuda import prepost
@@ -48,24 +54,9 @@ def run(args) -> dict:
                 prepost.preprocess_delta = pairwise_delta
         return call
 
-    def median_of_rounds(runs: dict, rounds: int, reps: int) -> dict:
-        best = {name: float("inf") for name in runs}
-        for _ in range(rounds):
-            for name, run in runs.items():  # interleaved: every implementation each round
-                events = [(torch.cuda.Event(enable_timing=True),
-                           torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-                for start, end in events:
-                    start.record()
-                    run()
-                    end.record()
-                torch.cuda.synchronize()
-                times = sorted(s.elapsed_time(e) for s, e in events)
-                best[name] = min(best[name], times[len(times) // 2])
-        return best
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for d in (64, 128):
+    for d in HEAD_DIMS:
         for causal in (False, True):
             for s in SEQLENS:
                 q, k, v, do = grid_inputs(d, s, gen)
@@ -77,7 +68,8 @@ def run(args) -> dict:
                         backward_with(fn, q, k, v, o, lse, do, causal), args.warmup)
                     runs[f"D {name}"], _ = replayable(
                         functools.partial(fn, o, do, block_m, True), args.warmup)
-                ms = median_of_rounds(runs, args.rounds, args.reps)
+                ms = {name: min(times) for name, times in
+                      interleaved_rounds(runs, args.rounds, args.reps).items()}
                 row = {"d": d, "mask": "causal" if causal else "full", "seqlen": s,
                        "ms": ms, "modes": modes,
                        "ratio": ms["pairwise"] / ms["tl.sum"]}
@@ -117,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     args.argv = argv if argv is not None else sys.argv[1:]
-    args.workers, args.head_dims = None, (64, 128)  # what bench_backward.environment reads
     if no_cuda("bench_delta"):
         return 2
     report = run(args)

@@ -1,6 +1,6 @@
 """What ``exact=True`` costs: backward TFLOP/s of the default and the exact arithmetic.
 
-Same grid and timing as ``bench_backward.py`` (16384 tokens, hidden 2048, bf16, full and
+The grid and timing of ``harness.py`` (16384 tokens, hidden 2048, bf16, full and
 causal masks, CUDA-graph replays, median of ``--reps``), on the schedule ``auto`` picks for
 each cell. The two arithmetics are timed alternately in one process (default, exact,
 default, exact) and each gets the better of its two medians, so drift between them does
@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_backward import cells, environment, flops_backward, timed
-from report import save_report
+from harness import environment, flops_backward, grid_cells, grid_inputs, save_report, timed
 
 import dash_cuda
 from dash_cuda import backward_problem, tables
@@ -38,7 +37,7 @@ def run(args) -> dict:
     env = environment(args)
     workers = env["num_workers"]
     grid = [(d, h, s, b, causal, default_schedule("causal" if causal else "full", d, s))
-            for d, h, s, b, causal in cells(args)]
+            for d, h, s, b, causal in grid_cells(args.head_dims, args.masks, args.seqlens)]
     t0 = time.perf_counter()
     tables.prepare([(backward_problem(b, h, h, s, s, d, causal), name, workers)
                     for d, h, s, b, causal, name in grid], processes=args.processes)
@@ -47,8 +46,7 @@ def run(args) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     records = []
     for d, h, s, b, causal, name in grid:
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                       for _ in range(4))
+        q, k, v, do = grid_inputs(d, s, gen)
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal)
         run_mode = {exact: functools.partial(
             dash_cuda.attention_backward, q, k, v, o, lse, do, causal=causal, schedule=name,

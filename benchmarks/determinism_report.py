@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from report import git_revision, no_cuda
+from harness import HEAD_DIMS, HIDDEN, TOKENS, git_revision, no_cuda
 
 from dash_ref import DETERMINISTIC, MASKS, Problem
 from verify.audit import audit
@@ -35,10 +35,10 @@ PEERS = ("sdpa-cudnn", "sdpa-cudnn-det", "sdpa-flash", "sdpa-flash-det", "sdpa-e
 def grid(seqlens: list[int]) -> list[Problem]:
     """The paper's grid (16384 tokens, hidden 2048) at the given lengths, both masks."""
     out = []
-    for d, heads in ((64, 32), (128, 16)):
+    for d in HEAD_DIMS:
         for s in seqlens:
             for mask in ("full", "causal"):
-                out.append(Problem(16384 // s, heads, heads, s, s, d, mask))
+                out.append(Problem(TOKENS // s, HIDDEN // d, HIDDEN // d, s, s, d, mask))
     return out
 
 
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         head_dims = [int(d) for d in args.long_head_dims.split(",")]
     except ValueError:
         head_dims = []
-    if not head_dims or any(d <= 0 or 2048 % d for d in head_dims):
-        print(f"--long-head-dims: expected divisors of 2048, got {args.long_head_dims!r}",
+    if not head_dims or any(d <= 0 or HIDDEN % d for d in head_dims):
+        print(f"--long-head-dims: expected divisors of {HIDDEN}, got {args.long_head_dims!r}",
               file=sys.stderr)
         return 2
     if no_cuda("determinism_report"):
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"long audit, {args.long_trials} trials each:", flush=True)
     for d in head_dims:
         for mask in masks:
-            long_problem = Problem(4, 2048 // d, 2048 // d, 4096, 4096, d, mask)
+            long_problem = Problem(TOKENS // 4096, HIDDEN // d, HIDDEN // d, 4096, 4096, d, mask)
             for name in ours:
                 rows.append(run_audit(name, long_problem, args.long_trials))
                 save()

@@ -15,8 +15,18 @@ Writes ``forward_grid.json`` and ``forward_grid.md`` (bf16, 16384 tokens, hidden
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from harness import (
+    HIDDEN,
+    TOKENS,
+    cute_forward_block_m,
+    cute_forward_tiles,
+    no_cuda,
+    provenance,
+    save_report,
+    timed,
+)
 
 OPTIONS = ("persistent interleaved", "persistent sections", "dynamic interleaved",
            "dynamic sections", "per-tile interleaved", "per-tile sections")
@@ -37,22 +47,20 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
     """Every launch option of each cell; with ``block_ms``, of each of those tile heights
     the head dim has (options then named ``m<rows> <option>``)."""
     import torch
-    from bench_backward import timed
 
-    from dash_cuda.backends.cute.fwd_kernel import FORWARD_TILES, forward_block_m
     from dash_cuda.backends.cute.launch import forward_grid, l2_heads, run_forward
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for d, causal, s in cells:
-        heads, batch = 2048 // d, max(1, 16384 // s)
+        heads, batch = HIDDEN // d, max(1, TOKENS // s)
         q, k, v = (torch.randn(batch, s, heads, d, device="cuda", generator=gen).bfloat16()
                    for _ in range(3))
         flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
-        chosen = forward_block_m(d, causal, s)
+        chosen = cute_forward_block_m(d, causal, s)
         options, rule = {}, None  # name -> (block_m, CTAs, heads per section, dynamic)
-        for bm in [m for m in (block_ms or [chosen]) if (d, m) in FORWARD_TILES]:
+        for bm in [m for m in (block_ms or [chosen]) if (d, m) in cute_forward_tiles()]:
             tiles = batch * heads * -(-s // bm)
             for name, launch in launches(tiles, sms, batch * heads,
                                          l2_heads(k, batch * heads)).items():
@@ -126,9 +134,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="time these tile heights too (those the head dim has)")
     ap.add_argument("--tag", default="forward_grid")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from report import no_cuda, provenance, save_report
-
     if no_cuda("forward_grid"):
         return 2
     cells = [(d, m == "causal", s) for d in args.head_dims for m in args.masks

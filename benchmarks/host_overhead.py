@@ -20,9 +20,10 @@ import cProfile
 import importlib
 import io
 import pstats
-import sys
 import time
 from pathlib import Path
+
+from harness import no_cuda, provenance, save_report
 
 
 def measure(shape: tuple[int, int, int, int], causal: bool, calls: int) -> dict:
@@ -145,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="full mask (default causal)")
     ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from report import no_cuda, provenance, save_report
-
     if no_cuda("host_overhead"):
         return 2
     report = measure(tuple(args.shape), not args.full, args.calls)

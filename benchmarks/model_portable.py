@@ -19,14 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from report import save_report
+from harness import HIDDEN, SEQLENS, TOKENS, save_report
 
 from dash_ref import DETERMINISTIC, PORTABLE, Problem, build_schedule, simulate
 from dash_ref.cpu import one_thread
 
-TOKENS, HIDDEN = 16384, 2048
 TILES = {64: (128, 128), 128: (64, 128)}  # the CuTe backward's
-SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
 def calibration(path: Path) -> dict[int, tuple[float, float]]:

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import save_report
+from harness import cute_backward_tiles, save_report
 
 from dash_cuda.api import backward_problem
 from dash_ref import DETERMINISTIC, Problem, build_schedule
@@ -58,9 +58,7 @@ def staging_of(backend: str, head_dim: int) -> int | None:
     ``TileConfig.dq_stages``); None where the model has no bound (Triton: ``sync``)."""
     if BACKENDS[backend][1] != "async":
         return None
-    from dash_cuda.backends.cute.bwd_kernel import TILES
-
-    return TILES[head_dim].dq_stages
+    return cute_backward_tiles(head_dim).dq_stages
 
 
 def problem_of(key: tuple, backend: str) -> Problem:

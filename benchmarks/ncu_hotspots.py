@@ -18,7 +18,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ncu_summary import profile_main, ranges_of
+from harness import profile_main, ranges_of
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"

@@ -14,14 +14,12 @@ cycles; stall figures are ncu's average warps stalled per issued instruction, pe
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import re
 import sys
 from pathlib import Path
 
-from report import save_report
+from harness import profile_main, ranges_of
 
 # (column label, candidate metric names: the first present in the export is used)
 METRICS = [
@@ -69,24 +67,6 @@ def number(text: str) -> float | None:
         return float(text.replace(",", ""))
     except (AttributeError, ValueError):
         return None
-
-
-def ranges_of(folder: Path, kernels: list, source: str, name=lambda k: k["Kernel Name"]
-              ) -> list[tuple[dict, list]]:
-    """``(range, its kernels)`` for every range of ``ranges.json`` that ran a kernel: the
-    kernels after each ``spin_kernel`` marker up to the next (``name`` gives a kernel's
-    name; ``source`` names the export in the error when the counts differ)."""
-    ranges = json.loads((folder / "ranges.json").read_text())
-    groups: list[list] = []
-    for k in kernels:
-        if "spin_kernel" in name(k):
-            groups.append([])
-        elif groups:
-            groups[-1].append(k)
-    if len(groups) != len(ranges):
-        raise ValueError(f"{len(groups)} marked ranges in {source}, {len(ranges)} in "
-                         "ranges.json")
-    return [(meta, group) for meta, group in zip(ranges, groups) if group]
 
 
 def summarize(folder: Path) -> dict:
@@ -139,32 +119,6 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['d']} | {r['mask']} | {r['S']} | {r['impl']} | {r['pass']} | "
                      + " | ".join(cells) + f" | {top} |")
     return "\n".join(lines) + "\n"
-
-
-def profile_main(argv: list[str] | None, tool: str, description: str, export: str,
-                 build, table) -> int:
-    """The command line of a report over a profile folder (``export`` and ``ranges.json``
-    in it): ``build(folder)`` makes the report, ``table(report)`` its Markdown."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="default: the folder")
-    parser.add_argument("--tag", default=tool)
-    parser.add_argument("--command", default=None, help="how the profile was taken")
-    parser.add_argument("--revision", default=None, help="the git revision profiled")
-    args = parser.parse_args(argv)
-    for name in (export, "ranges.json"):
-        if not (args.folder / name).is_file():
-            print(f"{tool}: {args.folder / name} not found", file=sys.stderr)
-            return 2
-    try:
-        report = build(args.folder)
-    except ValueError as err:
-        print(f"{tool}: {err}", file=sys.stderr)
-        return 2
-    if args.command:
-        report.update(command=args.command, git_revision=args.revision or "unknown")
-    save_report(args.out or args.folder, args.tag, report, table(report))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

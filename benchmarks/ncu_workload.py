@@ -20,55 +20,33 @@ import json
 import sys
 from pathlib import Path
 
-from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures
-from report import no_cuda
+from harness import HIDDEN, TOKENS, grid_inputs, load_fa4, no_cuda, parse_cell, peer_closures
 
 IMPLS = ("cute:shift", "cute:atomic", "fa4-det", "fa4")
-
-
-def cases(spec: list[str]) -> list[tuple[int, str, int]]:
-    """``d:mask:S`` strings as tuples."""
-    out = []
-    for item in spec:
-        d, mask, s = item.split(":")
-        if mask not in ("full", "causal"):
-            raise ValueError(f"mask must be full or causal, got {mask!r}")
-        out.append((int(d), mask, int(s)))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cases", nargs="+", default=["64:full:4096", "128:full:2048"],
+    parser.add_argument("--cases", nargs="+", type=parse_cell,
+                        default=[(64, "full", 4096), (128, "full", 2048)],
                         help="d:mask:S on the paper's grid (16384 tokens, hidden 2048)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLS))
     args = parser.parse_args(argv)
-    try:
-        todo = cases(args.cases)
-    except ValueError as err:
-        print(f"ncu_workload: {err}", file=sys.stderr)
-        return 2
     if no_cuda("ncu_workload"):
         return 2
     import torch
-
-    from verify.impls import load_fa4
 
     fa = load_fa4()
     impls = [i for i in args.impls if fa is not None or not i.startswith("fa4")]
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     ranges = []
-    for d, mask, s in todo:
+    for d, mask, s in args.cases:
         h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                       for _ in range(4))
+        q, k, v, do = grid_inputs(d, s, gen)
         for impl in impls:
-            if impl.startswith("cute:"):
-                fwd, bwd = _dash_closures("cute", impl[5:], q, k, v, do, causal, None)
-            else:
-                fwd, bwd = _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)
+            fwd, bwd = peer_closures(impl, q, k, v, do, causal, None, fa)
             for name, fn in (("fwd", fwd), ("bwd", bwd)):
                 if name == "fwd" and impl in ("cute:atomic", "fa4-det"):
                     continue  # the same forward as cute:shift / fa4

@@ -26,10 +26,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from profile_backward import kernel_times, parse_cell
-from report import no_cuda, save_report
+from harness import (
+    HIDDEN,
+    TOKENS,
+    cute_probe_slots,
+    grid_inputs,
+    kernel_times,
+    no_cuda,
+    parse_cell,
+    save_report,
+)
 
-TOKENS, HIDDEN = 16384, 2048
 PHASES = {  # name: (from slot, to slot), visit slots of bwd_kernel's probe
     "wait Q/dO": (0, 1), "S, dP, softmax": (1, 2), "dS + barrier": (2, 3),
     "wait staging": (3, 4), "stage + dK": (4, 5),
@@ -42,11 +49,10 @@ def _median_us(values, ghz: float) -> float:
 
 def analyse(stamps: np.ndarray, tables: dict, kernel_us: float, deterministic: bool) -> dict:
     """Phase medians (us) from the stamps of one probed launch."""
-    from dash_cuda.backends.cute.bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS
-
+    visit_slots, chain_slots = cute_probe_slots()
     n_vis = len(tables["visit_q"])
-    v = stamps[:n_vis * PROBE_VISIT_SLOTS].reshape(n_vis, PROBE_VISIT_SLOTS).astype(np.int64)
-    ch = stamps[n_vis * PROBE_VISIT_SLOTS:].reshape(-1, PROBE_CHAIN_SLOTS).astype(np.int64)
+    v = stamps[:n_vis * visit_slots].reshape(n_vis, visit_slots).astype(np.int64)
+    ch = stamps[n_vis * visit_slots:].reshape(-1, chain_slots).astype(np.int64)
     wrap = lambda x: np.mod(x, 2**32)  # noqa: E731 - %clock is a wrapping 32-bit counter
     offsets, workers = tables["chain_offsets"], tables["worker_offsets"]
     phases = {name: [] for name in PHASES}
@@ -94,14 +100,12 @@ def probe_cell(d: int, mask: str, s: int, schedule: str, gen) -> dict:
 
     import dash_cuda
     from dash_cuda import backward_problem
-    from dash_cuda.backends.cute.bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS
     from dash_cuda.backends.cute.launch import probing
     from dash_cuda.tables import device_schedule
 
     h, b = HIDDEN // d, TOKENS // s
     causal = mask == "causal"
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
-                   for _ in range(4))
+    q, k, v, do = grid_inputs(d, s, gen)
     o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
     det = schedule != "atomic"
     workers = torch.cuda.get_device_properties(0).multi_processor_count
@@ -109,8 +113,9 @@ def probe_cell(d: int, mask: str, s: int, schedule: str, gen) -> dict:
     problem = backward_problem(b, h, h, s, s, d, causal, backend="cute")
     sched = device_schedule(problem, schedule if det else "atomic", workers, q.device)
     tables = {key: t.cpu().numpy() for key, t in sched.tables.items()}
-    stamps = torch.zeros(len(tables["visit_q"]) * PROBE_VISIT_SLOTS
-                         + (len(tables["chain_offsets"]) - 1) * PROBE_CHAIN_SLOTS,
+    visit_slots, chain_slots = cute_probe_slots()
+    stamps = torch.zeros(len(tables["visit_q"]) * visit_slots
+                         + (len(tables["chain_offsets"]) - 1) * chain_slots,
                          device="cuda", dtype=torch.int32)
 
     def bwd():

@@ -15,51 +15,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-from report import no_cuda, save_report
-
-
-def _backward_closure(impl: str, q, k, v, do, causal: bool):
-    """A no-argument backward of ``impl`` (``BACKEND:SCHEDULE``, ``fa4`` or ``fa4-det``): the
-    closures ``bench_attention.py`` times."""
-    from bench_attention import _dash_closures, _fa4_closures
-
-    if ":" in impl:
-        return _dash_closures(*impl.split(":"), q, k, v, do, causal, None)[1]
-    from verify.impls import load_fa4
-
-    fa = load_fa4()
-    if fa is None:
-        raise RuntimeError("FlashAttention-4 is not importable")
-    return _fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)[1]
-
-
-def kernel_times(fn, reps: int) -> dict[str, float]:
-    """Mean GPU microseconds per call of every kernel (and memset/copy) ``fn`` launches."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            total[evt.name[:90]] += evt.device_time / reps
-    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
-
-
-def parse_cell(text: str) -> tuple[int, str, int]:
-    d, mask, s = text.split(":")
-    if mask not in ("full", "causal"):
-        raise argparse.ArgumentTypeError(f"mask must be full or causal, got {mask!r}")
-    return int(d), mask, int(s)
+from harness import (
+    HIDDEN,
+    TOKENS,
+    grid_inputs,
+    group_error,
+    kernel_times,
+    no_cuda,
+    parse_cell,
+    peer_closures,
+    save_report,
+)
 
 
 def markdown(report: dict) -> str:
@@ -92,9 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head (grouped-query attention)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_attention import HIDDEN, TOKENS, grid_inputs, group_error
-
     error = group_error(args.group, sorted({d for d, _, _ in args.cells}))
     if error:
         print(f"profile_backward: --group: {error}", file=sys.stderr)
@@ -112,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         kernels: dict[str, object] = {}
         for impl in args.impls:
             try:
-                kernels[impl] = kernel_times(
-                    _backward_closure(impl, q, k, v, do, mask == "causal"), args.reps)
+                _, bwd = peer_closures(impl, q, k, v, do, mask == "causal")
+                kernels[impl] = kernel_times(bwd, args.reps)
                 print(f"d={d} {mask} S={s} {impl}: {sum(kernels[impl].values()):.1f} us "
                       f"({len(kernels[impl])} kernels)", flush=True)
             except Exception as err:  # noqa: BLE001 - record, keep profiling

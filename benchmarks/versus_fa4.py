@@ -29,7 +29,22 @@ import sys
 import time
 from pathlib import Path
 
-from report import no_cuda, provenance, save_report
+from harness import (
+    HIDDEN,
+    SEQLENS,
+    TOKENS,
+    dash_closures,
+    environment,
+    fa4_closures,
+    grid_inputs,
+    group_error,
+    interleaved_rounds,
+    load_fa4,
+    no_cuda,
+    provenance,
+    replayable,
+    save_report,
+)
 
 SCHEDULES = {"full": ["shift", "symmetric_shift", "spt", "descending", "naive"],
              "causal": ["symmetric_shift", "spt", "descending", "shift", "naive"]}
@@ -63,10 +78,6 @@ def summarize(cell: dict) -> dict:
 
 def run(args) -> dict:
     import torch
-    from bench_attention import HIDDEN, TOKENS, _dash_closures, _fa4_closures, grid_inputs
-    from bench_backward import environment, median_ms, replayable
-
-    from verify.impls import load_fa4
 
     fa = load_fa4()
     if fa is None:
@@ -87,11 +98,11 @@ def run(args) -> dict:
         # they stay referenced until the cell is done
         closures = {}
         for name in ["auto", *SCHEDULES[mask][:args.schedules]]:
-            fwd, bwd = _dash_closures("cute", name, q, k, v, do, causal, args.workers)
+            fwd, bwd = dash_closures("cute", name, q, k, v, do, causal, args.workers)
             closures[f"cute:{name}:bwd"] = bwd
         closures["cute:fwd"] = fwd
         for peer in ("fa4", "fa4-det"):
-            fwd, bwd = _fa4_closures(fa, peer == "fa4-det", q, k, v, do, causal)
+            fwd, bwd = fa4_closures(fa, peer == "fa4-det", q, k, v, do, causal)
             closures[f"{peer}:bwd"] = bwd
             if peer == "fa4":
                 closures["fa4:fwd"] = fwd
@@ -101,11 +112,7 @@ def run(args) -> dict:
                 runs[key], modes[key] = fn, "eager"
             else:
                 runs[key], modes[key] = replayable(fn, args.warmup)
-        keys = list(runs)
-        ms: dict[str, list[float]] = {key: [] for key in keys}
-        for r in range(args.rounds):
-            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                ms[key].append(median_ms(runs[key], args.reps))
+        ms = interleaved_rounds(runs, args.rounds, args.reps)
         cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "H_kv": h // args.group, "ms": ms,
                 "timing": modes}
         cell.update(summarize(cell))
@@ -163,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--masks", nargs="+", default=["full", "causal"],
                         choices=["full", "causal"])
-    parser.add_argument("--seqlens", nargs="+", type=int,
-                        default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
     parser.add_argument("--schedules", type=int, default=4,
                         help="how many deterministic schedules per mask besides auto")
     parser.add_argument("--rounds", type=int, default=5)
@@ -183,9 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         print("versus_fa4: --rounds and --reps must be >= 1, --schedules in 0..5",
               file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_attention import group_error
-
     error = group_error(args.group, args.head_dims)
     if error:
         print(f"versus_fa4: --group: {error}", file=sys.stderr)

@@ -8,6 +8,11 @@
 #   scripts/gpu_release.sh exact OUT     # L2 tests, a capture for dash-verify reproduce, the
 #                                        # cost of exact=True
 #   scripts/gpu_release.sh suite OUT     # the whole GPU suite alone
+#   scripts/gpu_release.sh check OUT [quick]  # one call: compile the kernels, show what the
+#                                        # compiler made of the Triton arithmetic contract,
+#                                        # a smoke test (the stage stops if it fails), the
+#                                        # GPU tests, the benchmark grid (quick: S = 1024
+#                                        # and 8192 only); exits 1 if a step failed
 #
 # With the CuTe backend (the FA4 bundle brings nvidia-cutlass-dsl; run ``stage`` in one call
 # and the next stage in a second call within 30 s, carrying .fa4b and, if exported with
@@ -33,8 +38,9 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|stage|verify|l2|grid|determinism|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|l2|grid|determinism|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
+MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
 LOG="$OUT/$STAGE"
 mkdir -p "$LOG"
@@ -47,14 +53,17 @@ fi
 export DASH_GIT_REV=${DASH_GIT_REV:-unknown}  # the device copy has no .git: pass it in
 PY=python3
 NPROC=$(nproc)
+status=0  # 1 once a step has failed (the exit status of ``check``)
 
 step() {  # step NAME SECONDS CMD...: time-limited, logged; a failure is reported, not fatal
     local name=$1 limit=$2
     shift 2
     echo "=== $name ($(date +%T)): $*"
+    local t0=$SECONDS
     timeout --kill-after=10 "$limit" "$@" > "$LOG/$name.log" 2>&1
     local rc=$?
-    echo "=== $name: exit $rc"
+    echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+    [ "$rc" -eq 0 ] || status=1
     return $rc
 }
 
@@ -190,6 +199,43 @@ suite)
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     tail -n 2 "$LOG/tests.log"
+    ;;
+check)
+    fa4_unpack
+    {
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
+            --format=csv
+        $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
+"cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
+    } > "$LOG/environment.log" 2>&1
+    cat "$LOG/environment.log"
+    step warmup 300 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
+        --head-dims 16 32 64 128 --audit
+    tail -n 1 "$LOG/warmup.log"
+    step inspect_asm 120 $PY -m dash_cuda.backends.triton.inspect_asm "$LOG/asm"
+    # a first, short look: if the persistent kernel hangs or fails here, stop before the rest
+    if ! step smoke 120 $PY -m pytest -q -x -p no:cacheprovider \
+            tests/gpu/test_cuda_correctness.py -k "pinned_workers or autograd"; then
+        tail -n 40 "$LOG/smoke.log"
+        tar czf "$OUT/$STAGE.tgz" -C "$OUT" "$STAGE"
+        exit 1
+    fi
+    step tests 360 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu tests/test_cuda_inputs.py
+    BENCH_ARGS=(--backends triton)  # and cute where CuTe DSL is importable
+    $PY -c 'import cutlass' > /dev/null 2>&1 && BENCH_ARGS=(--backends cute triton)
+    [ "$MODE" = quick ] && BENCH_ARGS+=(--seqlens 1024 8192)
+    step bench 400 $PY benchmarks/bench_attention.py --out "$LOG" --processes "$NPROC" \
+        --time-budget 350 "${BENCH_ARGS[@]}"
+    echo
+    echo "===================== summary ====================="
+    grep -E "registers|PTX|SASS" "$LOG/inspect_asm.log" | cut -c1-400
+    tail -n 3 "$LOG/tests.log"
+    grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
+    [ -f "$LOG/bench_attention.md" ] && sed -n '/## The gap/,/## Forward/p' \
+        "$LOG/bench_attention.md"
+    tar czf "$OUT/$STAGE.tgz" -C "$OUT" "$STAGE"
+    exit $status
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -1,6 +1,7 @@
 """Report arithmetic of the GPU benchmark scripts, on made-up measurements: the ratios
-``versus_fa4.py`` reports, how ``ncu_summary.py`` assigns Nsight Compute's kernels to the
-workload's ranges, and their refusals of bad arguments."""
+``versus_fa4.py`` reports, how ``harness.py`` assigns Nsight Compute's kernels to the
+workload's ranges (``ncu_summary.py``, ``ncu_hotspots.py``), and their refusals of bad
+arguments."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import determinism_report  # noqa: E402
+import harness  # noqa: E402
 import model_vs_measured  # noqa: E402
 import ncu_summary  # noqa: E402
-import report  # noqa: E402
 import versus_fa4  # noqa: E402
 
 
@@ -82,7 +83,7 @@ def test_determinism_report_refuses_a_bad_head_dim_before_looking_for_a_gpu(caps
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_benchmarks_refuse_to_run_without_a_cuda_device(capsys):
-    assert report.no_cuda("versus_fa4") is True
+    assert harness.no_cuda("versus_fa4") is True
     assert capsys.readouterr().err == "versus_fa4: needs a CUDA device\n"
     assert versus_fa4.main(["--rounds", "1"]) == 2
     assert "versus_fa4: needs a CUDA device" in capsys.readouterr().err
@@ -180,23 +181,15 @@ def test_versus_fa4_refuses_a_group_that_does_not_divide_the_heads(capsys):
     assert versus_fa4.main(["--group", "0"]) == 2
 
 
-def test_bench_gqa_pass_refuses_a_group_that_does_not_divide_the_heads(capsys):
-    import bench_gqa_pass
-
-    assert bench_gqa_pass.main(["--groups", "3"]) == 2
-    assert "group" in capsys.readouterr().err
-
-
 def test_every_grid_tool_refuses_a_group_that_does_not_divide_the_heads(capsys):
     """The grid has 32 heads at d = 64 and 16 at d = 128: a group of 3 or 0 is refused with
     exit 2 and one line, before any GPU is looked for, by each tool that takes ``--group``."""
     import ab_backward
-    import bench_attention
     import profile_backward
 
-    assert bench_attention.group_error(4, (64, 128)) is None
-    assert bench_attention.group_error(32, (64,)) is None
-    assert bench_attention.group_error(32, (64, 128)) is not None
+    assert harness.group_error(4, (64, 128)) is None
+    assert harness.group_error(32, (64,)) is None
+    assert harness.group_error(32, (64, 128)) is not None
     for bad in ("3", "0"):
         assert ab_backward.main(["--group", bad, "--base", "x=/tmp"]) == 2
         assert profile_backward.main(["--out", "/tmp/unused", "--group", bad]) == 2

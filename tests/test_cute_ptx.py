@@ -7,7 +7,6 @@ takes a second or two, so a few representative ones run here and
 
 from __future__ import annotations
 
-import inspect
 import itertools
 
 import pytest
@@ -395,50 +394,6 @@ def test_the_forward_grid_follows_the_measured_rule():
             assert forward_grid(d, False, s, 100, 132, k, 16) == (100, 16, False)
             assert forward_grid(d, True, s, 5000, 132, k, 16) == (132, section, dynamic)
             assert forward_grid(d, True, s, 100, 132, k, 16) == (100, section, dynamic)
-
-
-def test_the_forward_ab_tool_builds_a_base_kernel_from_a_saved_file():
-    """``benchmarks/ab_forward.py`` loads a saved kernel file (here the current one) as the
-    base; it compiles for sm_90a like the candidate."""
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
-    import ab_forward
-
-    base = ab_forward.load_base(root / "dash_cuda/backends/cute/fwd_kernel.py")
-    variant = ForwardVariant(torch.bfloat16, 64, causal=True, block_m=192)
-    obj, block_m = ab_forward.base_kernel(base, variant, 4096)
-    assert block_m == 192 and obj.bm == 192 and ab_forward.takes_counter(base)
-    assert ab_forward.compile_object(obj, variant, base) is not None
-
-
-def test_the_forward_ab_tool_calls_bases_from_before_the_tile_counter():
-    """A base kernel without the tile counter gets the candidate's launch arguments less the
-    counter's pointer and the ``dynamic`` flag: the positions ``COUNTER_ARGS`` names in the
-    candidate's argument list."""
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
-    import ab_forward
-
-    from dash_cuda.backends.cute import fwd_kernel
-
-    names = [n for n in inspect.signature(fwd_kernel.DashForwardSm90.__call__).parameters
-             if n != "self"]
-    assert [names[n] for n in ab_forward.COUNTER_ARGS] == ["counter_ptr", "dynamic"]
-    assert len(names) == len(ForwardVariant(torch.bfloat16, 64, False, 192).placeholder_args())
-    seen = []
-
-    class Legacy:  # a module whose kernel file has no counter
-        __file__ = str(root / "README.md")
-
-    call = ab_forward.callable_as_candidate(Legacy, lambda *a: seen.extend(a))
-    call(*names)
-    assert seen == [n for n in names if n not in ("counter_ptr", "dynamic")]
 
 
 def test_the_backward_ab_tool_exports_every_kernel_it_times(tmp_path):
