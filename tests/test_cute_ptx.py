@@ -8,6 +8,7 @@ takes a second or two, so a few representative ones run here and
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,20 +16,33 @@ import torch
 pytest.importorskip("cutlass")
 
 from dash_cuda.backends.cute import inspect_ptx  # noqa: E402
-from dash_cuda.backends.cute.launch import ForwardVariant, Variant  # noqa: E402
+from dash_cuda.backends.cute.config import forward_config  # noqa: E402
+from dash_cuda.backends.cute.variants import (  # noqa: E402
+    ForwardVariant,
+    backward_variant,
+    shipped_variants,
+)
 
+
+def forward_variant(dtype, head_dim, mask, block_m):
+    return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, mask, 1, dtype,
+                                                                block_m))
+
+
+# a few of the shipped variants (the module's main compiles every one)
 VARIANTS = [
-    Variant(torch.bfloat16, 64, causal=True, deterministic=True, audit=False, per_head=False),
-    Variant(torch.float16, 128, causal=False, deterministic=True, audit=True, per_head=True),
-    Variant(torch.bfloat16, 128, causal=True, deterministic=False, audit=False,
-            per_head=False),
-    ForwardVariant(torch.bfloat16, 64, causal=True, block_m=192),
-    ForwardVariant(torch.bfloat16, 64, causal=True, block_m=128),
-    ForwardVariant(torch.float16, 128, causal=False, block_m=128),
-    # the diagnostic red.add dQ writer, measured against the bulk reduce-add
-    Variant(torch.bfloat16, 64, causal=False, deterministic=True, audit=False, per_head=False,
-            dq_add="red"),
+    backward_variant(torch.bfloat16, 64, "causal", True, audit=False, per_head=False),
+    backward_variant(torch.float16, 128, "full", True, audit=True, per_head=True),
+    backward_variant(torch.bfloat16, 128, "causal", False, audit=False, per_head=False),
+    forward_variant(torch.bfloat16, 64, "causal", 192),
+    forward_variant(torch.bfloat16, 64, "causal", 128),
+    forward_variant(torch.float16, 128, "full", 128),
 ]
+
+
+def test_the_sampled_variants_are_shipped():
+    """Every variant these tests compile is one warm-up exports and a call can run."""
+    assert set(VARIANTS) <= set(shipped_variants())
 
 
 BACKWARD, FORWARD = VARIANTS[0], VARIANTS[3]
@@ -277,9 +291,8 @@ def test_the_staged_dq_tile_order_is_the_mmas_own():
 def test_only_the_probe_variant_reads_the_clock(tmp_path, ptx_of):
     """The timing probe is compiled in only where asked for, and then at every phase."""
     plain = VARIANTS[0]
-    probe = Variant(plain.dtype, plain.head_dim, plain.causal, plain.deterministic,
-                    plain.audit, plain.per_head, probe=True)
-    assert probe.name == plain.name + "_probe"
+    probe = replace(plain, probe=True)
+    assert probe.name == plain.name.replace("_m128", "_probe_m128")
     ptx_plain = ptx_of(plain)
     _, ptx_probe, _, _ = inspect_ptx.compile_ptx(probe, str(tmp_path / "probe"))
     assert "%clock" not in ptx_plain
@@ -289,58 +302,73 @@ def test_only_the_probe_variant_reads_the_clock(tmp_path, ptx_of):
 
 
 def test_probe_and_audit_exclude_each_other():
-    from dash_cuda.backends.cute.bwd_kernel import DashBackwardSm90
-
     with pytest.raises(ValueError, match="partials"):
-        DashBackwardSm90(plain_dtype(), 64, causal=False, deterministic=True, audit=True,
-                         per_head=True, probe=True)
-
-
-def test_the_red_writer_checks_can_fail():
-    """The red.add writer's checks refuse a bulk hand-off, and one without its barriers."""
-    red = VARIANTS[-1]
-    assert red.dq_add == "red" and red.name.endswith("_red")
-    bulk = ".target sm_90a\nld.acquire.gpu.b32 %r1, [%rd1];\n" \
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%rd2], [%r2], 32768;\n"
-    assert any("red.global.add.v4.f32" in f for f in inspect_ptx.check_red_writer(bulk, red))
-    no_barriers = ".target sm_90a\nld.acquire.gpu.b32 %r1, [%rd1];\n" + \
-        "red.global.add.v4.f32 [%rd2], {%f1, %f2, %f3, %f4};\n" * 2 + \
-        "st.release.gpu.b32 [%rd1], %r3;\n"
-    failures = inspect_ptx.check_red_writer(no_barriers, red)
-    assert any("before the adds" in f for f in failures)
-    assert any("after the adds" in f for f in failures)
-
-
-def test_the_red_writer_has_no_audit_variant():
-    from dash_cuda.backends.cute.bwd_kernel import DashBackwardSm90
-
-    with pytest.raises(ValueError, match="red.add"):
-        DashBackwardSm90(plain_dtype(), 64, causal=False, deterministic=True, audit=True,
-                         per_head=True, dq_add="red")
-
-
-def plain_dtype():
-    import cutlass
-
-    return cutlass.BFloat16
+        backward_variant(torch.bfloat16, 64, "full", True, audit=True, per_head=True,
+                         probe=True).kernel_object()
 
 
 def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
-    """``forward_block_m`` only picks heights that warmup exports and the kernel supports."""
-    from dash_cuda.backends.cute.fwd_kernel import (
-        FORWARD_TILES,
-        forward_block_m,
-        forward_block_ms,
-    )
+    """``forward_config`` only picks configurations that warm-up exports."""
+    from dash_cuda.backends.cute.config import forward_configs
     from dash_cuda.warmup import cute_variants
 
-    exported = {(v.head_dim, v.causal, v.block_m) for v in cute_variants(["bf16"], [64, 128])
+    exported = {(v.head_dim, v.mask, v.config) for v in cute_variants(["bf16"], [64, 128])
                 if isinstance(v, ForwardVariant)}
-    for d, causal in itertools.product((64, 128), (False, True)):
-        picked = {forward_block_m(d, causal, s) for s in (1, 100, 1024, 1025, 4096, 65536)}
-        assert picked == set(forward_block_ms(d, causal))
-        for block_m in picked:
-            assert (d, block_m) in FORWARD_TILES and (d, causal, block_m) in exported
+    for d, mask in itertools.product((64, 128), ("full", "causal")):
+        picked = {forward_config(d, mask, s) for s in (1, 100, 1024, 1025, 4096, 65536)}
+        assert picked == set(forward_configs(d, mask))
+        assert {(d, mask, c) for c in picked} <= exported
+
+
+def test_variant_names_say_their_configuration():
+    """Two variants that differ only in their configuration are two exported objects."""
+    full = backward_variant(torch.bfloat16, 128, "full", True, audit=False, per_head=False)
+    causal = backward_variant(torch.bfloat16, 128, "causal", True, audit=False, per_head=False)
+    assert full.config.select_every_tile and not causal.config.select_every_tile
+    assert full.name.endswith(full.config.name) and full.config.name != causal.config.name
+    names = [v.name for v in shipped_variants()]
+    assert len(names) == len(set(names))
+
+
+def test_launch_arguments_are_the_entry_signatures():
+    """``LAUNCH_ARGS`` (from which placeholders and a call's values are made) lists the host
+    entry's parameters, in order, with a known kind each."""
+    import inspect
+
+    from dash_cuda.backends.cute import arguments, bwd_kernel, fwd_kernel
+
+    for module, cls in ((bwd_kernel, bwd_kernel.DashBackwardSm90),
+                        (fwd_kernel, fwd_kernel.DashForwardSm90)):
+        params = list(inspect.signature(cls.__call__).parameters)[1:]
+        assert list(arguments.names(module.LAUNCH_ARGS)) == params
+        assert {kind for _, kind in module.LAUNCH_ARGS} <= set(arguments.KINDS)
+
+
+def test_launch_values_refuse_a_missing_or_unknown_argument():
+    from dash_cuda.backends.cute import arguments
+
+    order = ("a", "b")
+    assert arguments.values(order, {"b": 2, "a": 1}) == [1, 2]
+    with pytest.raises(TypeError, match=r"missing \['b'\], unknown \['c'\]"):
+        arguments.values(order, {"a": 1, "c": 3})
+    with pytest.raises(TypeError, match=r"missing \['b'\]"):
+        arguments.values(order, {"a": 1})
+
+
+def test_shared_memory_is_the_storage_structs():
+    """The residency check's shared memory is the size of the struct the kernel allocates,
+    and one CTA of every shipped backward fits the 227 KiB an sm_90 CTA may use."""
+    import cutlass
+
+    from dash_cuda.backends.cute.bwd_kernel import shared_bytes, storage
+
+    for v in shipped_variants():
+        if isinstance(v, ForwardVariant):
+            continue
+        dt = cutlass.BFloat16 if v.dtype == torch.bfloat16 else cutlass.Float16
+        size = shared_bytes(dt, v.config, v.head_dim)
+        assert size == storage(dt, v.config, v.head_dim).size_in_bytes()
+        assert 200 * 1024 < size <= 227 * 1024
 
 
 @pytest.mark.parametrize("seqlen_k, head_dim, heads", [(16384, 128, 16), (16384, 64, 32),
@@ -426,7 +454,7 @@ def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, mo
     from dash_cuda.backends.cute import launch
 
     monkeypatch.setattr(launch, "_cache", {})  # this test's kernels only
-    v = ForwardVariant(torch.bfloat16, 64, causal=False, block_m=192)
+    v = forward_variant(torch.bfloat16, 64, "full", 192)
     first, second = tmp_path / "first", tmp_path / "second"
     launch.export_kernels([v], str(first))
     monkeypatch.setenv("DASH_CUTE_AOT_DIR", str(first))

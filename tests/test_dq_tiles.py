@@ -28,7 +28,10 @@ pytest.importorskip("triton.runtime.interpreter")
 launch = pytest.importorskip("dash_cuda.backends.cute.launch")  # staging order (cutlass)
 
 ROOT = Path(__file__).resolve().parents[1]
-TILES = {64: 128, 128: 64}  # head dim -> BM of the staged tiles
+from dash_cuda.backends.cute.config import backward_config  # noqa: E402
+
+# head dim -> BM of the staged tiles (both masks tile alike)
+TILES = {d: backward_config(d, "full").block_m for d in (64, 128)}
 
 # (head dim, dtype, batch, heads, S_q): S_q not a multiple of BM, one tile, a partial
 # single tile, and exact multiples
@@ -83,7 +86,7 @@ def reference(acc: torch.Tensor, scale: float, shape: tuple, dtype: torch.dtype
               ) -> torch.Tensor:
     """The old gather: tile rows through ``staged_index``, one fp32 multiply, one RNE cast."""
     batch, seqlen_q, heads, head_dim = shape
-    index = launch.staged_index(head_dim, acc.device).long()
+    index = launch.staged_index(TILES[head_dim], head_dim, acc.device).long()
     dq = (acc[:, index] * torch.tensor(scale, dtype=torch.float32)).to(dtype)
     dq = dq.reshape(batch, heads, -1, head_dim)[:, :, :seqlen_q]
     return dq.permute(0, 2, 1, 3)

@@ -74,11 +74,11 @@ def test_cute_forward_bits_do_not_depend_on_its_tile_height(causal):
     the same O and LSE2 bits, since a row's sums never leave its warpgroup. The shape (GQA,
     S_q > S_k, causal rows that see no key) is one the measured rule gives 192 rows."""
     need("cute", 64)
-    from dash_cuda.backends.cute.fwd_kernel import forward_block_m
+    from dash_cuda.backends.cute.config import forward_config
     from dash_cuda.backends.cute.launch import run_forward
 
     q, k, v, _ = inputs((2, 3, 1, 1300, 1250), 64, torch.bfloat16, seed=41 + causal)
-    assert forward_block_m(64, causal, 1300) == 192
+    assert forward_config(64, "causal" if causal else "full", 1300).block_m == 192
     tall = run_forward(q, k, v, causal, 0.125, poison=True, block_m=192)
     short = run_forward(q, k, v, causal, 0.125, poison=True, block_m=128)
     assert torch.equal(tall[0], short[0]) and torch.equal(tall[1], short[1])

@@ -72,14 +72,13 @@ def crafted(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def adder():
     """The one-warp kernel's launcher, ``launch(acc, part, how)``: ``acc += part``
     elementwise by ``how``: ``"bulk"`` (one TMA bulk reduce-add of the whole buffer from
-    shared memory), ``"red_v4"`` (vector reductions read from shared memory) or ``"red"``
-    (scalar ``red.global.add.f32``)."""
+    shared memory) or ``"red"`` (scalar ``red.global.add.f32``)."""
     import cutlass
     import cutlass.cute as cute
     import cutlass.memory
     from cutlass import Float32
 
-    from dash_cuda.backends.cute.ptx import bulk_reduce_add_f32, red_add_f32, red_add_v4_f32
+    from dash_cuda.backends.cute.ptx import bulk_reduce_add_f32, red_add_f32
 
     @cute.kernel
     def kernel(m_acc: cute.Tensor, m_part: cute.Tensor, how: cutlass.Constexpr):
@@ -102,11 +101,6 @@ def adder():
                 bulk_reduce_add_f32(m_acc.iterator, s.iterator, N * 4)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
-        elif cutlass.const_expr(how == "red_v4"):
-            cute.arch.sync_warp()
-            for k in cutlass.range_constexpr(N // 128):
-                offset = (k * 32 + lane) * 4
-                red_add_v4_f32(m_acc.iterator + offset, s.iterator + offset)
         else:
             for k in cutlass.range_constexpr(N // 32):
                 red_add_f32(m_acc.iterator + (k * 32 + lane), s[k * 32 + lane])
@@ -143,13 +137,11 @@ def cutlass_here():
         pytest.skip(reason)
 
 
-@pytest.mark.parametrize("instruction, backend", [("bulk", "cute"), ("red", "triton"),
-                                                  ("red_v4", "triton")])
+@pytest.mark.parametrize("instruction, backend", [("bulk", "cute"), ("red", "triton")])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_dq_add_rounds_as_the_backend_records(cutlass_here, instruction, backend, seed):
     """Every crafted sum has the bits of ``dq_add`` under the backend's subnormal flag (and
-    not under the other flag: the pairs tell the two apart). ``red_v4``, the diagnostic
-    writer's vector form, rounds as the scalar ``red.add`` the Triton backend uses."""
+    not under the other flag: the pairs tell the two apart)."""
     from dash_cuda.backends import get_backend
 
     flush = get_backend(backend).dq_add_flushes_subnormals
@@ -167,7 +159,7 @@ def test_dq_add_rounds_as_the_backend_records(cutlass_here, instruction, backend
         f"expected {want[mismatch][:3].tolist()}")
 
 
-@pytest.mark.parametrize("instruction", ["bulk", "red", "red_v4"])
+@pytest.mark.parametrize("instruction", ["bulk", "red"])
 def test_dq_add_ties_go_to_even(cutlass_here, instruction):
     """The hand-written halfway cases round to the even neighbour."""
     acc, part = crafted(0)

@@ -45,11 +45,14 @@ def placeholders(spec: tuple[tuple[str, str], ...], input_dtype, output_dtype) -
 def values(order: tuple[str, ...], named: dict) -> list:
     """A call's arguments in ``order`` (:func:`names` of a spec) from ``named``; a missing
     or unknown name is an error, never a shifted argument."""
-    if len(named) != len(order):
-        extra = sorted(set(named) - set(order))
-        missing = sorted(set(order) - set(named))
-        raise TypeError(f"kernel arguments: missing {missing}, unknown {extra}")
-    return [named[name] for name in order]
+    try:
+        if len(named) == len(order):
+            return [named[name] for name in order]
+    except KeyError:
+        pass
+    extra = sorted(set(named) - set(order))
+    missing = sorted(set(order) - set(named))
+    raise TypeError(f"kernel arguments: missing {missing}, unknown {extra}")
 
 
 __all__ = ["KINDS", "names", "placeholders", "values"]

@@ -123,21 +123,6 @@ def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_byte
 
 
 @dsl_user_op
-def red_add_v4_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, *, loc=None, ip=None
-                   ) -> None:
-    """[dq_add], the element-wise alternative: four fp32 values read from shared memory and
-    added at ``dst_gmem`` by one vector ``red.global.add.v4.f32`` (relaxed, GPU scope).
-
-    For the measurement against :func:`bulk_reduce_add_f32` only (the ``dq_add="red"``
-    diagnostic variant); its rounding and subnormal handling are measured by
-    ``tests/gpu/test_dq_add_instructions.py``.
-    """
-    _void_asm("{ .reg .f32 a, b, c, d; ld.shared.v4.f32 {a, b, c, d}, [$1]; "
-              "red.global.add.v4.f32 [$0], {a, b, c, d}; }", "l,r",
-              [dst_gmem.llvm_ptr, src_smem.toint(loc=loc, ip=ip).ir_value()], loc, ip)
-
-
-@dsl_user_op
 def red_add_f32(dst_gmem: cute.Pointer, value: Float32, *, loc=None, ip=None) -> None:
     """``*dst_gmem += value``: one scalar ``red.global.add.f32``, the instruction of the Triton
     backend's dQ hand-off (for the crafted-partials measurement of its arithmetic)."""
