@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from dash_ref.arithmetic.steps import resolve_scale
-
 from .backends import get_backend
 from .backends.triton.config import HEAD_DIMS
-from .checks import LAYOUTS, as_bshd, check_devices, check_options, check_tensors
+from .checks import LAYOUTS, as_bshd, check_devices, check_tensors
 from .launch import problem_for
-from .ops import attention_call, backward_views, forward_views, resolve_backend, resolve_schedule
+from .ops import attention_call, backward_views, forward_views
+from .options import Options
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "backward_problem"]
@@ -59,12 +58,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         The attention output, shaped and laid out like ``q``.
     """
     check_tensors({"q": q, "k": k, "v": v}, layout)
-    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
-                  portable)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              schedule=schedule, deterministic=deterministic,
+                              num_workers=num_workers, exact=exact, backend=backend,
+                              portable=portable)
     check_devices({"q": q, "k": k, "v": v})
-    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), causal,
-                          resolve_scale(softmax_scale, q.shape[-1]), schedule, deterministic,
-                          portable, num_workers, exact, backend)
+    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options)
     return as_bshd(o, layout)
 
 
@@ -80,12 +79,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     in :func:`attention`.
     """
     check_tensors({"q": q, "k": k, "v": v}, layout)
-    check_options(causal, softmax_scale, "auto", True, None, backend=backend)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              backend=backend)
     check_devices({"q": q, "k": k, "v": v})
-    be = resolve_backend(q, backend, False, True)
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
-    o, lse = forward_views(be, qv, kv, vv, causal, resolve_scale(softmax_scale, q.shape[-1]),
-                           _poison)
+    o, lse = forward_views(qv, kv, vv, options, _poison)
     return as_bshd(o, layout), (lse if layout == "bshd" else lse.transpose(1, 2))
 
 
@@ -106,18 +104,17 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     check_tensors(named, layout)
-    check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact, backend,
-                  portable)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              schedule=schedule, deterministic=deterministic,
+                              num_workers=num_workers, exact=exact, backend=backend,
+                              portable=portable)
     check_devices(named)
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     views = [as_bshd(x, layout) for x in (q, k, v, o)]
-    be = resolve_backend(q, backend, exact, deterministic)
-    name = resolve_schedule(be, views[0], views[1], causal, schedule, deterministic, portable)
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
-    dq, dk, dv, record = backward_views(be, *views, lse_v, as_bshd(do, layout), causal,
-                                        resolve_scale(softmax_scale, q.shape[-1]), name,
-                                        num_workers, audit, _poison, exact)
+    dq, dk, dv, record = backward_views(*views, lse_v, as_bshd(do, layout), options, audit,
+                                        _poison)
     grads = (as_bshd(dq, layout), as_bshd(dk, layout), as_bshd(dv, layout))
     if audit:
         if record is None:

@@ -26,6 +26,7 @@ from dash_ref import Problem, Schedule
 from dash_ref.arithmetic.steps import ARITHMETICS
 
 from .backends import Backend, Launch, device_properties
+from .options import Options
 from .tables import device_schedule
 
 F32 = torch.float32
@@ -97,17 +98,15 @@ def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_
 
 # -- forward / backward -------------------------------------------------------------------------
 def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                causal: bool, softmax_scale: float, poison: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                options: Options, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views."""
     with torch.cuda.device(q.device):
-        return backend.forward(q, k, v, causal, softmax_scale, poison)
+        return backend.forward(q, k, v, options.causal, options.softmax_scale, poison)
 
 
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, causal: bool,
-                 softmax_scale: float, schedule_name: str, num_workers: int | None,
-                 audit: bool = False, poison: bool = False, exact: bool = False
+                 o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, options: Options,
+                 schedule_name: str, audit: bool = False, poison: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
     """dQ, dK, dV (and the audit record) under the schedule named ``schedule_name``.
 
@@ -116,17 +115,18 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     outputs and scratch with NaN first, so an element a kernel fails to write shows.
     """
     with torch.cuda.device(q.device):
-        return _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale,
-                             schedule_name, num_workers, audit, poison, exact)
+        return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
+                             poison)
 
 
-def _run_backward(backend, q, k, v, o, lse2, do, causal, softmax_scale, schedule_name,
-                  num_workers, audit, poison, exact):
+def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison):
     from . import prepost  # Triton kernels: loaded on the first launch, not on import
 
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device = q.device
+    causal, softmax_scale, exact = options.causal, options.softmax_scale, options.exact
+    num_workers = options.num_workers
     problem = problem_for(backend, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
                           causal)
     deterministic = schedule_name != "atomic"

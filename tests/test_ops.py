@@ -13,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dash_cuda
 from dash_cuda.ops import attention_op, resolve_backend, resolve_schedule
+from dash_cuda.options import FIELDS, Options
 from dash_ref import NAMES, PORTABLE
 
 
@@ -23,7 +24,7 @@ def meta(*shape, grad=False):
 def test_both_ops_are_registered_with_their_options():
     fwd = str(torch.ops.dash.attention.default._schema)
     bwd = str(torch.ops.dash.attention_backward.default._schema)
-    for arg in ("bool causal", "float scale", "str schedule", "bool deterministic",
+    for arg in ("bool causal", "float softmax_scale", "str schedule", "bool deterministic",
                 "bool portable", "SymInt? num_workers", "bool exact", "str backend"):
         assert arg in fwd and arg in bwd
     assert "-> (Tensor, Tensor)" in fwd
@@ -94,13 +95,30 @@ def test_a_model_traces_into_one_graph_of_two_ops_with_the_options_as_written():
 def test_the_ops_resolve_auto_to_a_named_schedule():
     """Inside the op ``auto`` becomes a schedule (a portable one with ``portable=True``)."""
     q = meta(2, 4096, 16, 64)
-    backend = resolve_backend(q, "triton", False, True)
+    backend = resolve_backend(q, Options(False, 0.125, backend="triton"))
     assert backend.name == "triton"
     for causal in (False, True):
-        assert resolve_schedule(backend, q, q, causal, "auto", True, portable=True) in PORTABLE
-        assert resolve_schedule(backend, q, q, causal, "auto", True) in NAMES
-        assert resolve_schedule(backend, q, q, causal, "spt", True) == "spt"
-        assert resolve_schedule(backend, q, q, causal, "auto", False) == "atomic"
+        def resolved(causal=causal, **kw):
+            return resolve_schedule(backend, q, q, Options(causal, 0.125, **kw))
+
+        assert resolved(portable=True) in PORTABLE
+        assert resolved() in NAMES
+        assert resolved(schedule="spt") == "spt"
+        assert resolved(deterministic=False) == "atomic"
+
+
+def test_the_ops_take_the_options_fields_in_order():
+    """The custom ops' arguments after the tensors are the fields of ``Options``, in order,
+    so ``Options.flat()`` and ``Options(*args)`` carry a call through them unchanged."""
+    import inspect
+
+    from dash_cuda import ops
+
+    forward = list(inspect.signature(ops.attention_forward_impl).parameters)
+    backward = list(inspect.signature(ops.attention_backward_impl).parameters)
+    assert tuple(forward[3:]) == FIELDS and tuple(backward[6:]) == FIELDS
+    options = Options(True, 0.3, "spt", True, True, 7, False, "triton")
+    assert Options(*options.flat()) == options
 
 
 @pytest.mark.parametrize("compiling", [False, True])
@@ -111,12 +129,13 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     from dash_cuda import ops
 
     seen = []
-    options = (True, 0.125, "auto", True, False, None, False, "auto")
+    options = Options(True, 0.125, "auto", True, False, None, False, "auto")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     monkeypatch.setattr(ops, "attention_op", lambda *a: seen.append(("op", a)) or "op")
     monkeypatch.setattr(ops.EagerAttention, "apply",
                         lambda *a: seen.append(("eager", a)) or "eager")
     q, k, v = (meta(1, 8, 2, 64) for _ in range(3))
     expected = "op" if compiling else "eager"
-    assert ops.attention_call(q, k, v, *options) == expected
-    assert seen == [(expected, (q, k, v, *options))]
+    assert ops.attention_call(q, k, v, options) == expected
+    carried = (*options.flat(),) if compiling else (options,)
+    assert seen == [(expected, (q, k, v, *carried))]
