@@ -8,8 +8,10 @@ them on the GPU against the working tree's kernels (``DASH_CUTE_AOT_DIR``)::
     PYTHONPATH=/tmp/base python benchmarks/ab_backward.py --export ab/base   # CPU
     python benchmarks/ab_backward.py --base base=ab/base --out OUT            # GPU
 
-The revision must call its kernels through the TVM-FFI entry (``launch.COMPILE_OPTIONS``),
-as this one does: its objects are loaded and called as this revision's.
+The revision must call its kernels through the TVM-FFI entry (``launch.COMPILE_OPTIONS``)
+and list its variants in ``dash_cuda.backends.cute.variants`` (whose names carry the
+configuration), as this one does (``e37b0be`` on): its objects are loaded by name and called
+as this revision's, and a base folder that lacks a kernel the cells time is refused.
 Each cell times every kernel twice in turn (the best of two medians each, so a drift of the
 clock hits all) on the best deterministic schedule of the mask (``shift`` full, ``symmetric_
 shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
@@ -42,8 +44,8 @@ def variants(head_dims, per_head: bool = False):
     the grouped-query ones, which keep dK and dV per query head)."""
     import torch
 
-    return [cute_backward_variant(torch.bfloat16, d, causal, det, per_head=per_head)
-            for d in head_dims for causal in (False, True) for det in (True, False)]
+    return [cute_backward_variant(torch.bfloat16, d, mask, det, per_head=per_head)
+            for d in head_dims for mask in ("full", "causal") for det in (True, False)]
 
 
 def load_base(folder: Path, head_dims, per_head: bool = False) -> dict:
@@ -63,6 +65,13 @@ def run(args) -> dict:
     per_head = args.group > 1
     bases = {name: load_base(Path(folder), args.head_dims, per_head)
              for name, folder in args.base}
+    wanted = {v.name for v in variants(args.head_dims, per_head)}
+    for name, folder in args.base:
+        missing = sorted(wanted - {v.name for v in bases[name]})
+        if missing:
+            raise SystemExit(f"ab_backward: {folder} has no {', '.join(missing)} "
+                             f"(base {name!r}: export it from a revision that names its "
+                             "variants as this one does)")
     if "candidate" in bases:
         raise SystemExit("ab_backward: 'candidate' names the working tree; rename that base")
     candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims, per_head)}

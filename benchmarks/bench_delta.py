@@ -22,6 +22,7 @@ from pathlib import Path
 from harness import (
     HEAD_DIMS,
     SEQLENS,
+    cute_backward_tiles,
     environment,
     grid_inputs,
     interleaved_rounds,
@@ -37,7 +38,6 @@ def run(args) -> dict:
 
     import dash_cuda
     from dash_cuda import prepost
-    from dash_cuda.backends import get_backend
 
     pairwise_delta = prepost.preprocess_delta
 
@@ -60,7 +60,7 @@ def run(args) -> dict:
         for causal in (False, True):
             for s in SEQLENS:
                 q, k, v, do = grid_inputs(d, s, gen)
-                block_m = get_backend("cute").backward_tiles(d)[0]
+                block_m = cute_backward_tiles(d, "causal" if causal else "full").block_m
                 o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
                 runs, modes = {}, {}
                 for name, fn in (("pairwise", pairwise_delta), ("tl.sum", tl_sum_delta)):

@@ -24,11 +24,18 @@ import time
 from pathlib import Path
 
 import torch
-from harness import environment, flops_backward, grid_cells, grid_inputs, save_report, timed
+from harness import (
+    environment,
+    flops_backward,
+    grid_cells,
+    grid_inputs,
+    save_report,
+    timed,
+    triton_backward_tiles,
+)
 
 import dash_cuda
 from dash_cuda import backward_problem, tables
-from dash_cuda.backends.triton.config import backward_config
 from dash_cuda.prepost import preprocess_delta
 from dash_ref import default_schedule
 
@@ -53,7 +60,7 @@ def run(args) -> dict:
             num_workers=args.workers, exact=exact) for exact in (False, True)}
         first, again = run_mode[True](), run_mode[True]()
         repeats = all(torch.equal(x, y) for x, y in zip(first, again))
-        block_m = backward_config(d).block_m
+        block_m = triton_backward_tiles(d).block_m
         run_d = {exact: functools.partial(preprocess_delta, o, do, block_m, exact)
                  for exact in (False, True)}
         ms = {False: [], True: []}

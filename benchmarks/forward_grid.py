@@ -21,7 +21,7 @@ from harness import (
     HIDDEN,
     TOKENS,
     cute_forward_block_m,
-    cute_forward_tiles,
+    cute_forward_block_ms,
     no_cuda,
     provenance,
     save_report,
@@ -60,7 +60,7 @@ def run(cells: list[tuple[int, bool, int]], warmup: int, reps: int,
         flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
         chosen = cute_forward_block_m(d, causal, s)
         options, rule = {}, None  # name -> (block_m, CTAs, heads per section, dynamic)
-        for bm in [m for m in (block_ms or [chosen]) if (d, m) in cute_forward_tiles()]:
+        for bm in [m for m in (block_ms or [chosen]) if m in cute_forward_block_ms(d)]:
             tiles = batch * heads * -(-s // bm)
             for name, launch in launches(tiles, sms, batch * heads,
                                          l2_heads(k, batch * heads)).items():

@@ -1,4 +1,4 @@
-"""What every benchmark shares: the grid, the timing, the peers, the CuTe internals they read,
+"""What every benchmark shares: the grid, the timing, the peers, the kernel internals they read,
 the environment record and the report files (docs/design.md section 8).
 
 * **grid**: 16384 tokens, hidden 2048 (``d = 64, H = 32`` and ``d = 128, H = 16``), ``S``
@@ -10,8 +10,9 @@ the environment record and the report files (docs/design.md section 8).
 * **peers**: no-argument forward and backward closures of ``dash_cuda`` (a backend and a
   schedule), PyTorch SDPA (cuDNN, flash, memory-efficient) and FlashAttention-4 with and
   without ``deterministic=True`` (found by :func:`verify.impls.load_fa4`);
-* **CuTe internals**: the tile tables, tile rules and kernel variants of
-  ``dash_cuda.backends.cute`` that some benchmarks read, each imported in one function here;
+* **kernel internals**: the configurations, tile rules and kernel variants of the backends
+  (``dash_cuda.backends.cute``, ``dash_cuda.backends.triton``) that some benchmarks read,
+  each imported in one function here;
 * **reports**: ``STEM.json`` (the data) and ``STEM.md`` (the table) with the command, git
   revision, GPU and versions; the ranges of an Nsight Compute profile folder.
 
@@ -247,36 +248,37 @@ def peer_closures(impl: str, q, k, v, do, causal: bool, workers: int | None = No
     return fa4_closures(fa, impl == "fa4-det", q, k, v, do, causal)
 
 
-# -- CuTe internals: every import of a name inside dash_cuda.backends.cute is here --------------
-def cute_backward_tiles(head_dim: int):
-    """The CuTe backward's tile configuration at ``head_dim`` (``block_m``, ``block_n``,
-    ``dq_stages``, ...)."""
-    from dash_cuda.backends.cute.bwd_kernel import TILES
+# -- kernel internals: every import of a name inside a backend's kernel modules is here ----------
+def cute_backward_tiles(head_dim: int, mask: str = "full"):
+    """The CuTe backward's configuration for a head dim and mask kind (``block_m``,
+    ``block_n``, ``dq_stages``, ...)."""
+    from dash_cuda.backends.cute.config import backward_config
 
-    return TILES[head_dim]
-
-
-def cute_forward_tiles() -> dict:
-    """``{(head_dim, block_m): tiles}``: the CuTe forward's tile heights per head dim."""
-    from dash_cuda.backends.cute.fwd_kernel import FORWARD_TILES
-
-    return FORWARD_TILES
+    return backward_config(head_dim, mask)
 
 
 def cute_forward_block_m(head_dim: int, causal: bool, seqlen_q: int) -> int:
     """The query rows per tile the CuTe forward picks for a problem."""
-    from dash_cuda.backends.cute.fwd_kernel import forward_block_m
+    from dash_cuda.backends.cute.config import forward_config
 
-    return forward_block_m(head_dim, causal, seqlen_q)
+    return forward_config(head_dim, "causal" if causal else "full", seqlen_q).block_m
 
 
-def cute_backward_variant(dtype, head_dim: int, causal: bool, deterministic: bool,
+def cute_forward_block_ms(head_dim: int) -> tuple[int, ...]:
+    """Every tile height the CuTe forward has at ``head_dim`` (for either mask)."""
+    from dash_cuda.backends.cute.config import forward_configs
+
+    return tuple(sorted({c.block_m for mask in MASKS for c in forward_configs(head_dim, mask)}))
+
+
+def cute_backward_variant(dtype, head_dim: int, mask: str, deterministic: bool,
                           audit: bool = False, per_head: bool = False):
-    """The CuTe backward kernel variant of these specializations (its ``.name`` names the
-    compiled kernel; ``launch.get_kernel`` compiles or loads it)."""
-    from dash_cuda.backends.cute.launch import Variant
+    """The CuTe backward kernel variant of these specializations, with the configuration the
+    backend picks (its ``.name`` names the compiled kernel; ``launch.get_kernel`` compiles
+    or loads it)."""
+    from dash_cuda.backends.cute.variants import backward_variant
 
-    return Variant(dtype, head_dim, causal, deterministic, audit, per_head)
+    return backward_variant(dtype, head_dim, mask, deterministic, audit, per_head)
 
 
 def cute_probe_slots() -> tuple[int, int]:
@@ -285,6 +287,14 @@ def cute_probe_slots() -> tuple[int, int]:
     from dash_cuda.backends.cute.bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS
 
     return PROBE_VISIT_SLOTS, PROBE_CHAIN_SLOTS
+
+
+def triton_backward_tiles(head_dim: int):
+    """The Triton backward's tile configuration at ``head_dim`` (``block_m``, ``block_n``,
+    ``num_warps``, ``num_stages``, ...)."""
+    from dash_cuda.backends.triton.config import backward_config
+
+    return backward_config(head_dim)
 
 
 # -- the environment ---------------------------------------------------------------------------
@@ -318,8 +328,6 @@ def environment(args) -> dict:
     import torch
     import triton
 
-    from dash_cuda.backends.triton.config import backward_config
-
     props = torch.cuda.get_device_properties(0)
     workers = getattr(args, "workers", None)
     return {
@@ -330,7 +338,7 @@ def environment(args) -> dict:
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
         "num_workers": workers or props.multi_processor_count,
-        "tiles": {d: list(vars(backward_config(d)).values())
+        "tiles": {d: list(vars(triton_backward_tiles(d)).values())
                   for d in getattr(args, "head_dims", HEAD_DIMS)},
         "tiles_fields": ["block_m", "block_n", "num_warps", "num_stages"],
         "warmup": args.warmup, "reps": args.reps,

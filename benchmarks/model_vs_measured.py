@@ -53,12 +53,12 @@ def makespan(p: Problem, name: str, workers: int, c: float, r: float, lat: float
                     handoff_latency=lat, staging=staging).makespan
 
 
-def staging_of(backend: str, head_dim: int) -> int | None:
+def staging_of(backend: str, head_dim: int, mask: str) -> int | None:
     """The staged partials between a worker's MMAs and its dQ writer (CuTe's
-    ``TileConfig.dq_stages``); None where the model has no bound (Triton: ``sync``)."""
+    ``BackwardConfig.dq_stages``); None where the model has no bound (Triton: ``sync``)."""
     if BACKENDS[backend][1] != "async":
         return None
-    return cute_backward_tiles(head_dim).dq_stages
+    return cute_backward_tiles(head_dim, mask).dq_stages
 
 
 def problem_of(key: tuple, backend: str) -> Problem:
@@ -92,7 +92,7 @@ def latency_study(report: dict, rho: dict[int, float], max_seqlen: int, backend:
         if key[1] != "full":
             continue
         p = problem_of(key, backend)
-        staging = staging_of(backend, key[0])
+        staging = staging_of(backend, key[0], key[1])
         c = t["atomic"] / makespan(p, "atomic", workers, 1.0, 0.0, model=model, staging=staging)
         lat = fit_latency(p, workers, rho[key[0]], t["naive"] / c, model, staging)
         rows.append({"d": key[0], "S": key[2], "c_us": round(c * 1e3, 3),
@@ -117,7 +117,7 @@ def run(report: dict, max_seqlen: int, calibrate_max: int, backend: str,
     workers, model = report["environment"]["num_workers"], BACKENDS[backend][1]
     data = cells(report, max_seqlen, backend)
     problems = {key: problem_of(key, backend) for key in data}
-    staging = {key: staging_of(backend, key[0]) for key in data}
+    staging = {key: staging_of(backend, key[0], key[1]) for key in data}
     c_of = {key: t["atomic"] / makespan(problems[key], "atomic", workers, 1.0, 0.0,
                                         model=model, staging=staging[key])
             for key, t in data.items()}
