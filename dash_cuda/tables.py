@@ -21,6 +21,8 @@ import torch
 
 from dash_ref import Problem, Schedule, build_schedule
 
+#: the tables a backward kernel reads, in the order the kernels take them (the one list:
+#: a backend's launch imports it)
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
 _CACHE_SIZE = 64
 

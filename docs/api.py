@@ -68,7 +68,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Kernel backends", "dash_cuda.backends", ["Backend", "Case", "Launch", "Instruction",
                                                "choose_backend", "get_backend", "PREFERENCE"]),
     ("The Triton backend's tiles", "dash_cuda.backends.triton.config",
-     ["backward_problem", "backward_config", "forward_config", "TileConfig"]),
+     ["backward_config", "forward_config", "TileConfig"]),
 ]
 
 HEADER = """# API reference

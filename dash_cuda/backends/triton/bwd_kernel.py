@@ -14,6 +14,10 @@ chain_offsets[c + 1]]`` in that order. Each visit computes the fp32 partial
 * ``atomic``: the same reductions without the semaphore, in arrival order
   (non-deterministic); the peer that measures what determinism costs.
 
+Which elements of a score tile a visit keeps is :mod:`.mask`'s rule (the mask's kind
+``MASK`` is a compile-time constant); the tiles a chain visits are the schedule's, derived on
+the CPU from the same rule (:class:`dash_ref.Mask`).
+
 Every floating-point step is marked ``[name]``: the step of
 :mod:`dash_ref.arithmetic.steps` that mirrors it; :mod:`.contract` says which instruction
 each becomes.
@@ -47,6 +51,7 @@ import triton.language as tl
 from dash_cuda.tile_io import load_tile, store_tile
 
 from .exp2 import exp2_fma
+from .mask import visible
 
 
 @triton.jit
@@ -90,7 +95,7 @@ def _opaque(x):
 
 
 @triton.jit
-def _softmax_p(s_t, lse2, scale_log2, visible, EXACT: tl.constexpr):
+def _softmax_p(s_t, lse2, scale_log2, seen, EXACT: tl.constexpr):
     """[softmax_p] ``P^T = exp2(S^T * scale_log2 - LSE2)``, masked elements exactly 0.
 
     Default: the compiler contracts the product and difference into one FFMA and
@@ -102,16 +107,7 @@ def _softmax_p(s_t, lse2, scale_log2, visible, EXACT: tl.constexpr):
         p_t = exp2_fma(tl.fma(s_t, scale_log2, 0.0 - lse2[None, :]))
     else:
         p_t = tl.math.exp2(s_t * scale_log2 - lse2[None, :])
-    return tl.where(visible, p_t, 0.0)
-
-
-@triton.jit
-def _visible(rows, cols, S_Q, S_K, CAUSAL_OFFSET, CAUSAL: tl.constexpr):
-    """Which elements of the transposed score tile (keys as rows) exist and are unmasked."""
-    visible = (cols[:, None] < S_K) & (rows[None, :] < S_Q)
-    if CAUSAL:
-        visible = visible & (cols[:, None] <= rows[None, :] + CAUSAL_OFFSET)
-    return visible
+    return tl.where(seen, p_t, 0.0)
 
 
 # Lengths, head counts and the LSE strides vary from call to call; keeping them out of the
@@ -133,7 +129,7 @@ def dash_bwd_kernel(
     H, GROUP, S_Q, S_K, N_Q, CAUSAL_OFFSET,
     scale_log2, softmax_scale,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
-    CAUSAL: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
+    MASK: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
 ):
@@ -179,8 +175,9 @@ def dash_bwd_kernel(
             # Score tiles are transposed (keys as rows), so P^T and dS^T feed dV and dK
             # straight from registers; only dS for the partial needs a transpose.
             s_t = tl.dot(k, tl.trans(q))                                    # [qk]
-            visible = _visible(rows, cols, S_Q, S_K, CAUSAL_OFFSET, CAUSAL)
-            p_t = _softmax_p(s_t, lse2, scale_log2, visible, EXACT)        # [softmax_p]
+            # the transposed score tile's elements (keys as rows) that exist and are unmasked
+            seen = visible(rows[None, :], cols[:, None], S_Q, S_K, CAUSAL_OFFSET, MASK)
+            p_t = _softmax_p(s_t, lse2, scale_log2, seen, EXACT)           # [softmax_p]
             p_op = p_t.to(q.dtype)                                          # [round_operand]
             dv += tl.dot(p_op, do)                                          # [dv_step]
             dp_t = tl.dot(v, tl.trans(do))                                  # [dp]

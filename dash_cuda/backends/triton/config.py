@@ -2,16 +2,14 @@
 
 The backward tile shape is part of the *problem*: a schedule's tables name Q tiles of
 ``block_m`` rows and KV tiles of ``block_n`` rows, so the kernel and
-:class:`dash_ref.Problem` must agree on them (:func:`backward_problem` builds the problem
-with the kernel's tiles). Changing a backward tile changes the dQ orders, hence the bits.
+:class:`dash_ref.Problem` must agree on them (:func:`dash_cuda.backward_problem` builds the
+problem with the kernel's tiles). Changing a backward tile changes the dQ orders, hence the
+bits; so the tiles are these constants, and no environment variable changes them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-
-from dash_ref import Problem
 
 #: head dims the kernels are built for (powers of two: ``tl.arange`` needs them).
 HEAD_DIMS = (16, 32, 64, 128)
@@ -52,36 +50,12 @@ _BACKWARD = {
 }
 
 
-def _override(cfg: TileConfig, env: str, head_dim: int) -> TileConfig:
-    """Tuning: ``DASH_CUDA_BWD_TILES="BM,BN,warps,stages[,prefetch]"`` (likewise ``_FWD_``).
-
-    Several head dims at once: ``"64:64,128,8,1,1;128:64,128,8,1"``; an entry without a
-    ``d:`` prefix applies to every head dim.
-    """
-    for entry in filter(None, os.environ.get(env, "").split(";")):
-        dims, _, values = entry.rpartition(":")
-        if not dims or int(dims) == head_dim:
-            fields = [int(x) for x in values.split(",")]
-            if not 4 <= len(fields) <= 5:
-                raise ValueError(f"{env}={os.environ[env]!r}: expected "
-                                 "BM,BN,warps,stages[,prefetch] per entry")
-            return TileConfig(*fields[:4], *(bool(x) for x in fields[4:]))
-    return cfg
-
-
 def forward_config(head_dim: int) -> TileConfig:
     """Tile shape of the forward kernel for ``head_dim``."""
-    return _override(_FORWARD[head_dim], "DASH_CUDA_FWD_TILES", head_dim)
+    return _FORWARD[head_dim]
 
 
 def backward_config(head_dim: int) -> TileConfig:
     """Tile shape of the persistent backward kernel for ``head_dim``."""
-    return _override(_BACKWARD[head_dim], "DASH_CUDA_BWD_TILES", head_dim)
+    return _BACKWARD[head_dim]
 
-
-def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
-                     head_dim: int, causal: bool) -> Problem:
-    """The :class:`dash_ref.Problem` the Triton backward runs, with its tiles."""
-    cfg = backward_config(head_dim)
-    return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
-                   "causal" if causal else "full", cfg.block_m, cfg.block_n)

@@ -6,6 +6,9 @@ streams the KV tiles its rows can see in ascending order:
 * first the tiles every row of the tile sees in full (no mask arithmetic at all),
 * then the rest: the last partial KV tile and, for causal masks, the diagonal band.
 
+Which keys a row sees is :mod:`.mask`'s rule (the kind ``MASK`` is a compile-time constant),
+also for the tile ranges.
+
 Scores are kept in base-2 units, ``s2 = S * scale_log2`` with ``scale_log2 =
 softmax_scale * log2(e)``, so every exponential is one ``ex2.approx``. The outputs are
 ``O`` (input dtype) and ``LSE2 = log2(sum_k 2^s2)`` (fp32, base 2), the value the backward
@@ -21,17 +24,17 @@ import triton.language as tl
 
 from dash_cuda.tile_io import load_tile, store_tile
 
+from .mask import key_range, visible
+
 
 @triton.jit
 def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, scale_log2,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                  MASKED: tl.constexpr, MASK: tl.constexpr):
     """Fold one KV tile into the running max ``m``, sum ``l`` and output ``acc``."""
     s2 = tl.dot(q, tl.trans(k)) * scale_log2
-    if MASKED:
-        visible = cols[None, :] < S_K
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None] + CAUSAL_OFFSET)
-        s2 = tl.where(visible, s2, float("-inf"))
+    if MASKED:  # rows past S_q are never stored: no row bound
+        seen = visible(rows[:, None], cols[None, :], None, S_K, CAUSAL_OFFSET, MASK)
+        s2 = tl.where(seen, s2, float("-inf"))
     m_new = tl.maximum(m, tl.max(s2, 1))
     # a row that has seen no key yet keeps m = -inf; subtract 0 instead of -inf - -inf
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -52,7 +55,7 @@ def dash_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_ls, stride_lh,
     H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
-    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -69,23 +72,19 @@ def dash_fwd_kernel(
     acc = tl.zeros([BM, HEAD_DIM], dtype=tl.float32)
 
     # keys [0, hi) are seen by some row of the tile; keys [0, dense) by all of its rows
-    hi = S_K
-    dense = (S_K // BN) * BN
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(S_K, (pid_m + 1) * BM + CAUSAL_OFFSET), 0)
-        dense = tl.minimum(dense, tl.maximum(pid_m * BM + CAUSAL_OFFSET + 1, 0) // BN * BN)
+    dense, hi = key_range(pid_m, S_K, CAUSAL_OFFSET, BM, BN, MASK)
     for start in range(0, dense, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
-                                  scale_log2, False, CAUSAL)
+                                  scale_log2, False, MASK)
     for start in range(dense, hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
-                                  scale_log2, True, CAUSAL)
+                                  scale_log2, True, MASK)
 
     seen = l > 0.0
     o = acc / tl.where(seen, l, 1.0)[:, None]

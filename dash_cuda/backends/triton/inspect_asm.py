@@ -99,6 +99,8 @@ def _compile(fn, pointers: dict[str, str], floats: tuple[str, ...], constants: d
 
 def compile_backward(v: Variant):
     """The persistent backward kernel of variant ``v``, as a run would launch it."""
+    from dash_ref import Mask
+
     from .bwd_kernel import dash_bwd_kernel
     from .config import backward_config
 
@@ -109,7 +111,8 @@ def compile_backward(v: Variant):
     pointers |= {"DK": out, "DV": out}
     pointers |= {n: "*i32" for n in ("SEM", "WORKER_OFFSETS", "CHAIN_BHJ", "CHAIN_OFFSETS",
                                      "VISIT_Q", "VISIT_RANK")}
-    constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim, CAUSAL=v.causal,
+    constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim,
+                     MASK=Mask.of(v.causal).kind,
                      DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
                      PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -9,13 +9,13 @@ import torch
 import triton
 
 from dash_cuda.backends import Launch, device_properties, new_row_stats
+from dash_cuda.tables import TABLE_NAMES
+from dash_ref import Mask
 from dash_ref.arithmetic.steps import scale_log2_value
 
 from .bwd_kernel import dash_bwd_kernel
 from .config import backward_config, forward_config
 from .fwd_kernel import dash_fwd_kernel
-
-TABLE_ARGS = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
 
 
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -41,7 +41,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
         heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
         scale_log2_value(softmax_scale),
-        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=Mask.of(causal).kind,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse2
@@ -58,13 +58,13 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
                          f"{cfg.block_m}x{cfg.block_n}")
     if launch.tables is None:  # sizing the grid: any int32 tensors compile the same kernel
         placeholder = torch.zeros(4, device=q.device, dtype=torch.int32)
-        tables, sem, partials = dict.fromkeys(TABLE_ARGS, placeholder), placeholder, None
+        tables, sem, partials = dict.fromkeys(TABLE_NAMES, placeholder), placeholder, None
     else:
         tables, sem, partials = launch.tables, launch.sem, launch.partials
     args = (
         q, k, v, do, lse2, launch.delta, launch.dq_acc, dk_out, dv_out, sem,
         launch.dq_acc if partials is None else partials,
-        *(tables[name] for name in TABLE_ARGS),
+        *(tables[name] for name in TABLE_NAMES),
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -76,7 +76,7 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         scale_log2_value(launch.softmax_scale), launch.softmax_scale,
     )
     options = dict(
-        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, CAUSAL=p.mask == "causal",
+        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, MASK=p.mask,
         DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
         PREFETCH=cfg.prefetch, EXACT=launch.exact,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
