@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from dash_ref import Mask
 from verify.reference import attention_f64
 
 try:  # the accuracy bound of verify.highprec when it exists, else fixed normwise bounds
@@ -52,15 +53,15 @@ def normwise(x: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def reference(q, k, v, do, causal: bool, softmax_scale: float | None = None):
-    """float64 output and gradients, and the base-2 LSE, on the GPU."""
+    """float64 output and gradients, and the base-2 LSE, on the GPU (the keys a row sees
+    by :class:`dash_ref.Mask`, the one visibility rule)."""
     ref = attention_f64(q, k, v, do, causal=causal, softmax_scale=softmax_scale)
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bqhk", q.double(), k.double().repeat_interleave(group, 2))
     s = s * (1 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale)
-    if causal:
-        r = torch.arange(q.shape[1], device=q.device)[:, None]
-        c = torch.arange(k.shape[1], device=q.device)[None, :]
-        s = s.masked_fill(~(c <= r + k.shape[1] - q.shape[1])[None, :, None, :], -math.inf)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    seen = Mask.of(causal).visible(range(seqlen_q), range(seqlen_k), seqlen_q, seqlen_k)
+    s = s.masked_fill(~seen.to(q.device)[None, :, None, :], -math.inf)
     lse2 = torch.logsumexp(s, dim=-1) / math.log(2)
     return ref, lse2
 
