@@ -24,6 +24,8 @@ Edges (a node starts when all its predecessors have finished):
 
 The makespan is the longest node-weighted path (:meth:`DAG.critical_path`). The DAG is
 read from the schedule (workers, visit orders, dQ orders); nothing is re-derived here.
+Packed problems (sequences of their own lengths) are read the same way: their chains
+simply differ in length, and a tile's fraction is that of its own sequence.
 
 Closed forms (sync model, ``B = 1``, ``H = m`` heads run back to back, ``BM = BN``,
 ``S_q = S_k = n * BM``, so ``n`` KV tiles = ``n`` Q tiles = ``n`` workers, every active tile
@@ -73,7 +75,7 @@ import numpy as np
 
 from .._checks import choice, integer, number
 from .._graph import levels_and_times
-from ..schedules.arrays import dq_sequence, visit_arrays
+from ..schedules.arrays import dq_sequence, fraction_grid, visit_arrays
 from ..schedules.problem import Problem
 from ..schedules.schedule import Schedule, ScheduleError
 
@@ -109,9 +111,10 @@ class CriticalPath:
     nodes: tuple[int, ...]
 
 
-def compute_cost(problem: Problem, i: int, j: int, cost_compute: float, partial: bool) -> float:
-    """Weight of ``compute(., ., i, j)``: ``c``, or ``c`` times the tile's unmasked fraction."""
-    return cost_compute * problem.tile_fraction(i, j) if partial else cost_compute
+def compute_cost(problem: Problem, i: int, j: int, cost_compute: float, partial: bool,
+                 b: int = 0) -> float:
+    """Weight of ``compute(b, ., i, j)``: ``c``, or ``c`` times the tile's unmasked fraction."""
+    return cost_compute * problem.tile_fraction(i, j, b) if partial else cost_compute
 
 
 class DAG:
@@ -312,11 +315,8 @@ def build_dag(
     k = np.arange(n)
     compute_w = np.full(n, cost_compute)
     if partial:
-        fraction = np.zeros((p.n_q, p.n_kv))
-        for qi, cols in enumerate(p.tile_cols):
-            for kj in cols:
-                fraction[qi, kj] = p.tile_fraction(qi, kj)
-        compute_w = cost_compute * fraction[i, j]
+        first_row, fraction = fraction_grid(p)
+        compute_w = cost_compute * fraction[first_row[b] + i, j]
     src = [2 * k]  # each reduce after its compute
     dst = [2 * k + 1]
     same = np.flatnonzero(w[1:] == w[:-1]) + 1  # visits after another on their worker

@@ -34,13 +34,13 @@ from itertools import pairwise
 import numpy as np
 
 from .._checks import number
+from ..schedules.arrays import fraction_grid, tile_numbers
 from ..schedules.schedule import Schedule, ScheduleError
 from .dag import (
     COMPUTE,
     REDUCE,
     checked_costs,
     checked_staging,
-    compute_cost,
     dq_sequence,
     visit_arrays,
 )
@@ -117,7 +117,7 @@ def simulate(
     v = visit_arrays(schedule)
     n = len(v["i"])
     # per visit: its tile (flat index) and rank in the tile's dQ order (-1: atomic)
-    tile_of = ((v["b"] * p.heads + v["h"]) * p.n_q + v["i"]).tolist()
+    tile_of = tile_numbers(p, v["b"], v["h"], v["i"]).tolist()
     rank_np = np.full(n, -1, np.int64)
     at, tiles = dq_sequence(schedule, v)
     if len(at):
@@ -125,16 +125,13 @@ def simulate(
         rank_np[at] = np.arange(len(at)) - np.repeat(first, np.diff(np.append(first, len(at))))
     rank_of = rank_np.tolist()
     if partial:
-        fraction = np.zeros((p.n_q, p.n_kv))
-        for qi, cols in enumerate(p.tile_cols):
-            for kj in cols:
-                fraction[qi, kj] = compute_cost(p, qi, kj, cost_compute, partial)
-        compute_w = fraction[v["i"], v["j"]].tolist()
+        first_row, fraction = fraction_grid(p)
+        compute_w = (cost_compute * fraction[first_row[v["b"]] + v["i"], v["j"]]).tolist()
     else:
         compute_w = [cost_compute] * n
     bounds = np.searchsorted(v["worker"], np.arange(W + 1)).tolist()  # worker w: [lo, hi)
 
-    count = [0] * (p.batch * p.heads * p.n_q)  # semaphore: reduces added to the tile
+    count = [0] * p.num_q_tiles  # semaphore: reduces added to the tile
     released = [0.0] * len(count)  # when the last one became visible
     blocked: dict[tuple[int, int], int] = {}  # (tile, rank) -> worker waiting for it
     pos = bounds[:-1]

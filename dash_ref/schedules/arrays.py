@@ -1,12 +1,13 @@
 """A schedule's visits and dQ orders as flat integer arrays, for vectorized checks and models.
 
 Visits are numbered worker by worker in program order (the numbering of the DAG model,
-:func:`dash_ref.model.dag.build_dag`, and of the deadlock check).
+:func:`dash_ref.model.dag.build_dag`, and of the deadlock check); dQ tiles by
+:meth:`Problem.q_tile_index`, for rectangular and packed problems alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,17 +46,69 @@ def visit_arrays(schedule: Schedule) -> dict[str, np.ndarray]:
 def dq_sequence(schedule: Schedule, v: dict[str, np.ndarray]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Every fixed dQ order laid end to end: ``(visit, tile)``, the visit numbers (of
-    :func:`visit_arrays`) in summation order, and the flat index of the tile each adds
-    into. ``atomic`` tiles are left out."""
+    :func:`visit_arrays`) in summation order, and the number of the tile each adds into
+    (:meth:`Problem.q_tile_index`). ``atomic`` tiles are left out."""
     p = schedule.problem
-    tile = ((v["b"] * p.heads + v["h"]) * p.n_q + v["i"]) * p.n_kv
-    index = np.full(p.batch * p.heads * p.n_q * p.n_kv, -1, np.int64)
+    n_kv = max(p.n_kv, 1)
+    tile = tile_numbers(p, v["b"], v["h"], v["i"]) * n_kv
+    index = np.full(p.num_q_tiles * n_kv, -1, np.int64)
     index[tile + v["j"]] = np.arange(len(tile))
     keys, js = [], []
     for (b, h, i), order in schedule.dq_orders.items():
         if order is None:
             continue  # atomic: arrival order, no edge
-        keys.extend([(b * p.heads + h) * p.n_q + i] * len(order))
+        keys.extend([p.q_tile_index(b, h, i)] * len(order))
         js.extend(order)
     tiles = np.array(keys, np.int64)
-    return index[tiles * p.n_kv + np.array(js, np.int64)], tiles
+    return index[tiles * n_kv + np.array(js, np.int64)], tiles
+
+
+# ---------------------------------------------------------------------------------------
+# per-sequence lookups (a rectangular problem is a batch of equal sequences)
+# ---------------------------------------------------------------------------------------
+def sequence_arrays(p: Problem) -> dict[str, np.ndarray]:
+    """Per sequence ``b``: ``n_q``, ``n_kv`` and ``q_tile_base`` (``B + 1`` entries)."""
+    return {"n_q": np.array([p.n_q_of(b) for b in range(p.batch)], np.int64),
+            "n_kv": np.array([p.n_kv_of(b) for b in range(p.batch)], np.int64),
+            "q_tile_base": np.array([p.q_tile_base(b) for b in range(p.batch + 1)], np.int64)}
+
+
+def tile_numbers(p: Problem, b: np.ndarray, h: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """:meth:`Problem.q_tile_index` of arrays ``b, h, i``."""
+    seq = sequence_arrays(p)
+    return seq["q_tile_base"][b] + h * seq["n_q"][b] + i
+
+
+def pair_grid(p: Problem, value: Callable[[Problem, int, int], float], dtype: type
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(first_row, grid)``: ``grid[first_row[b] + i, j]`` is ``value(p.sequence(b), i, j)``
+    for every active pair ``(i, j)`` of sequence ``b`` (0 elsewhere), ``n_kv`` columns.
+    Sequences of one shape share their rows."""
+    where: dict[tuple[int, int], int] = {}
+    blocks: list[np.ndarray] = []
+    rows = 0
+    first_row = np.zeros(p.batch, np.int64)
+    for b in range(p.batch):
+        key = (p.seqlen_q_of(b), p.seqlen_k_of(b))
+        if key not in where:
+            seq = p.sequence(b)
+            block = np.zeros((seq.n_q, p.n_kv), dtype)
+            for i, cols in enumerate(seq.tile_cols):
+                for j in cols:
+                    block[i, j] = value(seq, i, j)
+            where[key] = rows
+            rows += seq.n_q
+            blocks.append(block)
+        first_row[b] = where[key]
+    grid = np.concatenate(blocks) if blocks else np.zeros((0, p.n_kv), dtype)
+    return first_row, grid
+
+
+def active_grid(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pair_grid` of whether a pair is active."""
+    return pair_grid(p, lambda seq, i, j: True, bool)
+
+
+def fraction_grid(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pair_grid` of each active pair's unmasked fraction (:meth:`Problem.tile_fraction`)."""
+    return pair_grid(p, lambda seq, i, j: seq.tile_fraction(i, j), np.float64)

@@ -43,18 +43,42 @@ Every edge of the dependency graph then strictly increases ``(round, step, launc
 so these schedules cannot deadlock; :meth:`Schedule.validate` checks it anyway.
 
 Kernel tables (:meth:`Schedule.to_tables`), all ``int32``, ``W`` workers, ``C`` chains,
-``V`` visits (active tile pairs over all heads), ``T = B * H * n_q`` dQ tiles::
+``V`` visits (active tile pairs over all heads), ``T`` dQ tiles (``B * H * n_q``; packed:
+:attr:`Problem.num_q_tiles`)::
 
     worker_offsets  [W + 1]  worker w runs chains worker_offsets[w] : worker_offsets[w+1]
     chain_bhj       [C, 3]   (b, h, j) of each chain, grouped by worker, in run order
     chain_offsets   [C + 1]  chain c's visits are visit_* [chain_offsets[c] : chain_offsets[c+1]]
     visit_q         [V]      Q tile i of each visit, in the chain's visit order
     visit_rank      [V]      rank of j in the dQ order of (b, h, i); -1 for ``atomic``
-    dq_count        [T]      length of the dQ order of tile t = (b * H + h) * n_q + i
+    dq_count        [T]      length of the dQ order of tile t = Problem.q_tile_index(b, h, i)
+                             (rectangular: (b * H + h) * n_q + i)
+    q_tile_base     [B + 1]  Problem.q_tile_base(b): sequence b's dQ tiles start there (an
+                             extra table: not in ScheduleTables.as_dict(), which holds what
+                             today's kernels read)
 
 A kernel visiting ``(b, h, i, j)`` waits until the semaphore of tile ``t`` equals
 ``visit_rank``, adds its partial, and stores ``visit_rank + 1``; after the backward every
 semaphore equals ``dq_count``. Size is ``O(W + C + V + T)``.
+
+**Packed batches** (:class:`Problem` with ``seqlens_q``, ``seqlens_k``): every schedule
+builds chains ``(b, h, j)`` for ``j < n_kv_of(b)`` with sequence ``b``'s own active Q tiles,
+and a dQ order for every tile ``(b, h, i)``, ``i < n_q_of(b)``, over the sequence's own
+active ``j``. *Packing invariance*: for a portable schedule (:data:`PORTABLE`, and ``lpt``)
+the visit order of chain ``(b, h, j)`` and the dQ order of tile ``(b, h, i)`` are exactly
+those of chain ``(0, h, j)`` and tile ``(0, h, i)`` of ``build_schedule(p.sequence(b), name,
+W)``, for every ``W``: a sequence's bits do not depend on the other sequences of its batch,
+their order, or the number of workers. Placement (who runs which chain when) is the
+batch's. The wave schedules number their waves over the whole batch, so their orders
+depend on the other sequences as they depend on ``num_workers``.
+
+``lpt`` (longest processing time first, made for ragged batches: :data:`RAGGED`): every
+chain of the batch, longest first (ties in ``(b, h, j)`` order), placed greedily;
+``descending``'s visit order; dQ order: the tile's ``j`` in launch order (see
+:func:`_lpt`). Under both masks a sequence's chains are never longer for a larger ``j``,
+so that order is ``j`` ascending and ``lpt`` adds in ``descending``'s orders (as
+``interleaved`` adds in ``naive``'s); on a batch of equal lengths its launch order is
+``interleaved``'s.
 """
 
 from __future__ import annotations
@@ -77,6 +101,11 @@ NAMES = ("atomic", *DETERMINISTIC)
 #: schedules whose orders depend on the problem alone, not on ``num_workers``: the same
 #: bits on every GPU (``tests/test_portable.py`` checks fingerprints across worker counts)
 PORTABLE = ("naive", "spt", "descending", "interleaved")
+#: schedules made for packed batches of ragged lengths: built by name and portable like
+#: :data:`PORTABLE` (packing invariant too), but not yet in :data:`NAMES`, which the
+#: kernels' checks, the command line and the documentation's tables enumerate: they join
+#: once the GPU has measured them
+RAGGED = ("lpt",)
 
 TileKey = tuple[int, int, int]  # (b, h, i)
 
@@ -97,7 +126,12 @@ class Chain:
 
 @dataclass(frozen=True)
 class ScheduleTables:
-    """The int32 arrays a kernel reads (layout in the module docstring)."""
+    """The int32 arrays a kernel reads (layout in the module docstring).
+
+    ``q_tile_base`` (``B + 1`` entries: where each sequence's dQ tiles start) is an extra
+    table for kernels of packed batches; :meth:`as_dict` and :meth:`nbytes` cover the six
+    tables today's kernels read unless asked for it.
+    """
 
     worker_offsets: np.ndarray
     chain_bhj: np.ndarray
@@ -105,12 +139,18 @@ class ScheduleTables:
     visit_q: np.ndarray
     visit_rank: np.ndarray
     dq_count: np.ndarray
+    q_tile_base: np.ndarray | None = None
 
-    def as_dict(self) -> dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+    def as_dict(self, extra: bool = False) -> dict[str, np.ndarray]:
+        """The tables by name; ``extra=True`` adds ``q_tile_base``."""
+        names = [k for k in self.__dataclass_fields__ if extra or k not in _EXTRA_TABLES]
+        return {k: getattr(self, k) for k in names}
 
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.as_dict().values())
+    def nbytes(self, extra: bool = False) -> int:
+        return sum(a.nbytes for a in self.as_dict(extra).values())
+
+
+_EXTRA_TABLES = ("q_tile_base",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +220,8 @@ class Schedule:
         h = hashlib.sha256()
         h.update(repr((p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
                        p.mask, p.block_m, p.block_n)).encode())
+        if p.is_packed:  # a rectangular problem hashes as it always has
+            h.update(repr(("packed", p.seqlens_q, p.seqlens_k)).encode())
         for key in sorted(self._chain_index):
             h.update(np.asarray((*key, -1, *self._chain_index[key].visits), np.int32).tobytes())
         for key in sorted(self.dq_orders):
@@ -225,10 +267,10 @@ class Schedule:
                     visit_rank.append(ranks[key][c.j])
                 chain_offsets.append(len(visit_q))
             worker_offsets.append(len(chain_bhj))
-        dq_count = np.zeros(p.batch * p.heads * p.n_q, np.int32)
+        dq_count = np.zeros(p.num_q_tiles, np.int32)
         for (b, h, i), order in self.dq_orders.items():
-            dq_count[(b * p.heads + h) * p.n_q + i] = (
-                len(order) if order is not None else len(p.tile_cols[i])
+            dq_count[p.q_tile_index(b, h, i)] = (
+                len(order) if order is not None else len(p.tile_cols_of(b)[i])
             )
 
         def i32(x: Sequence) -> np.ndarray:
@@ -241,6 +283,7 @@ class Schedule:
             visit_q=i32(visit_q),
             visit_rank=i32(visit_rank),
             dq_count=dq_count,
+            q_tile_base=i32([p.q_tile_base(b) for b in range(p.batch + 1)]),
         )
 
     # -- display --------------------------------------------------------------------------
@@ -252,8 +295,11 @@ class Schedule:
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
             f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} BM={p.block_m} BN={p.block_n} "
             f"(n_q={p.n_q}, n_kv={p.n_kv}); workers={self.num_workers}",
-            "  chains per worker, (b,h,j)[visit order]:",
         ]
+        if p.is_packed:
+            lines.append(f"  packed: seqlens_q={list(p.seqlens_q)} "
+                         f"seqlens_k={list(p.seqlens_k)}")
+        lines.append("  chains per worker, (b,h,j)[visit order]:")
         for w, chains in enumerate(self.workers[:max_workers]):
             body = " ".join(f"({c.b},{c.h},{c.j})[{' '.join(map(str, c.visits))}]"
                             for c in chains)
@@ -283,34 +329,35 @@ def _covers_exactly(s: Schedule) -> bool:
     """Coverage, vectorized: True when every active tile pair is visited exactly once and
     every dQ order is a permutation of its tile's active ``j`` (else the slow check below
     names what is wrong)."""
-    from .arrays import visit_arrays
+    from .arrays import active_grid, sequence_arrays, tile_numbers, visit_arrays
 
     p = s.problem
     if len(s.workers) != s.num_workers or s.num_workers < 1:
         return False
-    if len(s.dq_orders) != p.batch * p.heads * p.n_q:
+    if len(s.dq_orders) != p.num_q_tiles:
         return False
     v = visit_arrays(s)
     b, h, i, j = v["b"], v["h"], v["i"], v["j"]
-    inside = ((b >= 0) & (b < p.batch) & (h >= 0) & (h < p.heads) & (i >= 0) & (i < p.n_q)
-              & (j >= 0) & (j < p.n_kv))
+    if not ((b >= 0) & (b < p.batch)).all():
+        return False
+    seq = sequence_arrays(p)
+    inside = ((h >= 0) & (h < p.heads) & (i >= 0) & (i < seq["n_q"][b]) & (j >= 0)
+              & (j < seq["n_kv"][b]))
     if not inside.all():
         return False
-    active = np.zeros((p.n_q, p.n_kv), bool)
-    for qi, cols in enumerate(p.tile_cols):
-        active[qi, list(cols)] = True
-    if not active[i, j].all():
+    first_row, active = active_grid(p)
+    if not active[first_row[b] + i, j].all():
         return False
-    keys = ((b * p.heads + h) * p.n_q + i) * p.n_kv + j
-    if len(np.unique(keys)) != len(keys) or len(keys) != p.batch * p.heads * int(active.sum()):
+    keys = tile_numbers(p, b, h, i) * max(p.n_kv, 1) + j
+    if len(np.unique(keys)) != len(keys) or len(keys) != p.num_visits:
         return False
     chains = [(c.b, c.h, c.j) for _, c in s.chains()]
     if len(set(chains)) != len(chains):
         return False
     for (tb, th, ti), order in s.dq_orders.items():
-        if not (0 <= tb < p.batch and 0 <= th < p.heads and 0 <= ti < p.n_q):
+        if not (0 <= tb < p.batch and 0 <= th < p.heads and 0 <= ti < p.n_q_of(tb)):
             return False
-        if order is not None and sorted(order) != list(p.tile_cols[ti]):
+        if order is not None and sorted(order) != list(p.tile_cols_of(tb)[ti]):
             return False
     return True
 
@@ -327,10 +374,10 @@ def _report_coverage(s: Schedule) -> None:
         if (c.b, c.h, c.j) in seen_chains:
             raise ScheduleError(f"chain (b={c.b}, h={c.h}, j={c.j}) is run twice (again on w{w})")
         seen_chains.add((c.b, c.h, c.j))
-        if not (0 <= c.b < p.batch and 0 <= c.h < p.heads and 0 <= c.j < p.n_kv):
+        if not (0 <= c.b < p.batch and 0 <= c.h < p.heads and 0 <= c.j < p.n_kv_of(c.b)):
             raise ScheduleError(f"chain (b={c.b}, h={c.h}, j={c.j}) is outside the problem")
         for i in c.visits:
-            if not p.active(i, c.j):
+            if not p.active(i, c.j, c.b):
                 raise ScheduleError(
                     f"chain (b={c.b}, h={c.h}, j={c.j}) visits tile (i={i}, j={c.j}), "
                     "which is masked or out of range"
@@ -341,9 +388,10 @@ def _report_coverage(s: Schedule) -> None:
                 )
             seen_pairs.add((c.b, c.h, i, c.j))
     for b in range(p.batch):
+        tile_cols = p.tile_cols_of(b)
         for h in range(p.heads):
-            for i in range(p.n_q):
-                expected = p.tile_cols[i]
+            for i in range(p.n_q_of(b)):
+                expected = tile_cols[i]
                 for j in expected:
                     if (b, h, i, j) not in seen_pairs:
                         raise ScheduleError(
@@ -362,7 +410,7 @@ def _report_coverage(s: Schedule) -> None:
                         f"dQ order of tile (b={b}, h={h}, i={i}) is {list(order)}: "
                         f"missing j={missing}, unexpected j={extra}, repeated j={dup}"
                     )
-    if len(s.dq_orders) != p.batch * p.heads * p.n_q:
+    if len(s.dq_orders) != p.num_q_tiles:
         raise ScheduleError("dQ orders name tiles outside the problem")
 
 
@@ -488,19 +536,17 @@ def _order_by_key(
 ) -> dict[TileKey, tuple[int, ...]]:
     return {
         (b, h, i): tuple(j for _, j in sorted(keyed.get((b, h, i), [])))
-        for b in range(p.batch)
-        for h in range(p.heads)
-        for i in range(p.n_q)
+        for b, h in _heads(p)
+        for i in range(p.n_q_of(b))
     }
 
 
 def _order_by_j(p: Problem, descending: bool) -> dict[TileKey, tuple[int, ...]]:
     step = -1 if descending else 1
     return {
-        (b, h, i): p.tile_cols[i][::step]
-        for b in range(p.batch)
-        for h in range(p.heads)
-        for i in range(p.n_q)
+        (b, h, i): p.tile_cols_of(b)[i][::step]
+        for b, h in _heads(p)
+        for i in range(p.n_q_of(b))
     }
 
 
@@ -537,17 +583,20 @@ def _greedy_schedule(p: Problem, name: str, num_workers: int, j_descending: bool
                      visits_descending: bool, dq: dict[TileKey, tuple[int, ...] | None],
                      heads_inner: bool = False) -> Schedule:
     """Chains in launch order ``(b, h, j)``, or ``(j, b, h)`` with ``heads_inner``, placed
-    greedily."""
-    js = range(p.n_kv - 1, -1, -1) if j_descending else range(p.n_kv)
+    greedily (packed: each sequence's own ``j``; ``heads_inner`` counts ``j`` over the
+    longest sequence and skips the sequences that have no such tile)."""
+    def js(n: int) -> range:
+        return range(n - 1, -1, -1) if j_descending else range(n)
+
     step = -1 if visits_descending else 1
-    order = ([(b, h, j) for j in js for b, h in _heads(p)] if heads_inner
-             else [(b, h, j) for b, h in _heads(p) for j in js])
-    items = [(Chain(b, h, j, p.chain_rows[j][::step]),) for b, h, j in order]
+    order = ([(b, h, j) for j in js(p.n_kv) for b, h in _heads(p) if j < p.n_kv_of(b)]
+             if heads_inner else [(b, h, j) for b, h in _heads(p) for j in js(p.n_kv_of(b))])
+    items = [(Chain(b, h, j, p.chain_rows_of(b)[j][::step]),) for b, h, j in order]
     return _assemble(p, name, num_workers, _place_greedy(items, num_workers), dq)
 
 
 def _atomic(p: Problem, num_workers: int) -> Schedule:
-    dq = {(b, h, i): None for b, h in _heads(p) for i in range(p.n_q)}
+    dq = {(b, h, i): None for b, h in _heads(p) for i in range(p.n_q_of(b))}
     return _greedy_schedule(p, "atomic", num_workers, False, False, dq)
 
 
@@ -573,12 +622,13 @@ def _shift(p: Problem, num_workers: int) -> Schedule:
     """Chains of one head in one round form a wave; wave member r starts at its r-th tile."""
     items: list[Item] = []
     for b, h in _heads(p):
-        for j in range(p.n_kv):
+        chain_rows = p.chain_rows_of(b)
+        for j in range(p.n_kv_of(b)):
             k = len(items)
             # index of this chain among the chains of (b, h) placed in the same round
             first_of_head_in_round = max(k - j, (k // num_workers) * num_workers)
             r = k - first_of_head_in_round
-            items.append((Chain(b, h, j, _rotate(p.chain_rows[j], r)),))
+            items.append((Chain(b, h, j, _rotate(chain_rows[j], r)),))
     workers = _place_round_robin(items, num_workers)
     return _assemble(p, "shift", num_workers, workers,
                      _wave_dq_orders(p, items, num_workers))
@@ -597,24 +647,57 @@ def _symmetric_shift(p: Problem, num_workers: int) -> Schedule:
     carries ``n + 1`` visits, so ``n`` workers run two heads side by side with no wait:
     the critical path is the lower bound ``m (n + 1)(c + r) / 2``.
     """
-    n = p.n_kv
-    pairs = n // 2
-    rect = p.chain_rows[n - pairs] if pairs else ()
-    rect_set = set(rect)
     items: list[Item] = []
     for b, h in _heads(p):
+        chain_rows = p.chain_rows_of(b)  # packed: each sequence folds its own triangle
+        n = p.n_kv_of(b)
+        pairs = n // 2
+        rect_set = set(chain_rows[n - pairs] if pairs else ())
         for q in range((n + 1) // 2):
-            rows = p.chain_rows[q]
+            rows = chain_rows[q]
             shifted = _rotate([i for i in rows if i in rect_set], q)
             rest = tuple(i for i in rows if i not in rect_set)
             long_chain = Chain(b, h, q, shifted + rest)
             if q < pairs:
-                items.append((long_chain, Chain(b, h, n - 1 - q, p.chain_rows[n - 1 - q][::-1])))
+                items.append((long_chain, Chain(b, h, n - 1 - q, chain_rows[n - 1 - q][::-1])))
             else:
                 items.append((long_chain,))
     workers = _place_round_robin(items, num_workers)
     return _assemble(p, "symmetric_shift", num_workers, workers,
                      _wave_dq_orders(p, items, num_workers))
+
+
+def _lpt(p: Problem, num_workers: int) -> Schedule:
+    """Longest processing time first: every chain of the batch, longest first, placed greedily.
+
+    Made for packed batches of ragged lengths, where launching sequence by sequence leaves
+    a long sequence's chains for last. Launch order: by visits, descending; ties in
+    ``(b, h, j)`` order (so on a batch of equal lengths chain ``j`` of every head goes
+    before chain ``j + 1`` of any, as in ``interleaved``). Visits descending, as in
+    ``descending`` (chains of one head that start together then meet each dQ tile in the
+    same order, one hand-off apart, instead of one visit apart).
+
+    Why the dQ order is the tile's ``j`` in launch order (by visits descending, then ``j``):
+    greedy placement keeps the launch order on every worker, so every program-order edge
+    runs from a chain to one launched later. If a tile's dQ order followed any other order,
+    a chain could wait for the partial of a chain launched after it, which may sit behind
+    it on its own worker: a deadlock. With the dQ order in launch order every dQ edge runs
+    from an earlier-launched chain to a later one too, so every edge of the graph goes
+    forward in (launch index, visit number) and it has no cycle for any ``num_workers``.
+    The order depends only on the lengths of the chains of the tile's own sequence, so
+    it is portable and packing invariant; under both masks a sequence's chain ``j + 1`` is
+    never longer than chain ``j``, so it is ``j`` ascending, ``descending``'s.
+    """
+    chains = [Chain(b, h, j, rows[::-1])
+              for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
+    chains.sort(key=lambda c: (-len(c.visits), c.b, c.h, c.j))
+    dq: dict[TileKey, tuple[int, ...] | None] = {}
+    for b, h in _heads(p):
+        chain_rows = p.chain_rows_of(b)
+        for i, cols in enumerate(p.tile_cols_of(b)):
+            dq[(b, h, i)] = tuple(sorted(cols, key=lambda j: (-len(chain_rows[j]), j)))
+    return _assemble(p, "lpt", num_workers, _place_greedy([(c,) for c in chains], num_workers),
+                     dq)
 
 
 def _assemble(p: Problem, name: str, num_workers: int, workers: list[list[Item]],
@@ -636,6 +719,7 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
     "shift": _shift,
     "symmetric_shift": _symmetric_shift,
     "interleaved": _interleaved,
+    "lpt": _lpt,
 }
 
 
@@ -651,9 +735,10 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
     the two sequence lengths, with the entries measured on ``backend`` where there are).
-    ``portable=True`` keeps to :data:`PORTABLE` (the same bits for every ``num_workers``):
-    ``auto`` picks the fastest portable schedule, and a named schedule outside the set is
-    refused. Unknown names raise a ``ValueError`` that lists the known ones.
+    ``portable=True`` keeps to :data:`PORTABLE` and :data:`RAGGED` (the same bits for every
+    ``num_workers``): ``auto`` picks the fastest measured portable schedule, and a named
+    schedule outside the sets is refused. Unknown names raise a ``ValueError`` that lists
+    the known ones.
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
@@ -663,10 +748,12 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
         return default_schedule(problem.mask, problem.head_dim,
                                 max(problem.seqlen_q, problem.seqlen_k), backend, portable)
     if not isinstance(name, str) or name not in BUILDERS:
-        raise ValueError(f"unknown schedule {name!r}; choose from 'auto', {', '.join(NAMES)}")
-    if portable and name not in PORTABLE:
+        raise ValueError(f"unknown schedule {name!r}; choose from 'auto', "
+                         f"{', '.join((*NAMES, *RAGGED))}")
+    if portable and name not in (*PORTABLE, *RAGGED):
         raise ValueError(f"schedule {name!r} orders its sums by num_workers, so its bits "
-                         f"differ between GPUs; portable=True takes {', '.join(PORTABLE)}")
+                         f"differ between GPUs; portable=True takes "
+                         f"{', '.join((*PORTABLE, *RAGGED))}")
     return name
 
 
