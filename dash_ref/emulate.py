@@ -18,6 +18,20 @@ The forward is emulated in ``"ieee"`` and ``"fast"`` arithmetic (``"fast"``: the
 forward's order of steps). The backward takes ``O`` and ``LSE2`` as inputs
 (:func:`emulate` feeds the forward's, in the same arithmetic where it has one, else the
 IEEE forward's; the L2 check feeds the kernel's).
+
+**Packed batches** (a :class:`Problem` with ``seqlens_q``, ``seqlens_k``; FlashAttention's
+``varlen`` layout): the sequences lie one after another, ``q``, ``o``, ``do`` as
+``(total_q, H, d)``, ``k``, ``v`` as ``(total_k, H_kv, d)``, sequence ``b`` in rows
+``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` (and ``cu_seqlens_k``) of
+:attr:`Problem.cu_seqlens_q`, implied by the lengths. ``LSE2`` is ``(total_q, H)`` fp32: the
+rectangular ``(B, S_q, H)`` with its first two dims flattened (FlashAttention's varlen
+``softmax_lse`` is the transpose, ``(H, total_q)``). :func:`forward` takes the lengths as
+``seqlens_q=``, ``seqlens_k=``; :func:`backward`, :func:`replay` and :func:`emulate` read
+them from the schedule's problem. Every sequence runs in its own coordinates (its tiles
+start at its first row; the mask uses its own lengths), so a packed call gives each
+sequence, bit for bit, what the batch-1 call on that sequence alone gives, with any
+schedule whose orders are packing invariant (:data:`dash_ref.PORTABLE`, ``lpt``), whatever
+the other sequences and their order.
 """
 
 from __future__ import annotations
@@ -37,7 +51,8 @@ from .schedules.schedule import Chain, Schedule
 F32 = torch.float32
 
 __all__ = ["ARITHMETICS", "BackwardResult", "ForwardResult", "backward", "dq_add", "emulate",
-           "epilogue", "forward", "problem_of", "replay", "visible", "visit_index"]
+           "epilogue", "forward", "packed_problem_of", "problem_of", "replay", "visible",
+           "visit_index"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -52,6 +67,23 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, blo
                    block_m, block_n)
 
 
+def packed_problem_of(q: torch.Tensor, k: torch.Tensor, seqlens_q, seqlens_k, causal: bool,
+                      block_m: int, block_n: int) -> Problem:
+    """The packed :class:`Problem` of ``(total_q, H, d)`` ``q`` and ``(total_k, H_kv, d)`` ``k``
+    holding sequences of lengths ``seqlens_q``, ``seqlens_k``."""
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
+                             f"shape {tuple(x.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
+                         "must be a positive multiple of the key/value heads")
+    return Problem.packed(seqlens_q, seqlens_k, q.shape[1], k.shape[1], q.shape[2],
+                          "causal" if causal else "full", block_m, block_n)
+
+
 def visible(p: Problem, rows: range, cols: range) -> torch.Tensor:
     """Boolean ``(len(rows), len(cols))``: which elements of a tile pair are unmasked."""
     return p.visibility.visible(rows, cols, p.seqlen_q, p.seqlen_k)
@@ -60,6 +92,9 @@ def visible(p: Problem, rows: range, cols: range) -> torch.Tensor:
 def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   **more: torch.Tensor) -> None:
     """Dtypes and shapes of the inputs against the problem; a message that names them."""
+    if p.is_packed:
+        _check_packed_inputs(p, q, k, v, **more)
+        return
     attention_inputs(q, k, v, **{n: x for n, x in more.items() if n != "lse2"})
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
@@ -80,31 +115,82 @@ def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise TypeError(f"lse2 must be float32, got {more['lse2'].dtype}")
 
 
+def _check_packed_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         **more: torch.Tensor) -> None:
+    """:func:`_check_inputs` for the packed layout (module docstring)."""
+    named = {"q": q, "k": k, "v": v, **more}
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
+    for name, x in named.items():
+        if name != "lse2" and x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: they must match")
+    want = {"q": (p.total_q, p.heads, p.head_dim), "k": (p.total_k, p.heads_kv, p.head_dim),
+            "v": (p.total_k, p.heads_kv, p.head_dim), "o": (p.total_q, p.heads, p.head_dim),
+            "do": (p.total_q, p.heads, p.head_dim), "lse2": (p.total_q, p.heads)}
+    for name, x in named.items():
+        if tuple(x.shape) != want[name]:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, the packed problem needs "
+                             f"{want[name]} ((total, H, d) layout, sequences one after "
+                             "another; k and v with H_kv heads; lse2 (total_q, H))")
+    if "lse2" in more and more["lse2"].dtype != F32:
+        raise TypeError(f"lse2 must be float32, got {more['lse2'].dtype}")
+
+
+def _sequence_views(p: Problem, b: int, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sequence ``b``'s rows of packed tensors as batch-1 views: ``(1, S(b), ...)``."""
+    out = {}
+    for name, x in tensors.items():
+        cu = p.cu_seqlens_k if name in ("k", "v") else p.cu_seqlens_q
+        out[name] = x[cu[b]:cu[b + 1]].unsqueeze(0)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------
 @dataclass
 class ForwardResult:
-    o: torch.Tensor  # (B, S_q, H, d), input dtype
-    lse2: torch.Tensor  # (B, S_q, H) fp32, base 2; -inf where a row sees no key
+    o: torch.Tensor  # (B, S_q, H, d), input dtype; packed: (total_q, H, d)
+    lse2: torch.Tensor  # (B, S_q, H) fp32, base 2; -inf where a row sees no key; packed:
+    # (total_q, H)
 
 
 @single_threaded
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, block_m: int = 64, block_n: int = 64,
-            arithmetic: str | Arithmetic = "ieee") -> ForwardResult:
+            arithmetic: str | Arithmetic = "ieee", *, seqlens_q=None, seqlens_k=None
+            ) -> ForwardResult:
     """Tile-level forward: an online softmax over each query tile's KV tiles, ascending.
 
     The steps ``fwd_scores``, ``fwd_max``, ``fwd_probs``, ``fwd_accumulate`` and
     ``fwd_finish`` of :mod:`dash_ref.arithmetic.steps`. ``arithmetic`` is ``"ieee"`` or
     ``"fast"``: the CuTe forward bit for bit, given its KV tile (``block_n = 128``); its
     bits do not depend on ``block_m``, since a row's sums never leave the row.
+
+    With ``seqlens_q`` and ``seqlens_k`` (one length per sequence, both or neither) the
+    inputs are a packed batch (module docstring): ``(total_q, H, d)`` and
+    ``(total_k, H_kv, d)``, and so are the outputs (``lse2``: ``(total_q, H)``); each
+    sequence is computed alone, in its own coordinates.
     """
     a = steps.arithmetic(arithmetic)
     boolean("causal", causal)
     if a.forward is None:
         raise ValueError(f"the forward is emulated in 'ieee' and 'fast' arithmetic, not "
                          f"{a.name!r}")
+    if seqlens_q is not None or seqlens_k is not None:
+        if seqlens_q is None or seqlens_k is None:
+            raise ValueError("seqlens_q and seqlens_k go together: give both for a packed "
+                             "batch, neither for (B, S, H, d) tensors")
+        p = packed_problem_of(q, k, seqlens_q, seqlens_k, causal, block_m, block_n)
+        _check_inputs(p, q, k, v)
+        parts = [forward(**_sequence_views(p, b, q=q, k=k, v=v), causal=causal,
+                         softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
+                         arithmetic=a) for b in range(p.batch)]
+        return ForwardResult(torch.cat([r.o[0] for r in parts]),
+                             torch.cat([r.lse2[0] for r in parts]))
     p = problem_of(q, k, causal, block_m, block_n)
     _check_inputs(p, q, k, v)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
@@ -149,13 +235,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
 # ---------------------------------------------------------------------------------------
 @dataclass
 class BackwardResult:
-    dq: torch.Tensor  # (B, S_q, H, d), input dtype
-    dk: torch.Tensor  # (B, S_k, H_kv, d)
+    dq: torch.Tensor  # (B, S_q, H, d), input dtype; packed: (total_q, H, d)
+    dk: torch.Tensor  # (B, S_k, H_kv, d); packed: (total_k, H_kv, d)
     dv: torch.Tensor
     dq_acc: torch.Tensor  # fp32 accumulators before the epilogue
     dk_acc: torch.Tensor  # fp32, per KV head after the GQA sum
     dv_acc: torch.Tensor
-    partials: torch.Tensor | None  # (V, BM, d) fp32 in table order, rows past S_q are zero
+    partials: torch.Tensor | None  # (V, BM, d) fp32 in table order, rows past the
+    # sequence's S_q are zero
 
 
 def _schedule(schedule: object) -> Schedule:
@@ -185,7 +272,8 @@ def replay(schedule: Schedule, partials: torch.Tensor,
     kernel writes in audit mode). Each tile starts from ``+0.0`` and adds its partials one
     fp32 RNE addition at a time. A non-deterministic schedule has no order to replay unless
     ``arrival`` gives one for every tile. ``flush_subnormals`` mirrors a kernel whose adds
-    flush subnormals (its audit record says so). Returns ``(B, S_q, H, d)`` fp32.
+    flush subnormals (its audit record says so). Returns ``(B, S_q, H, d)`` fp32 (packed:
+    ``(total_q, H, d)``).
     """
     p = _schedule(schedule).problem
     if partials.dtype != F32 or partials.dim() != 3 or partials.shape[1] != p.block_m:
@@ -195,18 +283,25 @@ def replay(schedule: Schedule, partials: torch.Tensor,
     if partials.shape[0] != len(index):
         raise ValueError(f"partials has {partials.shape[0]} rows, the schedule has "
                          f"{len(index)} visits")
-    acc = torch.zeros(p.batch, p.seqlen_q, p.heads, partials.shape[2], dtype=F32)
+    if p.is_packed:
+        acc = torch.zeros(p.total_q, p.heads, partials.shape[2], dtype=F32)
+    else:
+        acc = torch.zeros(p.batch, p.seqlen_q, p.heads, partials.shape[2], dtype=F32)
     for (b, h, i), order in schedule.dq_orders.items():
         if order is None:
             if arrival is None:
                 raise ValueError(f"schedule {schedule.name!r} has no dQ order to replay; "
                                  "pass the arrival order")
             order = arrival[(b, h, i)]
-        rows = p.rows(i)
+        rows = p.rows(i, b)
         tile = torch.zeros(len(rows), partials.shape[2], dtype=F32)
         for j in order:
             tile = dq_add(tile, partials[index[(b, h, i, j)], : len(rows)], flush_subnormals)
-        acc[b, rows.start:rows.stop, h] = tile
+        if p.is_packed:
+            first = p.cu_seqlens_q[b]
+            acc[first + rows.start:first + rows.stop, h] = tile
+        else:
+            acc[b, rows.start:rows.stop, h] = tile
     return acc
 
 
@@ -266,6 +361,9 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     a = steps.arithmetic(arithmetic)
     p = _schedule(schedule).problem
     _check_inputs(p, q, k, v, o=o, do=do, lse2=lse2)
+    if p.is_packed:
+        return _backward_packed(schedule, a, q, k, v, o, lse2, do, softmax_scale,
+                                return_partials, arrival_seed)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
     scale2 = steps.scale_log2(scale)
     delta = steps.delta(a, o, do)
@@ -279,14 +377,66 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         first_visit += len(c.visits)
         dk_head[c.b, cols.start:cols.stop, c.h] = dk
         dv_head[c.b, cols.start:cols.stop, c.h] = dv
-    arrival = None
-    if not schedule.deterministic:
-        gen = torch.Generator().manual_seed(arrival_seed or 0)
-        arrival = {key: tuple(p.tile_cols[key[2]][t] for t in
-                              torch.randperm(len(p.tile_cols[key[2]]), generator=gen).tolist())
-                   for key in schedule.dq_orders}
+    arrival = _arrival(schedule, arrival_seed)
     dq_acc = replay(schedule, partials, arrival, flush_subnormals=a.flush_dq_adds)
     dk_acc, dv_acc = steps.gqa_sum(dk_head, p.group), steps.gqa_sum(dv_head, p.group)
+    return BackwardResult(
+        dq=epilogue(dq_acc, scale, q.dtype),
+        dk=epilogue(dk_acc, scale, q.dtype),
+        dv=epilogue(dv_acc, None, q.dtype),
+        dq_acc=dq_acc,
+        dk_acc=dk_acc,
+        dv_acc=dv_acc,
+        partials=partials if return_partials else None,
+    )
+
+
+def _arrival(schedule: Schedule, arrival_seed: int | None
+             ) -> dict[tuple[int, int, int], tuple[int, ...]] | None:
+    """For ``atomic``: every tile's arrival order drawn from ``arrival_seed``; else None."""
+    if schedule.deterministic:
+        return None
+    p = schedule.problem
+    gen = torch.Generator().manual_seed(arrival_seed or 0)
+    arrival = {}
+    for b, h, i in schedule.dq_orders:
+        cols = p.tile_cols_of(b)[i]
+        arrival[(b, h, i)] = tuple(cols[t] for t in
+                                   torch.randperm(len(cols), generator=gen).tolist())
+    return arrival
+
+
+def _backward_packed(schedule: Schedule, a: Arithmetic, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor,
+                     softmax_scale: float | None, return_partials: bool,
+                     arrival_seed: int | None) -> BackwardResult:
+    """:func:`backward` of a packed batch: every chain on its own sequence's batch-1 views,
+    with that sequence's problem, in table order; every sequence's ``D``, GQA sums and
+    epilogue on its own rows (module docstring)."""
+    p = schedule.problem
+    scale = steps.resolve_scale(softmax_scale, p.head_dim)
+    scale2 = steps.scale_log2(scale)
+    seqs = [_sequence_views(p, b, q=q, k=k, v=v, o=o, do=do, lse2=lse2)
+            for b in range(p.batch)]
+    for x in seqs:
+        x["delta"] = steps.delta(a, x["o"], x["do"])
+    partials = torch.zeros(schedule.num_visits, p.block_m, p.head_dim, dtype=F32)
+    dk_head = [torch.zeros(1, p.seqlen_k_of(b), p.heads, p.head_dim, dtype=F32)
+               for b in range(p.batch)]
+    dv_head = [torch.zeros_like(x) for x in dk_head]
+    first_visit = 0
+    for _, c in schedule.chains():
+        x = seqs[c.b]
+        cols = p.cols(c.j, c.b)
+        dk, dv = _chain(a, p.sequence(c.b), Chain(0, c.h, c.j, c.visits), x["q"], x["k"],
+                        x["v"], x["do"], x["lse2"], x["delta"], scale2, partials, first_visit)
+        first_visit += len(c.visits)
+        dk_head[c.b][0, cols.start:cols.stop, c.h] = dk
+        dv_head[c.b][0, cols.start:cols.stop, c.h] = dv
+    dq_acc = replay(schedule, partials, _arrival(schedule, arrival_seed),
+                    flush_subnormals=a.flush_dq_adds)
+    dk_acc = torch.cat([steps.gqa_sum(x, p.group)[0] for x in dk_head])
+    dv_acc = torch.cat([steps.gqa_sum(x, p.group)[0] for x in dv_head])
     return BackwardResult(
         dq=epilogue(dq_acc, scale, q.dtype),
         dk=epilogue(dk_acc, scale, q.dtype),
@@ -310,7 +460,8 @@ def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     p = _schedule(schedule).problem
     a = steps.arithmetic(arithmetic)
     fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n,
-                  a if a.forward is not None else IEEE)
+                  a if a.forward is not None else IEEE, seqlens_q=p.seqlens_q,
+                  seqlens_k=p.seqlens_k)
     bwd = backward(schedule, q, k, v, fwd.o, fwd.lse2, do, softmax_scale, return_partials,
                    arrival_seed, arithmetic)
     return fwd, bwd
