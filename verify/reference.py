@@ -6,6 +6,14 @@ rounding included), so :func:`grad_checks` can hold a result to
 ``||x - exact|| <= error_bound(dtype, kappa=1) * M``. That is the normwise bound
 ``error_bound(dtype, kappa=M/||exact||)`` where the exact output is nonzero, and it stays
 meaningful where the exact output cancels to zero (``S_k = 1`` makes ``dQ = 0``).
+
+Packed batches (FlashAttention's ``varlen`` layout, ``(total, H, d)`` with the sequences
+one after another, :class:`dash_ref.Problem` with ``seqlens_q``, ``seqlens_k``):
+:func:`attention_f64_packed` runs every sequence alone through :func:`attention_f64` and
+returns the packed outputs with each sequence's :class:`Grads`; :func:`packed_grad_checks`
+holds every sequence to its own bound, and :func:`grad_checks` holds the whole batch to
+the bound of its longest lengths (implied by the per-sequence bounds: ``n_acc`` only grows
+with the lengths, and the squared errors and magnitudes add up).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dash_ref import Problem
 from dash_ref._checks import attention_inputs
 from dash_ref.arithmetic.steps import resolve_scale
 from dash_ref.cpu import single_threaded
@@ -108,4 +117,69 @@ def grad_checks(got: dict[str, torch.Tensor], ref: Grads, dtype: torch.dtype
         allowed = error_bound(dtype, name, 1.0, **ref.shape) * ref.magnitude[name]
         normwise = err / norm if norm > 0 else (0.0 if err == 0 else math.inf)
         out[name] = GradCheck(name, err, normwise, allowed, bool(torch.isfinite(xd).all()))
+    return out
+
+
+@dataclass
+class PackedGrads(Grads):
+    """:class:`Grads` of a packed batch: ``o, dq, dk, dv`` in the packed layout, ``magnitude``
+    and ``shape`` for the whole batch (module docstring), ``sequences`` each sequence's own
+    (batch-1 ``(1, S, H, d)`` tensors), ``problem`` the lengths."""
+
+    sequences: tuple[Grads, ...] = ()
+    problem: Problem | None = None
+
+
+@single_threaded
+def attention_f64_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                         seqlens_q, seqlens_k, causal: bool = False,
+                         softmax_scale: float | None = None) -> PackedGrads:
+    """Float64 outputs and gradients of a packed batch: ``q``, ``do`` ``(total_q, H, d)``,
+    ``k``, ``v`` ``(total_k, H_kv, d)``, sequence ``b`` of ``seqlens_q[b]`` query and
+    ``seqlens_k[b]`` key rows, each attended to alone (the rule of :func:`attention_f64`
+    with its own lengths; a sequence without keys or queries has zero outputs)."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
+                             f"shape {tuple(x.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
+                         "must be a positive multiple of the key/value heads")
+    p = Problem.packed(seqlens_q, seqlens_k, q.shape[1], k.shape[1], q.shape[2],
+                       "causal" if causal else "full")
+    for name, x, want in (("q", q, (p.total_q, p.heads)), ("do", do, (p.total_q, p.heads)),
+                          ("k", k, (p.total_k, p.heads_kv)), ("v", v, (p.total_k, p.heads_kv))):
+        if tuple(x.shape) != (*want, p.head_dim):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, the lengths need "
+                             f"{(*want, p.head_dim)}")
+    cq, ck = p.cu_seqlens_q, p.cu_seqlens_k
+    parts = []
+    for b in range(p.batch):
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        parts.append(attention_f64(q[rows].unsqueeze(0), k[keys].unsqueeze(0),
+                                   v[keys].unsqueeze(0), do[rows].unsqueeze(0), causal,
+                                   softmax_scale))
+    grads = PackedGrads(*(torch.cat([getattr(g, n)[0] for g in parts])
+                          for n in ("o", "dq", "dk", "dv")),
+                        sequences=tuple(parts), problem=p)
+    grads.magnitude = {n: math.sqrt(sum(g.magnitude[n] ** 2 for g in parts))
+                       for n in ("o", "dq", "dk", "dv")}
+    grads.shape = {"seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
+                   "group": p.group}
+    return grads
+
+
+def packed_grad_checks(got: dict[str, torch.Tensor], ref: PackedGrads, dtype: torch.dtype
+                       ) -> list[dict[str, GradCheck]]:
+    """:func:`grad_checks` of every sequence of a packed batch on its own rows and bound."""
+    p = ref.problem
+    out = []
+    for b, seq in enumerate(ref.sequences):
+        def rows(name: str, x: torch.Tensor, b: int = b) -> torch.Tensor:
+            cu = p.cu_seqlens_k if name in ("dk", "dv") else p.cu_seqlens_q
+            return x[cu[b]:cu[b + 1]].unsqueeze(0)
+
+        out.append(grad_checks({n: rows(n, x) for n, x in got.items()}, seq, dtype))
     return out
