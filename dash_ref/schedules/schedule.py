@@ -73,12 +73,12 @@ batch's. The wave schedules number their waves over the whole batch, so their or
 depend on the other sequences as they depend on ``num_workers``.
 
 ``lpt`` (longest processing time first, made for ragged batches: :data:`RAGGED`): every
-chain of the batch, longest first (ties in ``(b, h, j)`` order), placed greedily;
+chain of the batch, longest first (ties in ``(j, b, h)`` order), placed greedily;
 ``descending``'s visit order; dQ order: the tile's ``j`` in launch order (see
 :func:`_lpt`). Under both masks a sequence's chains are never longer for a larger ``j``,
 so that order is ``j`` ascending and ``lpt`` adds in ``descending``'s orders (as
-``interleaved`` adds in ``naive``'s); on a batch of equal lengths its launch order is
-``interleaved``'s.
+``interleaved`` adds in ``naive``'s); on a rectangular problem its launch order, and so its
+placement, is ``interleaved``'s.
 """
 
 from __future__ import annotations
@@ -672,8 +672,9 @@ def _lpt(p: Problem, num_workers: int) -> Schedule:
 
     Made for packed batches of ragged lengths, where launching sequence by sequence leaves
     a long sequence's chains for last. Launch order: by visits, descending; ties in
-    ``(b, h, j)`` order (so on a batch of equal lengths chain ``j`` of every head goes
-    before chain ``j + 1`` of any, as in ``interleaved``). Visits descending, as in
+    ``(j, b, h)`` order (a sequence's chain ``j + 1`` is never longer than its chain ``j``,
+    so on a rectangular problem this is ``interleaved``'s launch order: chain ``j`` of every
+    head before chain ``j + 1`` of any). Visits descending, as in
     ``descending`` (chains of one head that start together then meet each dQ tile in the
     same order, one hand-off apart, instead of one visit apart).
 
@@ -690,7 +691,7 @@ def _lpt(p: Problem, num_workers: int) -> Schedule:
     """
     chains = [Chain(b, h, j, rows[::-1])
               for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
-    chains.sort(key=lambda c: (-len(c.visits), c.b, c.h, c.j))
+    chains.sort(key=lambda c: (-len(c.visits), c.j, c.b, c.h))
     dq: dict[TileKey, tuple[int, ...] | None] = {}
     for b, h in _heads(p):
         chain_rows = p.chain_rows_of(b)
