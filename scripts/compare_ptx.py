@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Compile every shipped Triton kernel variant in two source trees for sm_90 and compare the PTX.
+"""Compile every shipped kernel variant in two source trees for sm_90 and compare the PTX.
 
 For a change that must not change the kernels (a refactor, a rename), the PTX of the tree
 before and the tree after must be the same text. Runs on any machine with Triton (no GPU:
 the target is given, not queried)::
 
-    python scripts/compare_ptx.py --backend triton BASE_TREE NEW_TREE [--jobs N] [--keep DIR]
+    python scripts/compare_ptx.py --backend triton|cute BASE_TREE NEW_TREE [--jobs N] [--keep DIR]
+
+``--backend cute`` compiles every shipped CuTe DSL variant of each tree for sm_90a (the
+tree's own list: ``variants.shipped_variants``, or in older trees the union of warm-up's and
+``inspect_ptx``'s lists), keyed by what the variant is (kind, dtype, head dim, mask, flags;
+the forward's tile height) rather than by its name, which may carry more in one tree, and
+compares the PTX byte for byte (CuTe DSL writes no line information).
 
 Each tree is imported in its own processes (``BASE_TREE`` first on ``sys.path``, a fresh
 ``TRITON_CACHE_DIR``), which compile every variant and write its PTX; this process then
@@ -261,6 +267,90 @@ def worker(tree: Path, out: Path, shard: int, shards: int, head_dims: tuple[int,
     return 0
 
 
+# -- the CuTe variants -------------------------------------------------------------------------
+def cute_key(v) -> str:
+    """What a CuTe variant is, in words that do not depend on the tree's naming."""
+    dtype = "bf16" if "bfloat16" in str(v.dtype) else "fp16"
+    mask = getattr(v, "mask", None) or ("causal" if v.causal else "full")
+    if "Forward" in type(v).__name__:
+        return f"fwd_{dtype}_d{v.head_dim}_{mask}_m{v.block_m}"
+    flags = "det" if v.deterministic else "atomic"
+    flags += "_audit" if v.audit else ""
+    flags += "_perhead" if v.per_head else ""
+    return f"bwd_{dtype}_d{v.head_dim}_{mask}_{flags}"
+
+
+def cute_variants() -> dict:
+    """The tree's shipped CuTe variants by :func:`cute_key` (diagnostic variants left out)."""
+    try:
+        from dash_cuda.backends.cute.variants import shipped_variants
+
+        found = shipped_variants()
+    except ImportError:  # a tree from before the one list
+        from dash_cuda import warmup
+        from dash_cuda.backends.cute import inspect_ptx
+
+        found = (inspect_ptx.all_variants()
+                 + warmup.cute_variants(["bf16", "fp16"], [64, 128]))
+    out: dict = {}
+    for v in found:
+        if getattr(v, "probe", False) or getattr(v, "dq_add", "bulk") != "bulk":
+            continue
+        out.setdefault(cute_key(v), v)
+    return out
+
+
+def cute_worker(tree: Path, out: Path, shard: int, shards: int) -> int:
+    sys.path.insert(0, str(tree))
+    import dash_cuda
+    from dash_cuda.backends.cute import inspect_ptx
+
+    if not Path(dash_cuda.__file__).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"imported {dash_cuda.__file__}, not the tree {tree}")
+    for key, v in sorted(cute_variants().items())[shard::shards]:
+        with tempfile.TemporaryDirectory(prefix="compare_ptx_cute_") as folder:
+            ptx = inspect_ptx.compile_ptx(v, folder)[1]
+        (out / f"{key}.ptx").write_text(ptx)
+    return 0
+
+
+def run_cute_tree(tree: Path, out: Path, jobs: int) -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "--cute-worker", str(tree), str(out),
+                               str(shard), str(jobs)],
+                              env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree)
+             for shard in range(jobs)]
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"compiling in {tree} failed: {failed}")
+
+
+def compare_cute(args) -> int:
+    with tempfile.TemporaryDirectory(prefix="compare_ptx_") as scratch:
+        root = args.keep or Path(scratch)
+        dirs = []
+        for label, tree in (("base", args.base), ("new", args.new)):
+            folder = root / "cute" / label
+            folder.mkdir(parents=True, exist_ok=True)
+            run_cute_tree(tree.resolve(), folder.resolve(), args.jobs)
+            dirs.append(folder)
+        names = sorted(p.name for p in dirs[0].iterdir())
+        if names != sorted(p.name for p in dirs[1].iterdir()):
+            raise SystemExit("the two trees compiled different sets of variants")
+        same = 0
+        for name in names:
+            before, after = ((d / name).read_text() for d in dirs)
+            if before == after:
+                same += 1
+                continue
+            print(f"DIFFERENT {name}")
+            diff = difflib.unified_diff(before.splitlines(), after.splitlines(), "base",
+                                        "new", lineterm="", n=1)
+            print("\n".join(list(diff)[:40]))
+    print(f"cute: {len(names)} variants; {same} identical byte for byte, "
+          f"{len(names) - same} different")
+    return 0 if same == len(names) else 1
+
+
 # -- comparing ------------------------------------------------------------------------------
 _DEBUG_SECTION = re.compile(r"^\s*\.section\s+\.debug_\w+\s*(?:\{[^}]*\}|\n\s*\{.*?^\s*\})",
                             re.M | re.S)
@@ -300,11 +390,14 @@ def run_tree(tree: Path, out: Path, jobs: int, line_info: bool, head_dims) -> No
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--cute-worker":
+        tree, out, shard, shards = argv[1:]
+        return cute_worker(Path(tree), Path(out), int(shard), int(shards))
     if argv and argv[0] == "--worker":
         tree, out, shard, shards, dims = argv[1:]
         return worker(Path(tree), Path(out), int(shard), int(shards), tuple(json.loads(dims)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=["triton"], required=True)
+    parser.add_argument("--backend", choices=["triton", "cute"], required=True)
     parser.add_argument("base", type=Path)
     parser.add_argument("new", type=Path)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -313,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dims", type=int, nargs="*",
                         help="default: config.HEAD_DIMS of the new tree")
     args = parser.parse_args(argv)
+    if args.backend == "cute":
+        return compare_cute(args)
     head_dims = args.head_dims
     if not head_dims:
         sys.path.insert(0, str(args.new))
