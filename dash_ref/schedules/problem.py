@@ -67,8 +67,10 @@ class Problem:
                              "Problem.seqlens_q and Problem.seqlens_k")
         if self.seqlens_q is None:
             return
+        given = {name: _lengths(f"Problem.{name}", getattr(self, name))
+                 for name in ("seqlens_q", "seqlens_k")}
         for name, longest in (("seqlens_q", "seqlen_q"), ("seqlens_k", "seqlen_k")):
-            lengths = _lengths(f"Problem.{name}", getattr(self, name))
+            lengths = given[name]
             if len(lengths) != self.batch:
                 raise ValueError(f"Problem.{name} has {len(lengths)} lengths, Problem.batch is "
                                  f"{self.batch}: one length per sequence")

@@ -354,6 +354,9 @@ def _covers_exactly(s: Schedule) -> bool:
     chains = [(c.b, c.h, c.j) for _, c in s.chains()]
     if len(set(chains)) != len(chains):
         return False
+    if not all(0 <= cb < p.batch and 0 <= ch < p.heads and 0 <= cj < p.n_kv_of(cb)
+               for cb, ch, cj in chains):
+        return False  # a chain of a KV tile its sequence lacks, even without visits
     for (tb, th, ti), order in s.dq_orders.items():
         if not (0 <= tb < p.batch and 0 <= th < p.heads and 0 <= ti < p.n_q_of(tb)):
             return False
