@@ -1,6 +1,6 @@
-"""What rectangular problems give today: fingerprints, kernel tables, model makespans and
-emulator bits, as hashes, to hold packed-batch support to "a rectangular problem behaves
-exactly as before".
+"""What rectangular problems give today: their repr and tiles, fingerprints, kernel tables,
+model makespans and emulator bits, as hashes, to hold packed-batch support to "a
+rectangular problem behaves exactly as before".
 
 ``tests/data/rectangular_baseline.json`` was written by this module run against the code
 of the commit before variable lengths (459e658), never by the code under test::
@@ -65,9 +65,12 @@ def measure() -> dict:
     from dash_ref.emulate import emulate
     from dash_ref.model import critical_path, simulate
 
-    out: dict = {"schedules": {}, "emulated": {}}
+    out: dict = {"schedules": {}, "emulated": {}, "problems": {}}
     problems = [Problem(*shape) for shape in PROBLEMS]
     for n, p in enumerate(problems):
+        out["problems"][str(n)] = {"repr": repr(p), "flops": p.flops_forward(), "n_q": p.n_q,
+                                   "n_kv": p.n_kv, "pairs": p.num_pairs,
+                                   "chain_rows": repr(p.chain_rows)}
         for name in NAMES:
             for w in WORKERS:
                 s = build_schedule(p, name, w).validate()

@@ -213,6 +213,7 @@ def test_rectangular_problems_give_what_the_code_before_packed_batches_gave():
 
     want = json.loads(DATA.read_text())
     got = measure()
+    assert got["problems"] == want["problems"]
     assert set(got["schedules"]) == set(want["schedules"])
     for key, entry in want["schedules"].items():
         assert got["schedules"][key] == entry, key

@@ -245,7 +245,8 @@ def _packed_problems(draw, max_elements: int, head_dims: tuple[int, ...],
 
 
 @st.composite
-def packed_cases(draw, max_elements: int = 60_000, schedules: tuple[str, ...] = NAMES,
+def packed_cases(draw, max_elements: int = 60_000,
+                 schedules: tuple[str, ...] = (*NAMES, *RAGGED),
                  dtypes: tuple[str, ...] = ("bf16", "fp16"), **problem_kwargs) -> Case:
     """A :class:`Case` of a packed problem (:func:`packed_problems`)."""
     return Case(

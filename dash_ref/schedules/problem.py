@@ -25,7 +25,7 @@ for a rectangular problem that is ``(b * H + h) * n_q + i``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from numbers import Integral
 
@@ -78,6 +78,12 @@ class Problem:
                 raise ValueError(f"Problem.{longest} ({getattr(self, longest)}) must be the "
                                  f"longest of Problem.{name} ({max(lengths)})")
             object.__setattr__(self, name, lengths)
+
+    def __repr__(self) -> str:
+        """The dataclass's, with ``seqlens_q`` and ``seqlens_k`` only for a packed problem (a
+        rectangular problem reads as it always has)."""
+        shown = [f for f in fields(self) if self.is_packed or not f.name.startswith("seqlens")]
+        return f"Problem({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @classmethod
     def packed(cls, seqlens_q: Sequence[int], seqlens_k: Sequence[int], heads: int,

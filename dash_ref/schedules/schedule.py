@@ -147,6 +147,7 @@ class ScheduleTables:
         return {k: getattr(self, k) for k in names}
 
     def nbytes(self, extra: bool = False) -> int:
+        """Bytes of the tables :meth:`as_dict` holds."""
         return sum(a.nbytes for a in self.as_dict(extra).values())
 
 
