@@ -81,9 +81,10 @@ def tile_numbers(p: Problem, b: np.ndarray, h: np.ndarray, i: np.ndarray) -> np.
 
 def pair_grid(p: Problem, value: Callable[[Problem, int, int], float], dtype: type
               ) -> tuple[np.ndarray, np.ndarray]:
-    """``(first_row, grid)``: ``grid[first_row[b] + i, j]`` is ``value(p.sequence(b), i, j)``
-    for every active pair ``(i, j)`` of sequence ``b`` (0 elsewhere), ``n_kv`` columns.
-    Sequences of one shape share their rows."""
+    """``(first_row, grid)``: ``grid[first_row[b] + i, j]`` is ``value(seq, i, j)`` for every
+    active pair ``(i, j)`` of sequence ``b`` (0 elsewhere), ``n_kv`` columns; ``seq`` is
+    ``p.sequence(b)``, or ``p`` itself for a rectangular problem. Sequences of one shape
+    share their rows."""
     where: dict[tuple[int, int], int] = {}
     blocks: list[np.ndarray] = []
     rows = 0
@@ -91,7 +92,7 @@ def pair_grid(p: Problem, value: Callable[[Problem, int, int], float], dtype: ty
     for b in range(p.batch):
         key = (p.seqlen_q_of(b), p.seqlen_k_of(b))
         if key not in where:
-            seq = p.sequence(b)
+            seq = p.sequence(b) if p.is_packed else p  # rectangular: sequence 0 stands for all
             block = np.zeros((seq.n_q, p.n_kv), dtype)
             for i, cols in enumerate(seq.tile_cols):
                 for j in cols:

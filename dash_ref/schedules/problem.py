@@ -206,6 +206,8 @@ class Problem:
 
     def _sequence_index(self, b: int, stop: int | None = None) -> int:
         stop = self.batch if stop is None else stop
+        if type(b) is int and 0 <= b < stop:  # the common case, without the ABC check
+            return b
         if isinstance(b, bool) or not isinstance(b, Integral) or not 0 <= b < stop:
             raise IndexError(f"sequence b={b!r} is outside 0 <= b < {stop}")
         return int(b)
@@ -241,6 +243,9 @@ class Problem:
         """Sequence ``b`` alone: the rectangular batch-1 problem with its lengths and the same
         heads, head dim, mask and tiles."""
         key = (self.seqlen_q_of(b), self.seqlen_k_of(b))
+        if not self.is_packed:
+            return Problem(1, self.heads, self.heads_kv, key[0], key[1], self.head_dim,
+                           self.mask, self.block_m, self.block_n)
         cache = self._sequences
         if key not in cache:
             cache[key] = Problem(1, self.heads, self.heads_kv, key[0], key[1], self.head_dim,
@@ -253,15 +258,21 @@ class Problem:
 
     def chain_rows_of(self, b: int) -> tuple[tuple[int, ...], ...]:
         """For each KV tile ``j`` of sequence ``b``, its active query tiles, ascending."""
+        if not self.is_packed:
+            self._sequence_index(b)
+            return self.chain_rows
         return self.sequence(b).chain_rows
 
     def tile_cols_of(self, b: int) -> tuple[tuple[int, ...], ...]:
         """For each query tile ``i`` of sequence ``b``, its active KV tiles, ascending."""
+        if not self.is_packed:
+            self._sequence_index(b)
+            return self.tile_cols
         return self.sequence(b).tile_cols
 
     def num_pairs_of(self, b: int) -> int:
         """Active tile pairs of one head of sequence ``b``."""
-        return self.sequence(b).num_pairs
+        return sum(len(rows) for rows in self.chain_rows_of(b))
 
     @property
     def num_visits(self) -> int:
