@@ -84,9 +84,10 @@ def packed_problem_of(q: torch.Tensor, k: torch.Tensor, seqlens_q, seqlens_k, ca
                           "causal" if causal else "full", block_m, block_n)
 
 
-def visible(p: Problem, rows: range, cols: range) -> torch.Tensor:
-    """Boolean ``(len(rows), len(cols))``: which elements of a tile pair are unmasked."""
-    return p.visibility.visible(rows, cols, p.seqlen_q, p.seqlen_k)
+def visible(p: Problem, rows: range, cols: range, b: int = 0) -> torch.Tensor:
+    """Boolean ``(len(rows), len(cols))``: which elements of a tile pair of sequence ``b``
+    are unmasked (rows and keys counted from the sequence's first)."""
+    return p.visibility.visible(rows, cols, p.seqlen_q_of(b), p.seqlen_k_of(b))
 
 
 def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

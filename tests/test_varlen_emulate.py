@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dash_ref import NAMES, PORTABLE, RAGGED, Problem, build_schedule
-from dash_ref.emulate import backward, emulate, forward, replay
+from dash_ref.emulate import backward, emulate, forward, replay, visible
 from verify.reference import attention_f64_packed, grad_checks, packed_grad_checks
 from verify.strategies import Case, packed_cases
 
@@ -194,6 +194,15 @@ def test_replay_adds_packed_partials_in_dq_order_at_each_sequences_rows(name):
     assert torch.equal(got, want)
     if s.deterministic:
         assert torch.equal(bwd.dq_acc, want)
+
+
+def test_the_element_mask_of_a_packed_tile_uses_its_own_sequences_lengths():
+    p = ragged("causal")
+    for b, (s_q, s_k) in enumerate(zip(RAGGED_Q, RAGGED_K)):
+        rows, cols = range(0, min(16, s_q)), range(0, min(16, s_k))
+        want = torch.tensor([[c <= r + s_k - s_q for c in cols] for r in rows],
+                            dtype=torch.bool).reshape(len(rows), len(cols))
+        assert torch.equal(visible(p, rows, cols, b), want), b
 
 
 def test_an_empty_batch_and_empty_sequences_give_empty_outputs():

@@ -99,7 +99,9 @@ from .problem import Problem
 DETERMINISTIC = ("naive", "spt", "descending", "shift", "symmetric_shift", "interleaved")
 NAMES = ("atomic", *DETERMINISTIC)
 #: schedules whose orders depend on the problem alone, not on ``num_workers``: the same
-#: bits on every GPU (``tests/test_portable.py`` checks fingerprints across worker counts)
+#: bits on every GPU (``tests/test_portable.py`` checks fingerprints across worker counts);
+#: on a packed batch each sequence gets the orders it has alone (packing invariance, the
+#: module docstring; ``tests/test_varlen_problem.py``)
 PORTABLE = ("naive", "spt", "descending", "interleaved")
 #: schedules made for packed batches of ragged lengths: built by name and portable like
 #: :data:`PORTABLE` (packing invariant too), but not yet in :data:`NAMES`, which the
