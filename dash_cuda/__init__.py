@@ -2,8 +2,10 @@
 
 ``attention`` is a drop-in autograd function; ``attention_forward`` / ``attention_backward``
 expose the two passes (the backward with an ``audit`` mode that returns every fp32 dQ
-partial). Importing this package needs neither CUDA nor a kernel compiler: kernels load on
-first use.
+partial). ``attention_varlen`` (and FlashAttention's name for it, ``flash_attn_varlen_func``)
+takes packed batches of variable lengths, with ``attention_varlen_forward`` /
+``attention_varlen_backward`` as its passes. Importing this package needs neither CUDA nor a
+kernel compiler: kernels load on first use.
 
 Where things live: :mod:`.api` (the public functions), :mod:`.checks` (input validation),
 :mod:`.launch` (the launch every backend shares: schedule tables, residency, scratch, the
@@ -13,10 +15,22 @@ around every backward), and :mod:`.backends` (one folder per kernel technology).
 
 from dash_ref import __version__
 
-from .api import LAYOUTS, attention, attention_backward, attention_forward, backward_problem
+from .api import (
+    LAYOUTS,
+    attention,
+    attention_backward,
+    attention_forward,
+    attention_varlen,
+    attention_varlen_backward,
+    attention_varlen_forward,
+    backward_problem,
+    flash_attn_varlen_func,
+)
 from .backends import BACKENDS
 from .backends.triton.config import HEAD_DIMS
 from .launch import BackwardAudit
 
 __all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
-           "attention_backward", "attention_forward", "backward_problem"]
+           "attention_backward", "attention_forward", "attention_varlen",
+           "attention_varlen_backward", "attention_varlen_forward", "backward_problem",
+           "flash_attn_varlen_func"]

@@ -1,4 +1,6 @@
-"""Public entry points: ``attention`` (with autograd), and the two passes alone.
+"""Public entry points: ``attention`` (with autograd), and the two passes alone; for packed
+batches of variable lengths ``attention_varlen`` (FlashAttention's varlen layout; its alias
+``flash_attn_varlen_func`` takes FlashAttention's argument names and order) and its passes.
 
 Every input is checked (:mod:`.checks`) before a backend is chosen, and a backend is chosen
 (:mod:`.backends`) before any kernel is compiled; everything after that is the shared launch
@@ -11,13 +13,23 @@ import torch
 
 from .backends import get_backend
 from .backends.triton.config import HEAD_DIMS
-from .checks import LAYOUTS, as_bshd, check_devices, check_tensors
+from .checks import (
+    LAYOUTS,
+    as_bshd,
+    check_cu_seqlens,
+    check_cuda,
+    check_devices,
+    check_one_device,
+    check_packed_tensors,
+    check_tensors,
+)
 from .launch import problem_for
-from .ops import attention_call, backward_views, forward_views
-from .options import Options
+from .ops import attention_call, backward_views, forward_views, varlen_call
+from .options import Options, Packing
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
-           "backward_problem"]
+           "attention_varlen", "attention_varlen_backward", "attention_varlen_forward",
+           "backward_problem", "flash_attn_varlen_func"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -146,3 +158,196 @@ def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqle
         raise ValueError(f"head_dim {head_dim} is not supported by the {backend!r} backend; "
                          f"supported: {HEAD_DIMS}") from None
 
+
+
+# -- packed batches (varlen) ------------------------------------------------------------------
+def _packed_checks(named: dict[str, torch.Tensor], cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """A packed call's structural checks: its tensors' shapes and dtypes, the offsets' form
+    (before its options, then :func:`_packing`)."""
+    check_packed_tensors(named)
+    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _packing(named: dict[str, torch.Tensor], cu_seqlens_q: torch.Tensor,
+             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+             read: bool = True) -> Packing | None:
+    """The rest of a packed call's checks, in the order that reports a mistake the same way
+    without CUDA: one device, the offsets' values (read to the host in one copy, unless
+    ``read`` is False: under ``torch.compile`` the op reads them), then CUDA."""
+    everything = {**named, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    check_one_device(everything)
+    packing = None
+    if read:
+        packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               named["q"].shape[0], named["k"].shape[0])
+    check_cuda(everything)
+    return packing
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, schedule: str = "auto",
+                     deterministic: bool = True, num_workers: int | None = None,
+                     exact: bool = False, backend: str = "auto", portable: bool = False
+                     ) -> torch.Tensor:
+    """Attention over a packed batch of sequences of different lengths (FlashAttention's
+    varlen layout), with a bitwise reproducible backward.
+
+    Args:
+        q: ``(total_q, H, d)`` bf16/fp16 CUDA tensor: the sequences' query rows one after
+            another, sequence ``b`` in rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``.
+        k, v: ``(total_k, H_kv, d)``, ``H % H_kv == 0`` (GQA/MQA), sequence ``b`` in rows
+            ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``.
+        cu_seqlens_q, cu_seqlens_k: int32 CUDA tensors of ``B + 1`` offsets each, from 0,
+            non-decreasing, ending at ``total_q`` and ``total_k``; a sequence may be empty.
+            They are read to the host once per call (the schedule is built from the
+            lengths), so a call synchronizes with the device once.
+        max_seqlen_q, max_seqlen_k: at least the longest sequence's query and key rows (the
+            forward's grid; a larger value changes no bits).
+        causal: the causal mask of each sequence, bottom-right aligned on its own lengths:
+            query ``r`` of sequence ``b`` sees its key ``c`` iff
+            ``c <= r + S_k(b) - S_q(b)``. Rows that see no key give 0 and zero gradients.
+        schedule: ``"auto"``, a name of ``dash_ref.DETERMINISTIC`` or one made for ragged
+            batches, ``dash_ref.RAGGED`` (``"lpt"``).
+        softmax_scale, deterministic, num_workers, exact, backend, portable: as in
+            :func:`attention`. Packed calls run on the Triton backend (``backend="auto"``
+            picks it; the CuTe backend has no varlen kernels yet and refuses them).
+
+    Returns:
+        The attention output, ``(total_q, H, d)`` like ``q``.
+
+    **Packing invariance.** With a portable schedule (``portable=True``, or a name of
+    ``dash_ref.PORTABLE`` or ``dash_ref.RAGGED``), a sequence's ``O``, ``dQ``, ``dK`` and
+    ``dV`` are bitwise the same whatever else is packed with it, in whatever order, whatever
+    ``max_seqlen_q`` / ``max_seqlen_k`` say, and equal to the same sequence run alone at
+    batch 1 (:func:`attention` on ``(1, S, H, d)`` views), on the Triton backend: each
+    sequence is tiled from its own first row, masked by its own lengths, and its visit and
+    dQ orders are those of the batch-1 schedule. (The wave schedules, ``shift`` and
+    ``symmetric_shift``, number their waves over the whole batch, so their bits depend on
+    the other sequences.)
+    """
+    named = {"q": q, "k": k, "v": v}
+    offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _packed_checks(named, *offsets)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              schedule=schedule, deterministic=deterministic,
+                              num_workers=num_workers, exact=exact, backend=backend,
+                              portable=portable, packed=True)
+    packing = _packing(named, *offsets, read=not torch.compiler.is_compiling())
+    o, _ = varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       options, packing)
+    return o
+
+
+#: FlashAttention's options that :func:`flash_attn_varlen_func` takes only at these values
+_FLASH_DEFAULTS = {"dropout_p": 0.0, "window_size": (-1, -1), "softcap": 0.0,
+                   "alibi_slopes": None, "return_attn_probs": False, "block_table": None}
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None,
+                           deterministic: bool = True, return_attn_probs: bool = False,
+                           block_table: torch.Tensor | None = None, *,
+                           schedule: str = "auto", num_workers: int | None = None,
+                           exact: bool = False, backend: str = "auto",
+                           portable: bool = False) -> torch.Tensor:
+    """:func:`attention_varlen` under FlashAttention's name, argument names and order
+    (``flash_attn.flash_attn_varlen_func``), for a drop-in replacement.
+
+    FlashAttention's options beyond those are taken at their defaults only: ``dropout_p``,
+    ``window_size``, ``softcap``, ``alibi_slopes``, ``return_attn_probs`` and
+    ``block_table`` at any other value raise ``ValueError`` naming them.
+    ``deterministic=True`` (here the default) runs a deterministic schedule; ``False`` the
+    atomic peer. DASH's own options (``schedule``, ``num_workers``, ``exact``, ``backend``,
+    ``portable``) are keyword-only. Returns ``O``, ``(total_q, H, d)``.
+    """
+    given = {"dropout_p": dropout_p, "window_size": window_size, "softcap": softcap,
+             "alibi_slopes": alibi_slopes, "return_attn_probs": return_attn_probs,
+             "block_table": block_table}
+    unsupported = []
+    for name, value in given.items():
+        default = _FLASH_DEFAULTS[name]
+        if name == "window_size":
+            changed = value is not None and tuple(value) != default
+        elif default is None:
+            changed = value is not None
+        else:
+            changed = value != default
+        if changed:
+            shown = (f"<tensor of shape {tuple(value.shape)}>"
+                     if isinstance(value, torch.Tensor) else repr(value))
+            unsupported.append(f"{name}={shown}")
+    if unsupported:
+        raise ValueError(f"flash_attn_varlen_func: {', '.join(unsupported)} is not supported "
+                         "by dash_cuda (no dropout, sliding window, softcap, ALiBi, "
+                         "attention probabilities or paged KV); leave them at their defaults")
+    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            causal=causal, softmax_scale=softmax_scale, schedule=schedule,
+                            deterministic=deterministic, num_workers=num_workers, exact=exact,
+                            backend=backend, portable=portable)
+
+
+def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                             softmax_scale: float | None = None, backend: str = "auto",
+                             _poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward only of a packed batch: ``(O, LSE2)``.
+
+    ``O`` is ``(total_q, H, d)`` like ``q``; ``LSE2`` is fp32 in base 2 (as in
+    :func:`attention_forward`), ``(total_q, H)``, a view of an ``(H, total_q)`` buffer: the
+    layout of ``dash_ref.emulate``'s packed ``LSE2`` (FlashAttention's varlen
+    ``softmax_lse`` is its transpose, in natural log). ``_poison`` (tests) fills the outputs
+    with NaN before the run. Other arguments as in :func:`attention_varlen`.
+    """
+    named = {"q": q, "k": k, "v": v}
+    offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _packed_checks(named, *offsets)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              backend=backend, packed=True)
+    packing = _packing(named, *offsets)
+    return forward_views(q, k, v, options, _poison, packing)
+
+
+def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                              max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                              softmax_scale: float | None = None, schedule: str = "auto",
+                              deterministic: bool = True, num_workers: int | None = None,
+                              audit: bool = False, exact: bool = False,
+                              backend: str = "auto", portable: bool = False,
+                              _poison: bool = False):
+    """Backward only of a packed batch: ``(dQ, dK, dV)``, or ``(dQ, dK, dV,
+    BackwardAudit)`` with ``audit``.
+
+    ``o`` and ``lse`` come from :func:`attention_varlen_forward` (``lse`` fp32 ``(total_q,
+    H)``). The gradients are packed like ``q``, ``k`` and ``v``. With ``audit=True`` the
+    record holds every fp32 dQ partial in table order (a partial's row ``r`` is row ``i *
+    BM + r`` of its chain's sequence), the packed fp32 dQ accumulator ``(total_q, H, d)``,
+    which ``dash_ref.emulate.replay(record.schedule, record.partials, ...)`` reproduces,
+    the per-query-head dK/dV accumulators ``(total_k, H, d)`` and ``D`` ``(total_q, H)``.
+    Other arguments as in :func:`attention_varlen` and :func:`attention_backward`.
+    """
+    named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
+    offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _packed_checks(named, *offsets)
+    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                              schedule=schedule, deterministic=deterministic,
+                              num_workers=num_workers, exact=exact, backend=backend,
+                              portable=portable, packed=True)
+    if not isinstance(audit, bool):
+        raise TypeError(f"audit must be a bool, got {audit!r}")
+    packing = _packing(named, *offsets)
+    dq, dk, dv, record = backward_views(q, k, v, o, lse, do, options, audit, _poison, packing)
+    if audit:
+        if record is None:
+            raise ValueError("audit=True needs at least one query row and one key row")
+        return dq, dk, dv, record
+    return dq, dk, dv

@@ -12,7 +12,7 @@ from numbers import Integral, Real
 
 import torch
 
-from dash_ref import NAMES, PORTABLE
+from dash_ref import NAMES, PORTABLE, RAGGED
 
 from .backends import BACKENDS
 from .backends.triton.config import HEAD_DIMS
@@ -85,19 +85,144 @@ def check_tensors(named: dict[str, torch.Tensor], layout: str) -> None:
 
 def check_devices(named: dict[str, torch.Tensor]) -> None:
     """One CUDA device for every tensor."""
+    check_one_device(named)
+    check_cuda(named)
+
+
+def check_one_device(named: dict[str, torch.Tensor]) -> None:
+    """Every tensor on one device (which may still be the CPU: :func:`check_cuda`)."""
     devices = {x.device for x in named.values()}
     if len(devices) > 1:
         listing = ", ".join(f"{n}: {x.device}" for n, x in named.items())
         raise ValueError(f"all tensors must be on one device, got {listing}")
-    device = devices.pop()
+
+
+def check_cuda(named: dict[str, torch.Tensor]) -> None:
+    """The tensors' one device is a CUDA device."""
+    device = next(iter(named.values())).device
     if device.type != "cuda":
         raise ValueError(f"dash_cuda needs CUDA tensors, got tensors on {device}")
 
 
+# -- packed batches (varlen) ------------------------------------------------------------------
+def check_packed_tensors(named: dict[str, torch.Tensor]) -> None:
+    """Rank, dtype, shapes, head dim, strides and GQA ratio of packed ``q, k, v`` (+ extras).
+
+    Packed tensors are ``(total_q, H, d)`` (``q``, ``o``, ``do``) and ``(total_k, H_kv, d)``
+    (``k``, ``v``); ``lse`` is fp32 ``(total_q, H)``.
+    """
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if name != "lse" and x.dim() != 3:
+            want = "(total_k, H_kv, d)" if name in ("k", "v") else "(total_q, H, d)"
+            raise ValueError(f"{name} must have 3 dims {want} for a packed batch, got shape "
+                             f"{tuple(x.shape)}")
+    q, k, v = named["q"], named["k"], named["v"]
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
+    for name, x in named.items():
+        if name not in ("q", "lse") and x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: they must match")
+    total_q, heads, head_dim = q.shape
+    _, heads_kv, _ = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[2] != head_dim:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share the head dim")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
+    if heads == 0 or heads_kv == 0:
+        raise ValueError("q and k need at least one head")
+    if heads % heads_kv:
+        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads "
+                         f"({heads_kv}) for GQA/MQA")
+    for name in ("o", "do"):
+        if name in named and named[name].shape != q.shape:
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
+                             f"{tuple(named[name].shape)}")
+    if "lse" in named:
+        lse = named["lse"]
+        if lse.dtype != torch.float32 or tuple(lse.shape) != (total_q, heads):
+            raise ValueError(f"lse must be float32 of shape {(total_q, heads)} (base-2 "
+                             f"log-sum-exp, packed (total_q, H) layout), got {lse.dtype} "
+                             f"{tuple(lse.shape)}")
+    for name, x in named.items():
+        if name != "lse" and x.stride(-1) != 1 and x.shape[-1] > 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got "
+                             f"strides {tuple(x.stride())}")
+    for name, x in named.items():
+        # the row-wise kernels (D, the epilogues) address a packed tensor's rows as one
+        # sequence, with 32-bit offsets
+        if name != "lse" and x.shape[0] and (x.shape[0] - 1) * x.stride(0) + head_dim > 2**31 - 1:
+            raise ValueError(f"{name} is too long: its {x.shape[0]} packed rows span more "
+                             "than 2**31 elements")
+    if heads != heads_kv and k.shape[0] * heads * head_dim > 2**31 - 1:
+        raise ValueError(f"k is too long for GQA: the per-query-head fp32 dK/dV of its "
+                         f"{k.shape[0]} packed rows would span more than 2**31 elements")
+
+
+def check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """Types, dtype, rank and length of the offsets, and the ``max_seqlen`` values (the
+    offsets' values need them on the host: :func:`check_cu_seqlens_values`)."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (B + 1 offsets), got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must have 1 dim of B + 1 >= 1 offsets, got shape "
+                             f"{tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} offsets, cu_seqlens_k "
+                         f"{cu_seqlens_k.shape[0]}: both hold B + 1, one batch of sequences")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def check_cu_seqlens_values(offsets_q: list[int], offsets_k: list[int], max_seqlen_q: int,
+                            max_seqlen_k: int, total_q: int, total_k: int
+                            ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sequences' lengths from the offsets read to the host; a one-line ``ValueError``
+    naming the argument where they start elsewhere than 0, decrease, end elsewhere than at
+    the tensor's rows, or a sequence is longer than its ``max_seqlen``."""
+    lengths = []
+    for name, cu, total, longest, tensor in (
+            ("cu_seqlens_q", offsets_q, total_q, max_seqlen_q, "q"),
+            ("cu_seqlens_k", offsets_k, total_k, max_seqlen_k, "k and v")):
+        if cu[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {name}[0] = {cu[0]}")
+        seqlens = tuple(b - a for a, b in zip(cu, cu[1:]))
+        for b, n in enumerate(seqlens):
+            if n < 0:
+                raise ValueError(f"{name} must be non-decreasing, got {name}[{b + 1}] = "
+                                 f"{cu[b + 1]} < {name}[{b}] = {cu[b]}")
+        if cu[-1] != total:
+            raise ValueError(f"{name} must end at the {total} rows of {tensor}, got "
+                             f"{name}[-1] = {cu[-1]}")
+        longest_seen = max(seqlens, default=0)
+        if longest_seen > longest:
+            b = seqlens.index(longest_seen)
+            which = "max_seqlen_" + name[-1]
+            raise ValueError(f"{which}={longest} is smaller than sequence {b}, of "
+                             f"{longest_seen} rows in {name}")
+        lengths.append(seqlens)
+    return lengths[0], lengths[1]
+
+
 def check_options(causal: bool, softmax_scale: float | None, schedule: str,
                   deterministic: bool, num_workers: int | None, exact: bool = False,
-                  backend: str = "auto", portable: bool = False) -> None:
-    """Types and values of the keyword options of the public functions."""
+                  backend: str = "auto", portable: bool = False, packed: bool = False
+                  ) -> None:
+    """Types and values of the keyword options of the public functions.
+
+    ``packed`` (a varlen call) admits the schedules made for ragged batches,
+    :data:`dash_ref.RAGGED`, beside :data:`dash_ref.NAMES`.
+    """
+    ragged = RAGGED if packed else ()
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(exact, bool):
@@ -110,19 +235,19 @@ def check_options(causal: bool, softmax_scale: float | None, schedule: str,
     if softmax_scale is not None and (not isinstance(softmax_scale, Real)
                                       or not math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
-    if schedule != "auto" and schedule not in NAMES:
+    if schedule != "auto" and schedule not in (*NAMES, *ragged):
         raise ValueError(f"unknown schedule {schedule!r}; choose from 'auto', "
-                         f"{', '.join(NAMES)}")
+                         f"{', '.join((*NAMES, *ragged))}")
     if schedule == "atomic" and deterministic:
         raise ValueError("schedule 'atomic' is the non-deterministic peer: pass "
                          "deterministic=False to run it")
     if portable and not deterministic:
         raise ValueError("portable=True keeps to fixed summation orders; the atomic peer "
                          "(deterministic=False) has none")
-    if portable and schedule not in ("auto", *PORTABLE):
+    if portable and schedule not in ("auto", *PORTABLE, *ragged):
         raise ValueError(f"schedule {schedule!r} orders its sums by num_workers, so its bits "
                          f"differ between GPUs; portable=True takes 'auto', "
-                         f"{', '.join(PORTABLE)}")
+                         f"{', '.join((*PORTABLE, *ragged))}")
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from 'auto', "
                          f"{', '.join(BACKENDS)}")

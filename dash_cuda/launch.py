@@ -11,6 +11,14 @@ and ``gqa_sum``) and, with ``audit=True``, returns the :class:`BackwardAudit` re
 Layouts: inputs are ``(B, S, H, d)`` views with a contiguous last dim; ``LSE2`` and ``D`` are
 fp32 ``(B, S_q, H)`` views of ``(B, H, S_q)`` buffers; ``dQacc`` is a contiguous fp32
 ``(B, S_q, H, d)``; per-query-head dK/dV scratch is a contiguous fp32 ``(B, S_k, H, d)``.
+
+Packed batches (a :class:`~dash_cuda.options.Packing` given): the inputs are ``(total_q, H,
+d)`` and ``(total_k, H_kv, d)``, ``LSE2`` and ``D`` fp32 ``(total_q, H)`` views of ``(H,
+total_q)`` buffers, ``dQacc`` a contiguous fp32 ``(total_q, H, d)`` and the per-head scratch
+``(total_k, H, d)``; the problem is :func:`packed_problem_for` the lengths, and its tables
+carry ``q_tile_base`` (where each sequence's dQ tiles, and semaphores, start). ``D``, the dQ
+epilogue and the GQA sum are row-wise, so they run on the packed rows as one sequence of
+``total`` rows: every row gets the bits it gets alone.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dash_ref import Problem, Schedule
 from dash_ref.arithmetic.steps import ARITHMETICS
 
 from .backends import Backend, Launch, device_properties
-from .options import Options
+from .options import Options, Packing
 from .tables import device_schedule
 
 F32 = torch.float32
@@ -43,7 +51,11 @@ class BackwardAudit:
     so ``dash_ref.emulate.replay(schedule, partials, flush_subnormals=flush_subnormals)``
     must equal it bit for bit. ``dk_heads`` / ``dv_heads`` are each query head's fp32
     ``(B, S_k, H, d)`` dK / dV accumulators before the GQA sum (dK unscaled); ``delta`` is
-    the fp32 ``D = rowsum(dO * O)``, ``(B, S_q, H)``. The arithmetic the launch chose
+    the fp32 ``D = rowsum(dO * O)``, ``(B, S_q, H)``. For a packed batch (the schedule's
+    problem ``is_packed``) a partial's row ``r`` is row ``i * BM + r`` of its chain's
+    sequence, and the rest is packed: ``dq_acc`` ``(total_q, H, d)`` (what ``replay``
+    returns for it), ``dk_heads`` / ``dv_heads`` ``(total_k, H, d)``, ``delta``
+    ``(total_q, H)``. The arithmetic the launch chose
     travels with it: ``flush_subnormals`` (the dQ additions flushed subnormal inputs and
     results), ``exact`` (the launch ran ``exact=True``), ``arithmetic`` (the name of the
     ``dash_ref`` arithmetic that reproduces every step bit for bit, None where none does)
@@ -96,39 +108,71 @@ def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_
                    block_n)
 
 
+@lru_cache(maxsize=1024)
+def packed_problem_for(backend: Backend, seqlens_q: tuple[int, ...], seqlens_k: tuple[int, ...],
+                       heads: int, heads_kv: int, head_dim: int, causal: bool) -> Problem:
+    """The packed :class:`dash_ref.Problem` of sequences of lengths ``seqlens_q[b]``,
+    ``seqlens_k[b]`` with ``backend``'s backward tiles (:meth:`dash_ref.Problem.packed`;
+    built once per set of lengths)."""
+    mask = "causal" if causal else "full"
+    block_m, block_n = backend.backward_tiles(head_dim, mask)
+    return Problem.packed(seqlens_q, seqlens_k, heads, heads_kv, head_dim, mask, block_m,
+                          block_n)
+
+
 # -- forward / backward -------------------------------------------------------------------------
 def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                options: Options, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views."""
+                options: Options, poison: bool = False, packing: Packing | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views
+    (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``)."""
     with torch.cuda.device(q.device):
+        if packing is not None:
+            return backend.forward_varlen(q, k, v, packing, options.causal,
+                                          options.softmax_scale, poison)
         return backend.forward(q, k, v, options.causal, options.softmax_scale, poison)
 
 
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, options: Options,
-                 schedule_name: str, audit: bool = False, poison: bool = False
+                 schedule_name: str, audit: bool = False, poison: bool = False,
+                 packing: Packing | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
     """dQ, dK, dV (and the audit record) under the schedule named ``schedule_name``.
 
-    Inputs are validated non-empty ``(B, S, H, d)`` views; ``lse2`` is fp32 ``(B, S_q, H)``.
+    Inputs are validated non-empty ``(B, S, H, d)`` views; ``lse2`` is fp32 ``(B, S_q, H)``
+    (with ``packing``: packed ``(total, H, d)`` tensors and ``(total_q, H)``).
     ``schedule_name`` is resolved (``atomic`` or a deterministic name). ``poison`` fills
     outputs and scratch with NaN first, so an element a kernel fails to write shows.
     """
     with torch.cuda.device(q.device):
         return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
-                             poison)
+                             poison, packing)
 
 
-def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison):
+def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
+    """A packed ``(total, ...)`` tensor as a batch of one sequence, ``(1, total, ...)``, for
+    the row-wise kernels (``D``, the epilogues), which give each row the bits it gets alone;
+    any other tensor as it is."""
+    return x.unsqueeze(0) if packed else x
+
+
+def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison,
+                  packing=None):
     from . import prepost  # Triton kernels: loaded on the first launch, not on import
 
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    heads, head_dim = q.shape[-2:]
+    heads_kv = k.shape[-2]
     device = q.device
     causal, softmax_scale, exact = options.causal, options.softmax_scale, options.exact
     num_workers = options.num_workers
-    problem = problem_for(backend, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
-                          causal)
+    packed = packing is not None
+    if packed:
+        problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, heads,
+                                     heads_kv, head_dim, causal)
+    else:
+        problem = problem_for(backend, q.shape[0], heads, heads_kv, q.shape[1], k.shape[1],
+                              head_dim, causal)
     deterministic = schedule_name != "atomic"
     per_head = audit or heads != heads_kv
     if do.stride(-1) != 1:
@@ -136,19 +180,25 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
 
     arithmetic = "exact" if exact else backend.default_arithmetic
     pairwise = arithmetic is not None and ARITHMETICS[arithmetic].delta_order == "pairwise"
-    delta = prepost.preprocess_delta(o, do, problem.block_m, pairwise)
+    delta = prepost.preprocess_delta(_batched(o, packed), _batched(do, packed),
+                                     problem.block_m, pairwise)
+    if packed:
+        delta = delta[0]  # (total_q, H), strided like the packed LSE2
     if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)
     dq_acc = backend.new_dq_acc(problem, device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if per_head:
-        dk_out = torch.empty((batch, seqlen_k, heads, head_dim), device=device, dtype=F32)
+        dk_out = torch.empty((*k.shape[:-2], heads, head_dim), device=device, dtype=F32)
         dv_out = torch.empty_like(dk_out)
     else:
         dk_out, dv_out = dk, dv
     launch = Launch(problem, q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, softmax_scale,
                     deterministic, audit, per_head, exact,
                     int(num_workers) if num_workers is not None else sm_count(device))
+    if packed:  # the kernels read one int32 offset per sequence, contiguous
+        launch.cu_seqlens_q = packing.cu_seqlens_q.contiguous()
+        launch.cu_seqlens_k = packing.cu_seqlens_k.contiguous()
 
     limit = max_workers(backend, launch)
     if launch.num_workers > limit:
@@ -173,7 +223,8 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
 
     backend.finish_dq(dq_acc, dq, problem, softmax_scale)
     if per_head:
-        prepost.finish_dk_dv(dk_out, dv_out, dk, dv, softmax_scale)
+        prepost.finish_dk_dv(*(_batched(x, packed) for x in (dk_out, dv_out, dk, dv)),
+                             softmax_scale)
     record = None
     if audit:
         record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),

@@ -15,6 +15,15 @@ Eager calls skip the custom-op dispatch: :func:`attention_call` runs the same tw
 (:func:`attention_forward_impl`, :func:`attention_backward_impl`) behind a plain
 ``torch.autograd.Function``, since the dispatch costs more host time than the kernels of a
 small model's call (about 250 us per forward and backward, measured).
+
+Packed batches (:func:`dash_cuda.attention_varlen`) have their own pair,
+``dash::attention_varlen`` and ``dash::attention_varlen_backward``, whose arguments add the
+``cu_seqlens`` offsets and the ``max_seqlen`` values after the tensors (then the fields of
+Options, in order). The schedule is built from the lengths on the host, so each op reads
+the offsets once (``.tolist()``, :meth:`~dash_cuda.options.Packing.read`, where their
+values are checked) before any kernel runs; the eager path (:func:`varlen_call`) reads them
+once per call at the public entry and carries the :class:`~dash_cuda.options.Packing` to
+the backward.
 """
 
 from __future__ import annotations
@@ -26,22 +35,26 @@ import torch
 
 from dash_ref import resolve_name
 
-from .backends import Backend, Case, choose_backend, new_row_stats
-from .launch import BackwardAudit, problem_for, run_backward, run_forward
-from .options import Options
+from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
+from .launch import BackwardAudit, packed_problem_for, problem_for, run_backward, run_forward
+from .options import Options, Packing
 
 Tensor = torch.Tensor
 
 
 def empty_problem(q: Tensor, k: Tensor) -> bool:
-    """Nothing to compute: no batch, no queries or no keys."""
+    """Nothing to compute: no batch, no queries or no keys (packed ``(total, H, d)``
+    tensors: no query rows or no key rows)."""
+    if q.dim() == 3:
+        return q.shape[0] == 0 or k.shape[0] == 0
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
 
-def resolve_backend(q: Tensor, options: Options) -> Backend:
-    """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice."""
-    return _backend_for(options.backend,
-                        Case(q.shape[-1], q.dtype, options.exact, options.deterministic))
+def resolve_backend(q: Tensor, options: Options, packed: bool = False) -> Backend:
+    """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice
+    (``packed``: one that runs packed batches)."""
+    return _backend_for(options.backend, Case(q.shape[-1], q.dtype, options.exact,
+                                              options.deterministic, packed))
 
 
 @lru_cache(maxsize=256)
@@ -67,28 +80,49 @@ def _schedule_for(backend: Backend, q_shape: tuple, k_shape: tuple, causal: bool
     return resolve_name(schedule, problem, backend.name, portable)
 
 
+def resolve_packed_schedule(backend: Backend, q: Tensor, k: Tensor, packing: Packing,
+                            options: Options) -> str:
+    """The schedule a backward of a packed batch runs: ``atomic`` or a name, resolved on
+    the packed problem (``"auto"`` by its longest sequence)."""
+    if not options.deterministic:
+        return "atomic"
+    problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, q.shape[1],
+                                 k.shape[1], q.shape[2], options.causal)
+    return resolve_name(options.schedule, problem, backend.name, options.portable)
+
+
 def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
-    """The ``LSE2`` of queries ``q`` (``(B, S_q, H, d)``), in the layout every forward writes."""
+    """The ``LSE2`` of queries ``q`` (``(B, S_q, H, d)``, or packed ``(total_q, H, d)``), in
+    the layout every forward writes."""
+    if q.dim() == 3:
+        return new_packed_row_stats(q.shape[0], q.shape[1], q.device, fill)
     return new_row_stats(q.shape[0], q.shape[1], q.shape[2], q.device, fill)
 
 
-def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: bool = False
-                  ) -> tuple[Tensor, Tensor]:
-    """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``."""
+def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: bool = False,
+                  packing: Packing | None = None) -> tuple[Tensor, Tensor]:
+    """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``; with
+    ``packing``, on packed ``(total, H, d)`` tensors, LSE2 fp32 ``(total_q, H)``."""
     if empty_problem(q, k):
         return torch.zeros_like(q), _lse_like(q, -math.inf)
-    return run_forward(resolve_backend(q, options), q, k, v, options, poison)
+    backend = resolve_backend(q, options, packing is not None)
+    return run_forward(backend, q, k, v, options, poison, packing)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-                   options: Options, audit: bool = False, poison: bool = False
+                   options: Options, audit: bool = False, poison: bool = False,
+                   packing: Packing | None = None
                    ) -> tuple[Tensor, Tensor, Tensor, BackwardAudit | None]:
-    """On validated ``(B, S, H, d)`` views: ``(dQ, dK, dV, audit record or None)``."""
+    """On validated ``(B, S, H, d)`` views (with ``packing``: packed ``(total, H, d)``
+    tensors, ``lse`` ``(total_q, H)``): ``(dQ, dK, dV, audit record or None)``."""
     if empty_problem(q, k):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
-    backend = resolve_backend(q, options)
-    name = resolve_schedule(backend, q, k, options)
-    return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison)
+    backend = resolve_backend(q, options, packing is not None)
+    if packing is None:
+        name = resolve_schedule(backend, q, k, options)
+    else:
+        name = resolve_packed_schedule(backend, q, k, packing, options)
+    return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing)
 
 
 # The ops' signatures spell out the fields of Options, in order (torch.library infers the
@@ -176,6 +210,108 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options
     return EagerAttention.apply(q, k, v, options)
 
 
-__all__ = ["EagerAttention", "attention_backward_impl", "attention_backward_op",
-           "attention_call", "attention_forward_impl", "attention_op", "backward_views",
-           "empty_problem", "forward_views", "resolve_backend", "resolve_schedule"]
+# -- packed batches ---------------------------------------------------------------------------
+# The varlen ops' signatures: the tensors, the offsets, the max_seqlen values, then the
+# fields of Options in order (a test holds them equal to ``options.FIELDS``).
+def attention_varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                                  cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  causal: bool, softmax_scale: float, schedule: str,
+                                  deterministic: bool, portable: bool,
+                                  num_workers: int | None, exact: bool, backend: str
+                                  ) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)`` of a packed batch; reads the offsets once (checked) before any kernel."""
+    options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
+                      exact, backend)
+    packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           q.shape[0], k.shape[0])
+    return forward_views(q, k, v, options, packing=packing)
+
+
+def attention_varlen_backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                                   do: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                   max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                   softmax_scale: float, schedule: str, deterministic: bool,
+                                   portable: bool, num_workers: int | None, exact: bool,
+                                   backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV)`` of a packed batch; reads the offsets once (checked) first."""
+    options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
+                      exact, backend)
+    packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           q.shape[0], k.shape[0])
+    dq, dk, dv, _ = backward_views(q, k, v, o, lse, do, options, packing=packing)
+    return dq, dk, dv
+
+
+attention_varlen_op = torch.library.custom_op("dash::attention_varlen",
+                                              attention_varlen_forward_impl, mutates_args=())
+attention_varlen_backward_op = torch.library.custom_op("dash::attention_varlen_backward",
+                                                       attention_varlen_backward_impl,
+                                                       mutates_args=())
+
+
+@attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options):
+    return torch.empty_like(q), _lse_like(q)
+
+
+@attention_varlen_backward_op.register_fake
+def _(q, k, v, o, lse, do, *offsets_and_options):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, *flat = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.options = Options(*flat)
+    ctx.max_seqlens = (max_q, max_k)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_backward_op(q, k, v, o, lse, grad_o, cu_q, cu_k,
+                                              *ctx.max_seqlens, *ctx.options.flat())
+    return dq, dk, dv, None, None, None, None, *(None for _ in ctx.options.flat())
+
+
+attention_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+class EagerAttentionVarlen(torch.autograd.Function):
+    """:class:`EagerAttention` for packed batches: the lengths, read once at the public
+    entry, travel to the backward in the :class:`~dash_cuda.options.Packing`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, packing: Packing, options: Options):
+        o, lse = forward_views(q, k, v, options, packing=packing)
+        _save(ctx, q, k, v, o, lse, options)
+        ctx.packing = packing
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options,
+                                       packing=ctx.packing)
+        return dq, dk, dv, None, None
+
+
+def varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                max_seqlen_q: int, max_seqlen_k: int, options: Options,
+                packing: Packing | None) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)`` of a packed batch with autograd: the custom op under ``torch.compile``
+    (which reads the offsets itself; ``packing`` is None there), else
+    :class:`EagerAttentionVarlen` with the ``packing`` read at the entry."""
+    if torch.compiler.is_compiling():
+        return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, *options.flat())
+    return EagerAttentionVarlen.apply(q, k, v, packing, options)
+
+
+__all__ = ["EagerAttention", "EagerAttentionVarlen", "attention_backward_impl",
+           "attention_backward_op", "attention_call", "attention_forward_impl", "attention_op",
+           "attention_varlen_backward_impl", "attention_varlen_backward_op",
+           "attention_varlen_forward_impl", "attention_varlen_op", "backward_views",
+           "empty_problem", "forward_views", "resolve_backend", "resolve_packed_schedule",
+           "resolve_schedule", "varlen_call"]

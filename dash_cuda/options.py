@@ -6,16 +6,25 @@ value: the eager autograd function keeps it as it is, and the custom ops, whose 
 ``torch.compile`` traces, receive its fields as plain arguments (:meth:`Options.flat`, in
 field order) and rebuild it. What depends on shapes and the device (the backend, the
 schedule) is resolved once per call inside the ops (``dash_cuda.ops``).
+
+A packed (varlen) call carries one more value beside them, its :class:`Packing`: the
+``cu_seqlens`` offsets on the device, the ``max_seqlen`` values, and the sequences' lengths
+read to the host once (:meth:`Packing.read`, one device-to-host copy, where the offsets'
+values are checked), which the schedule is built from. The custom ops receive the offsets
+and ``max_seqlen`` values as arguments and read the lengths inside, where tracing does not
+look.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import torch
+
 from dash_ref import Mask
 from dash_ref.arithmetic.steps import resolve_scale
 
-from .checks import check_options
+from .checks import check_cu_seqlens_values, check_options
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,12 @@ class Options:
     def checked(cls, head_dim: int, *, causal: bool = False, softmax_scale: float | None = None,
                 schedule: str = "auto", deterministic: bool = True,
                 num_workers: int | None = None, exact: bool = False, backend: str = "auto",
-                portable: bool = False) -> Options:
-        """The options of a public call, validated, with the default scale filled in."""
+                portable: bool = False, packed: bool = False) -> Options:
+        """The options of a public call, validated, with the default scale filled in
+        (``packed``: a varlen call, which also takes the schedules of
+        :data:`dash_ref.RAGGED`)."""
         check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
-                      backend, portable)
+                      backend, portable, packed)
         return cls(causal, resolve_scale(softmax_scale, head_dim), schedule, deterministic,
                    portable, num_workers, exact, backend)
 
@@ -57,4 +68,48 @@ class Options:
 
 FIELDS = tuple(f.name for f in fields(Options))
 
-__all__ = ["FIELDS", "Options"]
+
+@dataclass(frozen=True, eq=False)
+class Packing:
+    """Where the sequences of a packed batch lie (FlashAttention's varlen layout).
+
+    Sequence ``b`` holds query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of the
+    ``(total_q, H, d)`` tensors and key rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of the
+    ``(total_k, H_kv, d)`` ones. ``cu_seqlens_q`` / ``cu_seqlens_k`` are the int32 offsets on
+    the device (the kernels read them); ``seqlens_q`` / ``seqlens_k`` the lengths on the
+    host (the schedule's :class:`dash_ref.Problem` is built from them); ``max_seqlen_q`` /
+    ``max_seqlen_k`` what the call said (at least every length: the forward's grid).
+    """
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...]
+
+    @classmethod
+    def read(cls, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+             max_seqlen_k: int, total_q: int, total_k: int) -> Packing:
+        """The offsets read to the host in one copy, checked against the tensors' rows and
+        the ``max_seqlen`` values (``ValueError`` naming the argument), as a value.
+
+        The offsets' types, dtype and length are checked before
+        (:func:`dash_cuda.checks.check_cu_seqlens`), and both lie on one device.
+        """
+        if cu_seqlens_k is cu_seqlens_q:
+            offsets_q = offsets_k = cu_seqlens_q.tolist()
+        else:  # both in one device-to-host copy
+            offsets_q, offsets_k = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()
+        seqlens_q, seqlens_k = check_cu_seqlens_values(offsets_q, offsets_k, int(max_seqlen_q),
+                                                       int(max_seqlen_k), total_q, total_k)
+        return cls(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                   seqlens_q, seqlens_k)
+
+    @property
+    def batch(self) -> int:
+        """The number of sequences ``B``."""
+        return len(self.seqlens_q)
+
+
+__all__ = ["FIELDS", "Options", "Packing"]

@@ -24,6 +24,9 @@ from dash_ref import Problem, Schedule, build_schedule
 #: the tables a backward kernel reads, in the order the kernels take them (the one list:
 #: a backend's launch imports it)
 TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit_rank")
+#: the tables a kernel of packed batches reads beside them, uploaded for packed problems
+#: only: where each sequence's dQ tiles (and semaphores) start
+PACKED_TABLE_NAMES = ("q_tile_base",)
 _CACHE_SIZE = 64
 
 
@@ -35,7 +38,7 @@ class DeviceSchedule:
     name: str
     num_workers: int
     fingerprint: str
-    tables: dict[str, torch.Tensor]  # TABLE_NAMES -> int32 tensors on the device
+    tables: dict[str, torch.Tensor]  # TABLE_NAMES (+ PACKED_TABLE_NAMES) -> int32 tensors
     num_visits: int
     num_tiles: int  # dQ tiles B * H * n_q: one semaphore each
 
@@ -54,13 +57,18 @@ _device: OrderedDict[tuple[Key, torch.device], DeviceSchedule] = OrderedDict()
 _lock = threading.Lock()
 
 
+def _names(problem: Problem) -> tuple[str, ...]:
+    """The tables a kernel of ``problem`` reads (packed problems: ``q_tile_base`` too)."""
+    return (*TABLE_NAMES, *PACKED_TABLE_NAMES) if problem.is_packed else TABLE_NAMES
+
+
 def _build_host(key: Key) -> tuple[str, dict[str, np.ndarray]]:
     """Build, validate (coverage, deadlock, timing) and flatten one schedule."""
     problem, name, num_workers = key
     schedule = build_schedule(problem, name, num_workers).validate()
-    tables = schedule.to_tables().as_dict()
+    tables = schedule.to_tables().as_dict(extra=problem.is_packed)
     return schedule.fingerprint(), {k: np.ascontiguousarray(tables[k], np.int32)
-                                    for k in (*TABLE_NAMES, "dq_count")}
+                                    for k in (*_names(problem), "dq_count")}
 
 
 def device_schedule(problem: Problem, name: str, num_workers: int,
@@ -75,7 +83,7 @@ def device_schedule(problem: Problem, name: str, num_workers: int,
     fingerprint, host = _host.pop(key, None) or _build_host(key)
     entry = DeviceSchedule(
         problem=problem, name=name, num_workers=int(num_workers), fingerprint=fingerprint,
-        tables={k: torch.from_numpy(host[k]).to(device) for k in TABLE_NAMES},
+        tables={k: torch.from_numpy(host[k]).to(device) for k in _names(problem)},
         num_visits=int(host["visit_q"].shape[0]), num_tiles=int(host["dq_count"].shape[0]),
     )
     with _lock:

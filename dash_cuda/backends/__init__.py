@@ -42,6 +42,13 @@ def new_row_stats(batch: int, seqlen_q: int, heads: int, device: torch.device,
     return out.transpose(1, 2)
 
 
+def new_packed_row_stats(total_q: int, heads: int, device: torch.device,
+                         fill: float | None = None) -> torch.Tensor:
+    """The same statistic of a packed batch: a ``(total_q, H)`` view of an ``(H, total_q)``
+    buffer (``dash_ref.emulate``'s packed ``LSE2`` layout, read with its strides)."""
+    return new_row_stats(1, total_q, heads, device, fill)[0]
+
+
 @dataclass(frozen=True)
 class Case:
     """What a backend needs to know to say whether it can run a call."""
@@ -50,6 +57,7 @@ class Case:
     dtype: torch.dtype
     exact: bool
     deterministic: bool
+    packed: bool = False  # a packed batch of variable lengths (``attention_varlen``)
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,9 @@ class Launch:
 
     ``tables``, ``sem`` and ``partials`` are None until the grid size is known
     (:meth:`Backend.max_workers` sees them so); ``partials`` is ``dq_acc`` when not auditing.
+    A packed batch (``problem.is_packed``) has ``(total, H, d)`` tensors, ``(total_q, H)``
+    row statistics, its int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k`` on the device
+    (None otherwise) and, once known, the table ``q_tile_base`` among ``tables``.
     """
 
     problem: Problem
@@ -113,12 +124,15 @@ class Launch:
     tables: dict[str, torch.Tensor] | None = None
     sem: torch.Tensor | None = None
     partials: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
 
     def variant(self) -> tuple:
         """What selects a compiled kernel: one residency answer per variant and device."""
         p = self.problem
         return (self.q.device, self.q.dtype, p.head_dim, p.block_m, p.block_n,
-                p.mask, self.deterministic, self.audit, self.per_head, self.exact)
+                p.mask, self.deterministic, self.audit, self.per_head, self.exact,
+                p.is_packed)
 
 
 class Backend(Protocol):
@@ -148,11 +162,18 @@ class Backend(Protocol):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)."""
 
+    def forward_varlen(self, q, k, v, packing, causal: bool, softmax_scale: float,
+                       poison: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(O, LSE2)`` of a packed batch (:class:`dash_cuda.options.Packing`): ``O`` like
+        ``q``, ``(total_q, H, d)``, and LSE2 fp32 ``(total_q, H)``; only backends whose
+        :meth:`unsupported` admits packed cases have it."""
+
     def new_dq_acc(self, problem: Problem, device: torch.device) -> torch.Tensor:
         """The zeroed fp32 dQ accumulator, in the layout this backend's kernel adds into."""
 
     def dq_acc_rows(self, dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
-        """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (a view where possible)."""
+        """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (packed: ``(total_q, H,
+        d)``; a view where possible)."""
 
     def finish_dq(self, dq_acc: torch.Tensor, dq: torch.Tensor, problem: Problem,
                   softmax_scale: float) -> None:

@@ -52,6 +52,9 @@ class CuteBackend:
     def unsupported(self, case: Case) -> str | None:
         if case.exact:
             return "exact=True runs on the Triton backend only"
+        if case.packed:
+            return ("packed batches (cu_seqlens) run on the Triton backend only: this "
+                    "backend has no varlen kernels yet")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):

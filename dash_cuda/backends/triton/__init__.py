@@ -37,7 +37,7 @@ class TritonBackend:
             return "Triton is not installed (pip install 'dash-attention[gpu]')"
         return None
 
-    def unsupported(self, case: Case) -> str | None:
+    def unsupported(self, case: Case) -> str | None:  # packed batches included
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
@@ -57,10 +57,15 @@ class TritonBackend:
 
         return run_forward(q, k, v, causal, softmax_scale, poison)
 
+    def forward_varlen(self, q, k, v, packing, causal, softmax_scale, poison):
+        from .launch import run_forward_varlen
+
+        return run_forward_varlen(q, k, v, packing, causal, softmax_scale, poison)
+
     def new_dq_acc(self, problem, device):
         p = problem
-        return torch.zeros((p.batch, p.seqlen_q, p.heads, p.head_dim), device=device,
-                           dtype=torch.float32)
+        rows = (p.total_q,) if p.is_packed else (p.batch, p.seqlen_q)
+        return torch.zeros((*rows, p.heads, p.head_dim), device=device, dtype=torch.float32)
 
     def dq_acc_rows(self, dq_acc, problem):
         return dq_acc
@@ -68,6 +73,8 @@ class TritonBackend:
     def finish_dq(self, dq_acc, dq, problem, softmax_scale):
         from dash_cuda.prepost import finish_dq
 
+        if problem.is_packed:  # row-wise: the packed rows as one sequence
+            dq_acc, dq = dq_acc.unsqueeze(0), dq.unsqueeze(0)
         finish_dq(dq_acc, dq, softmax_scale, problem.block_m)
 
     def new_partials(self, num_visits, problem, device):

@@ -41,6 +41,16 @@ Layouts: ``Q, dO`` are ``(B, S_q, H, d)`` and ``K, V`` ``(B, S_k, H_kv, d)`` wit
 but a contiguous last dim; ``LSE2, D`` are fp32 with strides ``(b, s, h)``; ``dQacc`` is a
 contiguous fp32 ``(B, S_q, H, d)``; dK/dV go either to the outputs (rounded, head
 ``h // GROUP``) or to per-query-head fp32 scratch (head ``h``) summed later.
+
+``VARLEN`` (a compile-time switch): a packed batch. A chain ``(b, h, j)`` then works on
+sequence ``b``, whose first rows and lengths it reads from the int32 offsets
+``CU_SEQLENS_Q`` and ``CU_SEQLENS_K``; tile indices ``i``, ``j`` count from the sequence's
+first row, and the mask takes the sequence's own ``S_q``, ``S_k`` and causal offset. The
+tensors are packed (``(total, H, d)``, batch strides 0; ``LSE2, D`` and ``dQacc`` packed
+likewise), and the semaphore of dQ tile ``(b, h, i)`` is number ``q_tile_base[b] + h *
+n_q(b) + i`` (the schedule's table ``Q_TILE_BASE``; ``n_q(b)`` the sequence's Q tiles), as
+:meth:`dash_ref.Problem.q_tile_index` numbers them. Without it those pointers are None
+(Triton drops them) and the kernel is the rectangular one.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dash_cuda.tile_io import load_tile, store_tile
+from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
 
 from .exp2 import exp2_fma
 from .mask import visible
@@ -132,6 +142,7 @@ def dash_bwd_kernel(
     MASK: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
+    CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None, VARLEN: tl.constexpr = False,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -141,23 +152,41 @@ def dash_bwd_kernel(
         b = tl.load(CHAIN_BHJ + 3 * c).to(tl.int64)
         h = tl.load(CHAIN_BHJ + 3 * c + 1).to(tl.int64)
         j = tl.load(CHAIN_BHJ + 3 * c + 2)
+        if VARLEN:  # sequence b's own rows and lengths; its tensors start at its first rows
+            q_first, seqlen_q = sequence_rows(CU_SEQLENS_Q, b)
+            k_first, seqlen_k = sequence_rows(CU_SEQLENS_K, b)
+            causal_offset = seqlen_k - seqlen_q
+            n_q = (seqlen_q + BM - 1) // BM
+            q_seq, do_seq = Q + q_first * stride_qs, DO + q_first * stride_dos
+            lse_seq, delta_seq = LSE2 + q_first * stride_ls, DELTA + q_first * stride_ls
+            k_seq, v_seq = K + k_first * stride_ks, V + k_first * stride_vs
+            dk_seq, dv_seq = DK + k_first * stride_dks, DV + k_first * stride_dvs
+        else:
+            seqlen_q, seqlen_k, causal_offset = S_Q, S_K, CAUSAL_OFFSET
+            q_seq, do_seq, lse_seq, delta_seq = Q, DO, LSE2, DELTA
+            k_seq, v_seq, dk_seq, dv_seq = K, V, DK, DV
         h_kv = h // GROUP
         cols = j * BN + tl.arange(0, BN)
-        k = load_tile(K + b * stride_kb + h_kv * stride_kh, cols, S_K, stride_ks, HEAD_DIM)
-        v = load_tile(V + b * stride_vb + h_kv * stride_vh, cols, S_K, stride_vs, HEAD_DIM)
+        k = load_tile(k_seq + b * stride_kb + h_kv * stride_kh, cols, seqlen_k, stride_ks,
+                      HEAD_DIM)
+        v = load_tile(v_seq + b * stride_vb + h_kv * stride_vh, cols, seqlen_k, stride_vs,
+                      HEAD_DIM)
         dk = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
         dv = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
-        lse_base = LSE2 + b * stride_lb + h * stride_lh
-        delta_base = DELTA + b * stride_lb + h * stride_lh
-        # dQacc is contiguous (B, S_q, H, d): row r of head h starts at ((b*S_q + r)*H + h)*d
-        dq_base = DQ_ACC + (b * S_Q * H + h) * HEAD_DIM
+        q_base = q_seq + b * stride_qb + h * stride_qh
+        do_base = do_seq + b * stride_dob + h * stride_doh
+        lse_base = lse_seq + b * stride_lb + h * stride_lh
+        delta_base = delta_seq + b * stride_lb + h * stride_lh
+        if VARLEN:  # dQacc is contiguous (total_q, H, d)
+            dq_base = DQ_ACC + (q_first * H + h) * HEAD_DIM
+        else:
+            # dQacc is contiguous (B, S_q, H, d): row r of head h starts at ((b*S_q + r)*H + h)*d
+            dq_base = DQ_ACC + (b * S_Q * H + h) * HEAD_DIM
         vis_begin = tl.load(CHAIN_OFFSETS + c)
         vis_end = tl.load(CHAIN_OFFSETS + c + 1)
         if PREFETCH:
-            q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end, S_Q,
-                                         stride_qs, stride_dos, BM, HEAD_DIM)
+            q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end,
+                                         seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM)
         for vis in range(vis_begin, vis_end):
             i = tl.load(VISIT_Q + vis)
             rows = i * BM + tl.arange(0, BM)
@@ -165,18 +194,19 @@ def dash_bwd_kernel(
                 # this visit's tiles were loaded one visit ago; start the next visit's now,
                 # so their latency hides behind this visit's MMAs and its dQ hand-off
                 q, do = q_next, do_next
-                q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis + 1, vis_end, S_Q,
-                                             stride_qs, stride_dos, BM, HEAD_DIM)
+                q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis + 1, vis_end,
+                                             seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM)
             else:
-                q = load_tile(q_base, rows, S_Q, stride_qs, HEAD_DIM)
-                do = load_tile(do_base, rows, S_Q, stride_dos, HEAD_DIM)
-            lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
-            delta = tl.load(delta_base + rows * stride_ls, mask=rows < S_Q, other=0.0)
+                q = load_tile(q_base, rows, seqlen_q, stride_qs, HEAD_DIM)
+                do = load_tile(do_base, rows, seqlen_q, stride_dos, HEAD_DIM)
+            lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < seqlen_q, other=0.0)
+            delta = tl.load(delta_base + rows * stride_ls, mask=rows < seqlen_q, other=0.0)
             # Score tiles are transposed (keys as rows), so P^T and dS^T feed dV and dK
             # straight from registers; only dS for the partial needs a transpose.
             s_t = tl.dot(k, tl.trans(q))                                    # [qk]
             # the transposed score tile's elements (keys as rows) that exist and are unmasked
-            seen = visible(rows[None, :], cols[:, None], S_Q, S_K, CAUSAL_OFFSET, MASK)
+            seen = visible(rows[None, :], cols[:, None], seqlen_q, seqlen_k, causal_offset,
+                           MASK)
             p_t = _softmax_p(s_t, lse2, scale_log2, seen, EXACT)           # [softmax_p]
             p_op = p_t.to(q.dtype)                                          # [round_operand]
             dv += tl.dot(p_op, do)                                          # [dv_step]
@@ -186,7 +216,10 @@ def dash_bwd_kernel(
             dk += tl.dot(ds_op, q)                                          # [dk_step]
             if DETERMINISTIC:  # read the visit's rank before the MMA hides the load
                 rank = tl.load(VISIT_RANK + vis)
-                sem = SEM + (b * H + h) * N_Q + i
+                if VARLEN:
+                    sem = SEM + tl.load(Q_TILE_BASE + b) + h * n_q + i
+                else:
+                    sem = SEM + (b * H + h) * N_Q + i
             partial = tl.dot(tl.trans(ds_op), k)                            # [dq_partial]
             if OPAQUE:  # off only in the CPU interpreter (no inline asm, no combine pass)
                 partial = _opaque(partial)
@@ -198,19 +231,19 @@ def dash_bwd_kernel(
             if DETERMINISTIC:
                 _wait_turn(sem, rank)
             # [dq_add] fire-and-forget reductions performed at the L2 cache
-            tl.atomic_add(dq_ptrs, partial, mask=rows[:, None] < S_Q, sem="relaxed",
+            tl.atomic_add(dq_ptrs, partial, mask=rows[:, None] < seqlen_q, sem="relaxed",
                           scope="gpu")
             if DETERMINISTIC:
                 _pass_turn(sem, rank)
         if PER_HEAD:
             # fp32 per query head; the GQA postprocess sums heads in ascending order
-            store_tile(DK + b * stride_dkb + h * stride_dkh, cols, S_K, stride_dks, dk,
-                       HEAD_DIM)
-            store_tile(DV + b * stride_dvb + h * stride_dvh, cols, S_K, stride_dvs, dv,
-                       HEAD_DIM)
+            store_tile(dk_seq + b * stride_dkb + h * stride_dkh, cols, seqlen_k, stride_dks,
+                       dk, HEAD_DIM)
+            store_tile(dv_seq + b * stride_dvb + h * stride_dvh, cols, seqlen_k, stride_dvs,
+                       dv, HEAD_DIM)
         else:
             # [epilogue] one query head per KV head: dK = rnd(dK_acc * scale), dV = rnd(dV)
-            store_tile(DK + b * stride_dkb + h * stride_dkh, cols, S_K, stride_dks,
+            store_tile(dk_seq + b * stride_dkb + h * stride_dkh, cols, seqlen_k, stride_dks,
                        (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
-            store_tile(DV + b * stride_dvb + h * stride_dvh, cols, S_K, stride_dvs,
+            store_tile(dv_seq + b * stride_dvb + h * stride_dvh, cols, seqlen_k, stride_dvs,
                        dv.to(DV.dtype.element_ty), HEAD_DIM)

@@ -15,6 +15,15 @@ softmax_scale * log2(e)``, so every exponential is one ``ex2.approx``. The outpu
 subtracts. A row that sees no key (causal with ``S_q > S_k``) gets ``O = 0`` and
 ``LSE2 = -inf``, as :mod:`dash_ref.emulate` defines it; the backward masks those rows'
 probabilities to exactly 0, so they produce zero gradients and never NaN.
+
+``VARLEN`` (a compile-time switch): a packed batch, FlashAttention's varlen layout. Program
+``(m, b * H + h)`` then owns rows ``m * BM : (m + 1) * BM`` of sequence ``b``, whose first
+row and length it reads from the int32 offsets ``CU_SEQLENS_Q`` (and ``CU_SEQLENS_K`` for
+its keys); a program past its sequence's end returns at once (the grid covers the longest
+sequence). Everything else is the rectangular kernel on the sequence's rows, with the
+sequence's own ``S_q``, ``S_k`` and causal offset ``S_k - S_q``: the batch strides are 0,
+the row statistics a ``(total_q, H)`` view of an ``(H, total_q)`` buffer. Without it the
+offsets are None (Triton drops them) and the kernel is the rectangular one.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dash_cuda.tile_io import load_tile, store_tile
+from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
 
 from .mask import key_range, visible
 
@@ -56,14 +65,28 @@ def dash_fwd_kernel(
     stride_lb, stride_ls, stride_lh,
     H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+    CU_SEQLENS_Q=None, CU_SEQLENS_K=None, VARLEN: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    if VARLEN:  # sequence b's own rows and lengths
+        q_first, seqlen_q = sequence_rows(CU_SEQLENS_Q, b)
+        if pid_m * BM >= seqlen_q:
+            return
+        k_first, seqlen_k = sequence_rows(CU_SEQLENS_K, b)
+        causal_offset = seqlen_k - seqlen_q
+        Q += q_first * stride_qs
+        O += q_first * stride_os
+        LSE2 += q_first * stride_ls
+        K += k_first * stride_ks
+        V += k_first * stride_vs
+    else:
+        seqlen_q, seqlen_k, causal_offset = S_Q, S_K, CAUSAL_OFFSET
     h_kv = h // GROUP
     rows = pid_m * BM + tl.arange(0, BM)
-    q = load_tile(Q + b * stride_qb + h * stride_qh, rows, S_Q, stride_qs, HEAD_DIM)
+    q = load_tile(Q + b * stride_qb + h * stride_qh, rows, seqlen_q, stride_qs, HEAD_DIM)
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
 
@@ -72,24 +95,25 @@ def dash_fwd_kernel(
     acc = tl.zeros([BM, HEAD_DIM], dtype=tl.float32)
 
     # keys [0, hi) are seen by some row of the tile; keys [0, dense) by all of its rows
-    dense, hi = key_range(pid_m, S_K, CAUSAL_OFFSET, BM, BN, MASK)
+    dense, hi = key_range(pid_m, seqlen_k, causal_offset, BM, BN, MASK)
     for start in range(0, dense, BN):
         cols = start + tl.arange(0, BN)
-        k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
-        v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
-        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
+        k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
                                   scale_log2, False, MASK)
     for start in range(dense, hi, BN):
         cols = start + tl.arange(0, BN)
-        k = load_tile(k_base, cols, S_K, stride_ks, HEAD_DIM)
-        v = load_tile(v_base, cols, S_K, stride_vs, HEAD_DIM)
-        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET,
+        k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
                                   scale_log2, True, MASK)
 
     seen = l > 0.0
     o = acc / tl.where(seen, l, 1.0)[:, None]
     o = tl.where(seen[:, None], o, 0.0)
     lse2 = tl.where(seen, m + tl.math.log2(l), float("-inf"))
-    store_tile(O + b * stride_ob + h * stride_oh, rows, S_Q, stride_os,
+    store_tile(O + b * stride_ob + h * stride_oh, rows, seqlen_q, stride_os,
                 o.to(O.dtype.element_ty), HEAD_DIM)
-    tl.store(LSE2 + b * stride_lb + h * stride_lh + rows * stride_ls, lse2, mask=rows < S_Q)
+    tl.store(LSE2 + b * stride_lb + h * stride_lh + rows * stride_ls, lse2,
+             mask=rows < seqlen_q)

@@ -8,8 +8,8 @@ import os
 import torch
 import triton
 
-from dash_cuda.backends import Launch, device_properties, new_row_stats
-from dash_cuda.tables import TABLE_NAMES
+from dash_cuda.backends import Launch, device_properties, new_packed_row_stats, new_row_stats
+from dash_cuda.tables import PACKED_TABLE_NAMES, TABLE_NAMES
 from dash_ref import Mask
 from dash_ref.arithmetic.steps import scale_log2_value
 
@@ -47,32 +47,71 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return o, lse2
 
 
+def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
+                       causal: bool, softmax_scale: float, poison: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``,
+    ``(total_q, H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)``
+    buffer. The grid covers ``max_seqlen_q`` rows of every sequence and head; a program
+    past its sequence's end returns at once."""
+    total_q, heads, head_dim = q.shape
+    heads_kv = k.shape[1]
+    o = torch.empty_like(q)
+    lse2 = new_packed_row_stats(total_q, heads, q.device)
+    if poison:
+        o.fill_(math.nan)
+        lse2.fill_(math.nan)
+    cfg = forward_config(head_dim)
+    grid = (triton.cdiv(packing.max_seqlen_q, cfg.block_m), packing.batch * heads)
+    if grid[0] == 0:
+        return o, lse2
+    dash_fwd_kernel[grid](
+        q, k, v, o, lse2,
+        0, q.stride(0), q.stride(1),
+        0, k.stride(0), k.stride(1),
+        0, v.stride(0), v.stride(1),
+        0, o.stride(0), o.stride(1),
+        0, lse2.stride(0), lse2.stride(1),
+        heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0,
+        scale_log2_value(softmax_scale),
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=Mask.of(causal).kind,
+        CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
+        CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, lse2
+
+
+def _strides(x: torch.Tensor, packed: bool) -> tuple[int, int, int]:
+    """``(batch, row, head)`` strides of a ``(B, S, H, ...)`` tensor, or of a packed
+    ``(total, H, ...)`` one (batch stride 0: a sequence's rows start at its first row)."""
+    return (0, x.stride(0), x.stride(1)) if packed else (x.stride(0), x.stride(1), x.stride(2))
+
+
 def _backward_args(launch: Launch) -> tuple[tuple, dict]:
     """The backward kernel's positional arguments and its compile-time options."""
     p = launch.problem
+    packed = p.is_packed
     q, k, v, do, lse2 = launch.q, launch.k, launch.v, launch.do, launch.lse2
     dk_out, dv_out = launch.dk_out, launch.dv_out
     cfg = backward_config(p.head_dim)
     if (cfg.block_m, cfg.block_n) != (p.block_m, p.block_n):
         raise ValueError(f"the problem's tiles {p.block_m}x{p.block_n} are not the kernel's "
                          f"{cfg.block_m}x{cfg.block_n}")
+    names = (*TABLE_NAMES, *PACKED_TABLE_NAMES) if packed else TABLE_NAMES
     if launch.tables is None:  # sizing the grid: any int32 tensors compile the same kernel
         placeholder = torch.zeros(4, device=q.device, dtype=torch.int32)
-        tables, sem, partials = dict.fromkeys(TABLE_NAMES, placeholder), placeholder, None
+        tables, sem, partials = dict.fromkeys(names, placeholder), placeholder, None
     else:
         tables, sem, partials = launch.tables, launch.sem, launch.partials
     args = (
         q, k, v, do, lse2, launch.delta, launch.dq_acc, dk_out, dv_out, sem,
         launch.dq_acc if partials is None else partials,
         *(tables[name] for name in TABLE_NAMES),
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        lse2.stride(0), lse2.stride(1), lse2.stride(2),
-        dk_out.stride(0), dk_out.stride(1), dk_out.stride(2),
-        dv_out.stride(0), dv_out.stride(1), dv_out.stride(2),
-        p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, p.causal_offset,
+        *_strides(q, packed), *_strides(k, packed), *_strides(v, packed),
+        *_strides(do, packed), *_strides(lse2, packed), *_strides(dk_out, packed),
+        *_strides(dv_out, packed),
+        p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, 0 if packed else p.causal_offset,
         scale_log2_value(launch.softmax_scale), launch.softmax_scale,
     )
     options = dict(
@@ -82,6 +121,9 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=not launch.exact,
     )
+    if packed:  # the sequences' offsets, and where each sequence's dQ tiles start
+        options.update(CU_SEQLENS_Q=launch.cu_seqlens_q, CU_SEQLENS_K=launch.cu_seqlens_k,
+                       Q_TILE_BASE=tables["q_tile_base"], VARLEN=True)
     return args, options
 
 
