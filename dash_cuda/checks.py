@@ -179,7 +179,9 @@ def check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
         raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} offsets, cu_seqlens_k "
                          f"{cu_seqlens_k.shape[0]}: both hold B + 1, one batch of sequences")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        # a torch.SymInt where torch.compile traces the lengths as dynamic
+        if isinstance(value, bool) or not isinstance(value, (Integral, torch.SymInt)) or (
+                value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
 
 

@@ -46,7 +46,10 @@ def new_packed_row_stats(total_q: int, heads: int, device: torch.device,
                          fill: float | None = None) -> torch.Tensor:
     """The same statistic of a packed batch: a ``(total_q, H)`` view of an ``(H, total_q)``
     buffer (``dash_ref.emulate``'s packed ``LSE2`` layout, read with its strides)."""
-    return new_row_stats(1, total_q, heads, device, fill)[0]
+    out = torch.empty((heads, total_q), device=device, dtype=torch.float32)
+    if fill is not None:
+        out.fill_(fill)
+    return out.t()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,185 @@
+"""The custom ops behind ``dash_cuda.attention_varlen``: registration, fake outputs, autograd
+wiring and tracing, on the CPU.
+
+Meta and fake tensors take the ops' fake implementations, which must describe the real
+outputs exactly (``O`` like ``q``, ``LSE2`` a ``(total_q, H)`` view of an ``(H, total_q)``
+buffer); ``torch.compile(fullgraph=True)`` must trace a packed call into one op, with the
+offsets, the ``max_seqlen`` values and the options as written (the lengths are read inside
+the op, where tracing does not look). ``tests/gpu/test_cuda_varlen.py`` runs the kernels.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import dash_cuda
+from dash_cuda import ops
+from dash_cuda.ops import attention_varlen_backward_op, attention_varlen_op
+from dash_cuda.options import FIELDS, Options, Packing
+
+TOTAL_Q, TOTAL_K, H, HK, D = 58, 48, 4, 2, 64
+
+
+def meta(*shape, grad=False):
+    return torch.randn(*shape, device="meta", dtype=torch.bfloat16, requires_grad=grad)
+
+
+def offsets(device="meta"):
+    return (torch.empty(5, dtype=torch.int32, device=device),
+            torch.empty(5, dtype=torch.int32, device=device))
+
+
+def test_both_ops_are_registered_with_offsets_then_options():
+    fwd = str(torch.ops.dash.attention_varlen.default._schema)
+    bwd = str(torch.ops.dash.attention_varlen_backward.default._schema)
+    for arg in ("Tensor cu_seqlens_q", "Tensor cu_seqlens_k", "SymInt max_seqlen_q",
+                "SymInt max_seqlen_k", "bool causal", "float softmax_scale", "str schedule",
+                "bool deterministic", "bool portable", "SymInt? num_workers", "bool exact",
+                "str backend"):
+        assert arg in fwd and arg in bwd
+    assert "-> (Tensor, Tensor)" in fwd
+    assert "-> (Tensor, Tensor, Tensor)" in bwd
+
+
+def test_the_ops_take_the_options_fields_in_order():
+    forward = list(inspect.signature(ops.attention_varlen_forward_impl).parameters)
+    backward = list(inspect.signature(ops.attention_varlen_backward_impl).parameters)
+    assert forward[3:7] == ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
+    assert backward[6:10] == forward[3:7]
+    assert tuple(forward[7:]) == FIELDS and tuple(backward[10:]) == FIELDS
+
+
+def test_fake_outputs_have_the_real_layouts():
+    """O like q (contiguous where q is a slice of a fused qkv projection, as the kernel's
+    ``empty_like`` gives it), LSE2 a (total_q, H) view of an (H, total_q) buffer; gradients
+    like their inputs."""
+    k, v = meta(TOTAL_K, HK, D), meta(TOTAL_K, HK, D)
+    sliced = meta(TOTAL_Q, 3, H, D)[:, 0]
+    o, _ = attention_varlen_op(sliced, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True,
+                               True, None, False, "triton")
+    assert o.shape == sliced.shape and o.is_contiguous()
+    q = meta(TOTAL_Q, H, D)
+    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True, True,
+                                 None, False, "triton")
+    assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
+    assert lse.shape == (TOTAL_Q, H) and lse.dtype == torch.float32
+    assert lse.stride() == (1, TOTAL_Q)
+    dq, dk, dv = attention_varlen_backward_op(q, k, v, o, lse, meta(TOTAL_Q, H, D), *offsets(),
+                                              37, 20, True, 0.125, "naive", True, False, 3,
+                                              True, "auto")
+    for grad, x in ((dq, q), (dk, k), (dv, v)):
+        assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
+
+
+def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
+    q = meta(TOTAL_Q, H, D, grad=True)
+    k, v = meta(TOTAL_K, HK, D, grad=True), meta(TOTAL_K, HK, D, grad=True)
+    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, False, 0.125, "auto", True, True,
+                                 None, False, "auto")
+    assert o.requires_grad and not lse.requires_grad
+    o.float().sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
+
+
+class PackedLayers(torch.nn.Module):
+    """Two packed attention calls with a matmul between them, as a varlen transformer stacks
+    them (the offsets and lengths are the batch's, passed along)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.register_buffer("mix", torch.randn(d, d, device="cuda", dtype=torch.bfloat16))
+
+    def forward(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int):
+        x = dash_cuda.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                       portable=True)
+        return dash_cuda.flash_attn_varlen_func((x @ self.mix).contiguous(), k, v, cu_q, cu_k,
+                                                max_q, max_k, 0.0, 0.5, schedule="lpt")
+
+
+def test_a_packed_model_traces_into_one_graph_of_two_ops_with_the_options_as_written():
+    """``fullgraph=True`` fails on any graph break: reading the offsets' values (which the
+    eager path does at the entry) must not happen while tracing."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with FakeTensorMode(allow_non_fake_inputs=True):  # CUDA tensors without a GPU
+        q = torch.randn(TOTAL_Q, H, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(TOTAL_K, HK, D, device="cuda", dtype=torch.bfloat16)
+        cu_q, cu_k = offsets("cuda")
+        out = torch.compile(PackedLayers(D), fullgraph=True, backend=record)(
+            q, k, k, cu_q, cu_k, 37, 20)
+    assert out.shape == q.shape
+    (graph,) = graphs
+    calls = [n.args for n in graph.graph.nodes
+             if n.target is torch.ops.dash.attention_varlen.default]
+    assert [c[5:] for c in calls] == [
+        (37, 20, True, 0.125, "auto", True, True, None, False, "auto"),
+        (37, 20, False, 0.5, "lpt", True, False, None, False, "auto")]
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling):
+    """``varlen_call`` runs the op's functions behind an ``autograd.Function`` with the
+    lengths read at the entry when eager, and the custom op (which reads them itself) while
+    ``torch.compile`` traces."""
+    seen = []
+    options = Options(True, 0.125, "lpt", True, True, None, False, "auto")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    monkeypatch.setattr(ops, "attention_varlen_op", lambda *a: seen.append(("op", a)) or "op")
+    monkeypatch.setattr(ops.EagerAttentionVarlen, "apply",
+                        lambda *a: seen.append(("eager", a)) or "eager")
+    q, k = meta(TOTAL_Q, H, D), meta(TOTAL_K, HK, D)
+    cu_q, cu_k = offsets()
+    packing = None if compiling else Packing(cu_q, cu_k, 37, 20, (5, 0, 37, 16),
+                                             (9, 3, 20, 16))
+    got = ops.varlen_call(q, k, k, cu_q, cu_k, 37, 20, options, packing)
+    expected = "op" if compiling else "eager"
+    assert got == expected
+    carried = ((cu_q, cu_k, 37, 20, *options.flat()) if compiling else (packing, options))
+    assert seen == [(expected, (q, k, k, *carried))]
+
+
+def test_the_offsets_are_read_once_and_checked():
+    """``Packing.read``: one host copy of both offsets (one of a tensor given twice), the
+    lengths from them, and a one-line error naming a bad value."""
+    cu_q = torch.tensor([0, 5, 5, 42, 58], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 12, 32, 48], dtype=torch.int32)
+    p = Packing.read(cu_q, cu_k, 40, 20, 58, 48)
+    assert (p.seqlens_q, p.seqlens_k, p.batch) == ((5, 0, 37, 16), (9, 3, 20, 16), 4)
+    assert p.cu_seqlens_q is cu_q and p.max_seqlen_q == 40
+    same = Packing.read(cu_q, cu_q, 37, 37, 58, 58)
+    assert same.seqlens_k == same.seqlens_q
+    with pytest.raises(ValueError, match="max_seqlen_q=36 is smaller than sequence 2"):
+        Packing.read(cu_q, cu_k, 36, 20, 58, 48)
+
+
+def test_the_packed_schedule_is_resolved_on_the_packed_problem():
+    """``auto`` resolves on the packed problem (by its longest sequence), ``portable=True``
+    keeps to the portable names, and the problem carries the backend's tiles."""
+    from dash_cuda.backends import get_backend
+    from dash_cuda.launch import packed_problem_for
+    from dash_ref import PORTABLE, RAGGED
+
+    backend = get_backend("triton")
+    cu = torch.tensor([0, 5, 5, 42, 58], dtype=torch.int32)
+    packing = Packing.read(cu, cu, 37, 37, 58, 58)
+    q = meta(TOTAL_Q, H, D)
+    for causal in (False, True):
+        def resolved(causal=causal, **kw):
+            return ops.resolve_packed_schedule(backend, q, q, packing,
+                                               Options(causal, 0.125, **kw))
+
+        assert resolved(portable=True) in (*PORTABLE, *RAGGED)
+        assert resolved(schedule="lpt") == "lpt"
+        assert resolved(deterministic=False) == "atomic"
+    p = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, H, H, D, True)
+    assert p.is_packed and (p.block_m, p.block_n) == backend.backward_tiles(D, "causal")
+    assert p.seqlens_q == (5, 0, 37, 16) and p.mask == "causal"
