@@ -114,7 +114,10 @@ def compile_backward(v: Variant):
     constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim,
                      MASK=Mask.of(v.causal).kind,
                      DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
-                     PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True)
+                     PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True,
+                     # a rectangular launch: the packed-batch arguments are absent
+                     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None,
+                     VARLEN=False)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                    enable_fp_fusion=not v.exact)
     return _compile(dash_bwd_kernel, pointers, ("scale_log2", "softmax_scale"), constants,
