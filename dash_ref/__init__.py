@@ -43,6 +43,7 @@ from .model import (
     text_timeline,
 )
 from .schedules import (
+    BANDED,
     DETERMINISTIC,
     MASKS,
     NAMES,
@@ -65,6 +66,7 @@ __version__ = "0.2.0"
 __all__ = [
     "__version__",
     "ARITHMETICS",
+    "BANDED",
     "DAG",
     "DETERMINISTIC",
     "EXACT",

@@ -46,11 +46,33 @@ def choice(name: str, value: object, allowed: Iterable[str]) -> str:
     return value
 
 
-def attention_inputs(q, k, v, **more) -> None:
-    """Ranks and shapes of ``(B, S, H, d)`` attention tensors; ``more`` are shaped like ``q``.
+def window(name: str, value: object) -> tuple[int, int]:
+    """A FlashAttention ``window_size``: a pair ``(left, right)`` of ints, each ``>= 0`` or
+    ``-1`` (that side unbounded); None means ``(-1, -1)``. Bools, floats and other lengths
+    are refused by name."""
+    if value is None:
+        return (-1, -1)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a pair (left, right) of ints (-1: unbounded), got "
+                        f"{value!r}")
+    out = []
+    for n, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, Integral):
+            raise TypeError(f"{name}[{n}] must be an int (-1: unbounded), got {x!r} "
+                            f"({type(x).__name__})")
+        if x < -1:
+            raise ValueError(f"{name}[{n}] must be >= 0, or -1 for unbounded, got {x}")
+        out.append(int(x))
+    return out[0], out[1]
 
-    ``k`` and ``v`` share a shape ``(B, S_k, H_kv, d)`` with ``H % H_kv == 0``; ``more``
-    (``do``, ``o``) have the shape of ``q``. A ``ValueError``/``TypeError`` names the tensor.
+
+def attention_inputs(q, k, v, **more) -> None:
+    """Ranks and shapes of ``(B, S, H, d)`` attention tensors.
+
+    ``k`` is ``(B, S_k, H_kv, d)`` with ``H % H_kv == 0``; ``v`` is ``(B, S_k, H_kv, d_v)``,
+    its head dim its own (``d_v = d`` unless the problem says otherwise); ``more`` (``do``,
+    ``o``) have the shape of ``q`` with ``v``'s head dim, ``(B, S_q, H, d_v)``. A
+    ``ValueError``/``TypeError`` names the tensor.
     """
     import torch
 
@@ -61,16 +83,17 @@ def attention_inputs(q, k, v, **more) -> None:
         if x.dim() != 4:
             raise ValueError(f"{name} must have 4 dims (B, S, H, d), got shape "
                              f"{tuple(x.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must have one shape (B, S_k, H_kv; v's head dim may "
+                         f"differ), got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch and "
                          "head dim (B, S, H, d)")
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"q has {q.shape[2]} heads, k and v {k.shape[2]}: the query heads "
                          "must be a positive multiple of the key/value heads")
+    want = (*q.shape[:3], v.shape[3])
     for name, x in more.items():
-        if x.shape != q.shape:
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name} must have the shape of q with v's head dim {want}, got "
                              f"{tuple(x.shape)}")

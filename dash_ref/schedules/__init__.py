@@ -12,6 +12,7 @@ from .auto import auto_schedule
 from .mask import MASKS, Mask
 from .problem import Problem
 from .schedule import (
+    BANDED,
     DETERMINISTIC,
     NAMES,
     PORTABLE,
@@ -26,6 +27,7 @@ from .schedule import (
 )
 
 __all__ = [
+    "BANDED",
     "DETERMINISTIC",
     "MASKS",
     "Mask",

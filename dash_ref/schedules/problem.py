@@ -20,6 +20,21 @@ rectangular problem every sequence has ``S_q`` and ``S_k``.
 dQ tiles are numbered sequence by sequence, head by head (:meth:`Problem.q_tile_index`):
 ``q_tile_base(b) + h * n_q_of(b) + i``, with ``q_tile_base(b) = H * sum_{b' < b} n_q_of(b')``;
 for a rectangular problem that is ``(b * H + h) * n_q + i``.
+
+**Sliding windows** (FlashAttention's ``window_size=(left, right)``, ``-1`` unbounded):
+``window_size`` holds the window beside ``mask`` (the public ``causal`` flag) and the rule is
+:meth:`Mask.of` of the two: query row ``r`` sees key ``c`` iff
+``r + S_k - S_q - left <= c <= r + S_k - S_q + right`` (per sequence), with ``causal`` the
+window ``(left, 0)``. The problem keeps one value per rule: ``window_size`` is stored as the
+window of that :class:`Mask` (``right = 0`` under ``causal``), None when the rule has no
+window (``(-1, -1)``; ``(-1, 0)`` is the causal mask), and ``mask`` reads ``"causal"``
+exactly when the rule sees no key right of the diagonal (``right == 0``): ``mask="full",
+window_size=(w, 0)`` is the same problem as ``mask="causal", window_size=(w, 0)``. A
+problem without a window reads, hashes and tiles as it always has.
+
+**Value head dim** ``head_dim_v`` (``d_v``; None or ``head_dim`` itself: the same as ``d``):
+``v`` is ``(..., H_kv, d_v)``, ``O`` and ``dO`` ``(..., H, d_v)``. Schedules do not depend on
+it; it is part of the problem so that a kernel's tiles can.
 """
 
 from __future__ import annotations
@@ -29,14 +44,16 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from numbers import Integral
 
-from .._checks import choice, integer
+from .._checks import choice, integer, window
 from .mask import MASKS, Mask
 
 
 @dataclass(frozen=True)
 class Problem:
     """An attention problem: sizes, mask and tiles (``B, H, H_kv, S_q, S_k, d, mask, BM, BN``),
-    and for a packed batch the lengths of every sequence (``seqlens_q``, ``seqlens_k``)."""
+    for a packed batch the lengths of every sequence (``seqlens_q``, ``seqlens_k``), a
+    sliding window (``window_size``) and the value head dim (``head_dim_v``), the last four
+    optional (module docstring)."""
 
     batch: int
     heads: int
@@ -49,6 +66,8 @@ class Problem:
     block_n: int = 128
     seqlens_q: tuple[int, ...] | None = None
     seqlens_k: tuple[int, ...] | None = None
+    window_size: tuple[int, int] | None = None
+    head_dim_v: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "heads_kv", "head_dim", "block_m", "block_n"):
@@ -61,6 +80,15 @@ class Problem:
                 f"({self.heads_kv})"
             )
         choice("Problem.mask", self.mask, MASKS)
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
+        integer("Problem.head_dim_v", self.head_dim_v, minimum=1)
+        if self.window_size is not None:
+            rule = Mask.of(self.mask == "causal",
+                           window("Problem.window_size", self.window_size))
+            object.__setattr__(self, "window_size",
+                               rule.window_size if rule.kind == "window" else None)
+            object.__setattr__(self, "mask", "causal" if rule.window_size[1] == 0 else "full")
         if (self.seqlens_q is None) != (self.seqlens_k is None):
             given = "seqlens_q" if self.seqlens_k is None else "seqlens_k"
             raise ValueError(f"Problem.{given} was given alone: a packed problem needs both "
@@ -80,24 +108,36 @@ class Problem:
             object.__setattr__(self, name, lengths)
 
     def __repr__(self) -> str:
-        """The dataclass's, with ``seqlens_q`` and ``seqlens_k`` only for a packed problem (a
-        rectangular problem reads as it always has)."""
-        shown = [f for f in fields(self) if self.is_packed or not f.name.startswith("seqlens")]
-        return f"Problem({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+        """The dataclass's, with ``seqlens_q`` and ``seqlens_k`` only for a packed problem,
+        ``window_size`` only with a window and ``head_dim_v`` only where it is not
+        ``head_dim`` (a problem without them reads as it always has)."""
+        def shown(name: str) -> bool:
+            if name.startswith("seqlens"):
+                return self.is_packed
+            if name == "window_size":
+                return self.window_size is not None
+            if name == "head_dim_v":
+                return self.head_dim_v != self.head_dim
+            return True
+
+        given = [f for f in fields(self) if shown(f.name)]
+        return f"Problem({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in given)})"
 
     @classmethod
     def packed(cls, seqlens_q: Sequence[int], seqlens_k: Sequence[int], heads: int,
                heads_kv: int, head_dim: int, mask: str = "full", block_m: int = 128,
-               block_n: int = 128) -> Problem:
+               block_n: int = 128, window_size: tuple[int, int] | None = None,
+               head_dim_v: int | None = None) -> Problem:
         """A packed batch of sequences of lengths ``seqlens_q[b]``, ``seqlens_k[b]``: the
-        batch is their number, ``seqlen_q`` and ``seqlen_k`` their maxima."""
+        batch is their number, ``seqlen_q`` and ``seqlen_k`` their maxima (the window, if
+        any, applies to every sequence in its own coordinates)."""
         q = _lengths("Problem.seqlens_q", seqlens_q)
         k = _lengths("Problem.seqlens_k", seqlens_k)
         if len(k) != len(q):
             raise ValueError(f"Problem.seqlens_k has {len(k)} lengths, Problem.seqlens_q "
                              f"{len(q)}: one of each per sequence")
         return cls(len(q), heads, heads_kv, max(q), max(k), head_dim, mask, block_m, block_n,
-                   q, k)
+                   q, k, window_size, head_dim_v)
 
     # -- tiling -------------------------------------------------------------------------
     @property
@@ -117,8 +157,14 @@ class Problem:
 
     @cached_property
     def visibility(self) -> Mask:
-        """The mask as a value, with the one visibility rule (:class:`Mask`)."""
-        return Mask(self.mask)
+        """The mask as a value, with the one visibility rule (:class:`Mask`): ``mask`` and
+        ``window_size`` together."""
+        return Mask.of(self.mask == "causal", self.window_size)
+
+    @property
+    def is_windowed(self) -> bool:
+        """True when the problem has a sliding window (``window_size`` is set)."""
+        return self.window_size is not None
 
     @property
     def causal_offset(self) -> int:
@@ -188,10 +234,21 @@ class Problem:
 
     def flops_forward(self) -> float:
         """FlashAttention's convention: ``4 B H S_q S_k d``, halved for a causal square (packed:
-        the sum over the sequences of their own)."""
+        the sum over the sequences of their own); with ``d_v != d``,
+        ``2 B H S_q S_k (d + d_v)``, halved likewise; with a window, ``2 B H (d + d_v)`` times
+        the visible elements of one head (FlashAttention's benchmarks count a window's
+        average row length)."""
         if self.is_packed:
             return sum(self.sequence(b).flops_forward() for b in range(self.batch))
-        f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+        if self.is_windowed:
+            return (2.0 * self.batch * self.heads * (self.head_dim + self.head_dim_v)
+                    * self.visibility.unmasked(range(self.seqlen_q), range(self.seqlen_k),
+                                               self.seqlen_q, self.seqlen_k))
+        if self.head_dim_v == self.head_dim:
+            f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+        else:
+            f = (2.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k
+                 * (self.head_dim + self.head_dim_v))
         return f / 2 if self.mask == "causal" else f
 
     def flops_backward(self) -> float:
@@ -241,15 +298,17 @@ class Problem:
 
     def sequence(self, b: int) -> Problem:
         """Sequence ``b`` alone: the rectangular batch-1 problem with its lengths and the same
-        heads, head dim, mask and tiles."""
+        heads, head dims, mask, window and tiles."""
         key = (self.seqlen_q_of(b), self.seqlen_k_of(b))
         if not self.is_packed:
             return Problem(1, self.heads, self.heads_kv, key[0], key[1], self.head_dim,
-                           self.mask, self.block_m, self.block_n)
+                           self.mask, self.block_m, self.block_n, None, None, self.window_size,
+                           self.head_dim_v)
         cache = self._sequences
         if key not in cache:
             cache[key] = Problem(1, self.heads, self.heads_kv, key[0], key[1], self.head_dim,
-                                 self.mask, self.block_m, self.block_n)
+                                 self.mask, self.block_m, self.block_n, None, None,
+                                 self.window_size, self.head_dim_v)
         return cache[key]
 
     @cached_property

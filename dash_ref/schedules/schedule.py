@@ -19,6 +19,8 @@ Schedules (``docs/design.md`` section 3), placement / visit order / dQ order:
 ``shift``           round-robin waves / cyclic shift by wave index / by (wave, step)
 ``symmetric_shift`` round-robin pairs ``(j, n_kv-1-j)`` / shift then fold / by (wave, step)
 ``interleaved``     greedy in ``(j, b, h)`` order / ascending / ``j`` ascending
+``lpt``             greedy, longest chain first / descending / ``j`` in launch order
+``banded``          greedy in ``(j, b, h)`` order / descending / ``j`` ascending
 
 *Portable* schedules (:data:`PORTABLE`) fix their visit and dQ orders from the problem
 alone, so their bits are the same for every ``num_workers`` (every GPU); the wave
@@ -75,10 +77,18 @@ depend on the other sequences as they depend on ``num_workers``.
 ``lpt`` (longest processing time first, made for ragged batches: :data:`RAGGED`): every
 chain of the batch, longest first (ties in ``(j, b, h)`` order), placed greedily;
 ``descending``'s visit order; dQ order: the tile's ``j`` in launch order (see
-:func:`_lpt`). Under both masks a sequence's chains are never longer for a larger ``j``,
-so that order is ``j`` ascending and ``lpt`` adds in ``descending``'s orders (as
-``interleaved`` adds in ``naive``'s); on a rectangular problem its launch order, and so its
-placement, is ``interleaved``'s.
+:func:`_lpt`). Under full and causal masks a sequence's chains are never longer for a
+larger ``j``, so that order is ``j`` ascending and ``lpt`` adds in ``descending``'s orders
+(as ``interleaved`` adds in ``naive``'s); on a rectangular problem its launch order, and so
+its placement, is ``interleaved``'s. Under a sliding window the chains at both ends of a
+band are the short ones, so ``lpt``'s orders are its own there (still deadlock-free).
+
+**Sliding windows** (:attr:`Problem.window_size`): every schedule covers a windowed
+problem (its active tiles come from the one rule, :class:`~dash_ref.schedules.mask.Mask`)
+and stays deadlock-free, by the arguments above, which never assumed a mask. ``banded``
+(:data:`BANDED`, built by name, portable, not yet in :data:`NAMES`) adds in
+``descending``'s orders and launches the chains ``j`` by ``j`` across heads; why that is
+the band's shift order, from the DAG model: :func:`_banded`.
 """
 
 from __future__ import annotations
@@ -108,6 +118,10 @@ PORTABLE = ("naive", "spt", "descending", "interleaved")
 #: kernels' checks, the command line and the documentation's tables enumerate: they join
 #: once the GPU has measured them
 RAGGED = ("lpt",)
+#: schedules made for sliding windows (banded masks): built by name and portable like
+#: :data:`PORTABLE` (packing invariant too), kept out of :data:`NAMES` for the reason
+#: :data:`RAGGED` is
+BANDED = ("banded",)
 
 TileKey = tuple[int, int, int]  # (b, h, i)
 
@@ -225,6 +239,10 @@ class Schedule:
                        p.mask, p.block_m, p.block_n)).encode())
         if p.is_packed:  # a rectangular problem hashes as it always has
             h.update(repr(("packed", p.seqlens_q, p.seqlens_k)).encode())
+        if p.is_windowed:  # so does a problem without a window, or with d_v = d
+            h.update(repr(("window", p.window_size)).encode())
+        if p.head_dim_v != p.head_dim:
+            h.update(repr(("head_dim_v", p.head_dim_v)).encode())
         for key in sorted(self._chain_index):
             h.update(np.asarray((*key, -1, *self._chain_index[key].visits), np.int32).tobytes())
         for key in sorted(self.dq_orders):
@@ -302,6 +320,8 @@ class Schedule:
         if p.is_packed:
             lines.append(f"  packed: seqlens_q={list(p.seqlens_q)} "
                          f"seqlens_k={list(p.seqlens_k)}")
+        if p.is_windowed or p.head_dim_v != p.head_dim:
+            lines.append(f"  window_size={p.window_size} head_dim_v={p.head_dim_v}")
         lines.append("  chains per worker, (b,h,j)[visit order]:")
         for w, chains in enumerate(self.workers[:max_workers]):
             body = " ".join(f"({c.b},{c.h},{c.j})[{' '.join(map(str, c.visits))}]"
@@ -673,6 +693,39 @@ def _symmetric_shift(p: Problem, num_workers: int) -> Schedule:
                      _wave_dq_orders(p, items, num_workers))
 
 
+def _banded(p: Problem, num_workers: int) -> Schedule:
+    """``descending``'s orders, launched ``j`` by ``j`` across all heads: made for bands.
+
+    **Portable**: its visit and dQ orders are ``descending``'s (the same fingerprint, the
+    same bits), fixed by the problem alone, so they are the same for every ``num_workers``
+    and, per sequence, for every packing; only the placement is new (greedy, in
+    ``(j, b, h)`` order, as ``interleaved`` launches ``naive``'s orders).
+
+    Why, from the DAG model. Under a sliding window chain ``j``'s active Q tiles are a
+    band ``lo_j .. hi_j`` whose ends move ``BN / BM`` tiles per chain, and every chain away
+    from the ends of the sequence has the same length. Visiting its band top down, chain
+    ``j`` reaches tile ``X`` ``hi_j - X`` visits after it starts: for two chains of one head
+    the difference of their arrival times is the same at every tile they share,
+    ``(t_j' + hi_j') - (t_j + hi_j)`` (``t`` the start times), the band's form of the shift
+    lemma (``docs/design.md`` section 4: a dQ edge costs nothing iff the earlier chain
+    arrives first). So a tile's dQ order ``j`` ascending never makes a later chain wait as
+    long as it starts no earlier and its top tile is higher: chains of one head that run
+    together want different dQ tiles at each step (each starts at its own top, ``BN / BM``
+    tiles above the previous one: a shift with no wrap-around). The chains that share a top
+    tile are those clipped by the end of the sequence (their bands end at the last Q tile,
+    a small causal triangle); launching ``j`` by ``j`` across heads starts two of them at
+    least ``B H`` launches apart, so they do not meet there at the same time either. Every
+    edge runs forward in launch order (greedy placement keeps it on every worker, and each
+    tile adds in ``j`` order, which is launch order within a head), so the schedule is
+    deadlock-free for every ``num_workers``. In the DAG model its makespan is its most
+    loaded worker's work: no visit waits for a hand-off
+    (``benchmarks/results/model_window.md``). Valid for every mask; on a full or causal
+    mask it is ``lpt``'s placement of rectangular problems.
+    """
+    return _greedy_schedule(p, "banded", num_workers, False, True, _order_by_j(p, False),
+                            heads_inner=True)
+
+
 def _lpt(p: Problem, num_workers: int) -> Schedule:
     """Longest processing time first: every chain of the batch, longest first, placed greedily.
 
@@ -692,8 +745,9 @@ def _lpt(p: Problem, num_workers: int) -> Schedule:
     from an earlier-launched chain to a later one too, so every edge of the graph goes
     forward in (launch index, visit number) and it has no cycle for any ``num_workers``.
     The order depends only on the lengths of the chains of the tile's own sequence, so
-    it is portable and packing invariant; under both masks a sequence's chain ``j + 1`` is
-    never longer than chain ``j``, so it is ``j`` ascending, ``descending``'s.
+    it is portable and packing invariant; under full and causal masks a sequence's chain
+    ``j + 1`` is never longer than chain ``j``, so it is ``j`` ascending, ``descending``'s
+    (under a sliding window it is not: the chains at the band's ends are shorter).
     """
     chains = [Chain(b, h, j, rows[::-1])
               for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
@@ -727,6 +781,7 @@ BUILDERS: dict[str, Callable[[Problem, int], Schedule]] = {
     "symmetric_shift": _symmetric_shift,
     "interleaved": _interleaved,
     "lpt": _lpt,
+    "banded": _banded,
 }
 
 
@@ -742,10 +797,10 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
     the two sequence lengths, with the entries measured on ``backend`` where there are).
-    ``portable=True`` keeps to :data:`PORTABLE` and :data:`RAGGED` (the same bits for every
-    ``num_workers``): ``auto`` picks the fastest measured portable schedule, and a named
-    schedule outside the sets is refused. Unknown names raise a ``ValueError`` that lists
-    the known ones.
+    ``portable=True`` keeps to :data:`PORTABLE`, :data:`RAGGED` and :data:`BANDED` (the
+    same bits for every ``num_workers``): ``auto`` picks the fastest measured portable
+    schedule, and a named schedule outside the sets is refused. Unknown names raise a
+    ``ValueError`` that lists the known ones.
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
@@ -756,11 +811,11 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
                                 max(problem.seqlen_q, problem.seqlen_k), backend, portable)
     if not isinstance(name, str) or name not in BUILDERS:
         raise ValueError(f"unknown schedule {name!r}; choose from 'auto', "
-                         f"{', '.join((*NAMES, *RAGGED))}")
-    if portable and name not in (*PORTABLE, *RAGGED):
+                         f"{', '.join((*NAMES, *RAGGED, *BANDED))}")
+    if portable and name not in (*PORTABLE, *RAGGED, *BANDED):
         raise ValueError(f"schedule {name!r} orders its sums by num_workers, so its bits "
                          f"differ between GPUs; portable=True takes "
-                         f"{', '.join((*PORTABLE, *RAGGED))}")
+                         f"{', '.join((*PORTABLE, *RAGGED, *BANDED))}")
     return name
 
 
