@@ -9,8 +9,9 @@ selects how the steps round: ``"ieee"`` (CPU fp32, the default), ``"fast"`` (the
 backend's default arithmetic, forward and backward, bit for bit) or ``"exact"`` (the
 kernels' ``exact=True`` mode, bit for bit): the last two are the L2 verification level.
 
-Logsumexps are in base 2 (``LSE2 = log2 sum 2^(S*scale_log2)``); rows that see no key have
-``LSE2 = -inf``, ``O = 0`` and zero gradients. NaN and infinity follow PyTorch's SDPA: a NaN
+Logsumexps are in base 2 (``LSE2 = log2 sum 2^(S*scale_log2)``, plus ``2^(sink log2 e)``
+with a learnable sink); rows that see no key have ``LSE2 = -inf`` (with a sink: the sink's
+``fp32(sink log2 e)``), ``O = 0`` and zero gradients. NaN and infinity follow PyTorch's SDPA: a NaN
 in a row's inputs makes that row's output and LSE NaN. Tensors use the ``(B, S, H, d)``
 layout; ``k`` and ``v`` have ``H_kv`` heads.
 
@@ -32,6 +33,19 @@ start at its first row; the mask uses its own lengths), so a packed call gives e
 sequence, bit for bit, what the batch-1 call on that sequence alone gives, with any
 schedule whose orders are packing invariant (:data:`dash_ref.PORTABLE`, ``lpt``), whatever
 the other sequences and their order.
+
+**FlashAttention's other features** (``docs/design.md`` section 10): a sliding window is part
+of the :class:`Problem` (``window_size``; :func:`forward` takes it as FlashAttention does,
+``window_size=(left, right)`` with ``-1`` unbounded, ``causal=True`` making it ``(left, 0)``)
+and changes only which tiles and elements are visible, in every arithmetic. ``v`` may have
+its own head dim ``d_v`` (``Problem.head_dim_v``; ``O`` and ``dO`` have it too). Softcap
+(``softcap=``, FlashAttention's: ``softcap * tanh(S softmax_scale / softcap)``, 0 for none)
+and learnable sinks (``learnable_sink=``, FlashAttention-4's: one logit per query head,
+``(H,)``, in the natural-log units of the final scores; ``LSE2`` includes it; the backward
+returns its gradient, ``BackwardResult.dsink``) are optional steps of the contract
+(:mod:`dash_ref.arithmetic.steps`) computed in ``"ieee"`` arithmetic only: ``"fast"`` and
+``"exact"`` refuse them in one line until a kernel computes them and its arithmetic is
+modelled.
 """
 
 from __future__ import annotations
@@ -41,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import attention_inputs, boolean
+from ._checks import attention_inputs, boolean, number, window
 from .arithmetic import steps
 from .arithmetic.steps import ARITHMETICS, IEEE, Arithmetic, dq_add, epilogue
 from .cpu import single_threaded
@@ -58,17 +72,22 @@ __all__ = ["ARITHMETICS", "BackwardResult", "ForwardResult", "backward", "dq_add
 # ---------------------------------------------------------------------------------------
 # problems and masks
 # ---------------------------------------------------------------------------------------
-def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, block_n: int
-               ) -> Problem:
-    """The :class:`Problem` of ``(B, S, H, d)`` tensors ``q`` and ``k``."""
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, block_n: int,
+               *, window_size: tuple[int, int] | None = (-1, -1),
+               head_dim_v: int | None = None) -> Problem:
+    """The :class:`Problem` of ``(B, S, H, d)`` tensors ``q`` and ``k`` (with the window and the
+    value head dim given, as FlashAttention's ``window_size``: ``-1`` unbounded)."""
     attention_inputs(q, k, k)
     b, s_q, h, d = q.shape
     return Problem(b, h, k.shape[2], s_q, k.shape[1], d, "causal" if causal else "full",
-                   block_m, block_n)
+                   block_m, block_n, None, None, window("window_size", window_size),
+                   head_dim_v)
 
 
 def packed_problem_of(q: torch.Tensor, k: torch.Tensor, seqlens_q, seqlens_k, causal: bool,
-                      block_m: int, block_n: int) -> Problem:
+                      block_m: int, block_n: int, *,
+                      window_size: tuple[int, int] | None = (-1, -1),
+                      head_dim_v: int | None = None) -> Problem:
     """The packed :class:`Problem` of ``(total_q, H, d)`` ``q`` and ``(total_k, H_kv, d)`` ``k``
     holding sequences of lengths ``seqlens_q``, ``seqlens_k``."""
     for name, x in (("q", q), ("k", k)):
@@ -81,7 +100,8 @@ def packed_problem_of(q: torch.Tensor, k: torch.Tensor, seqlens_q, seqlens_k, ca
         raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
                          "must be a positive multiple of the key/value heads")
     return Problem.packed(seqlens_q, seqlens_k, q.shape[1], k.shape[1], q.shape[2],
-                          "causal" if causal else "full", block_m, block_n)
+                          "causal" if causal else "full", block_m, block_n,
+                          window("window_size", window_size), head_dim_v)
 
 
 def visible(p: Problem, rows: range, cols: range, b: int = 0) -> torch.Tensor:
@@ -102,16 +122,18 @@ def _check_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for name, x in {"k": k, "v": v, **more}.items():
         if name != "lse2" and x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: they must match")
+    dv = p.head_dim_v
     want = {"q": (p.batch, p.seqlen_q, p.heads, p.head_dim),
             "k": (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
-            "v": (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
-            "o": (p.batch, p.seqlen_q, p.heads, p.head_dim),
-            "do": (p.batch, p.seqlen_q, p.heads, p.head_dim),
+            "v": (p.batch, p.seqlen_k, p.heads_kv, dv),
+            "o": (p.batch, p.seqlen_q, p.heads, dv),
+            "do": (p.batch, p.seqlen_q, p.heads, dv),
             "lse2": (p.batch, p.seqlen_q, p.heads)}
     for name, x in {"q": q, "k": k, "v": v, **more}.items():
         if tuple(x.shape) != want[name]:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, the problem needs "
-                             f"{want[name]} ((B, S, H, d) layout; k and v with H_kv heads)")
+                             f"{want[name]} ((B, S, H, d) layout; k and v with H_kv heads; "
+                             "v, o and do with the value head dim)")
     if "lse2" in more and more["lse2"].dtype != F32:
         raise TypeError(f"lse2 must be float32, got {more['lse2'].dtype}")
 
@@ -128,9 +150,10 @@ def _check_packed_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.
     for name, x in named.items():
         if name != "lse2" and x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: they must match")
+    dv = p.head_dim_v
     want = {"q": (p.total_q, p.heads, p.head_dim), "k": (p.total_k, p.heads_kv, p.head_dim),
-            "v": (p.total_k, p.heads_kv, p.head_dim), "o": (p.total_q, p.heads, p.head_dim),
-            "do": (p.total_q, p.heads, p.head_dim), "lse2": (p.total_q, p.heads)}
+            "v": (p.total_k, p.heads_kv, dv), "o": (p.total_q, p.heads, dv),
+            "do": (p.total_q, p.heads, dv), "lse2": (p.total_q, p.heads)}
     for name, x in named.items():
         if tuple(x.shape) != want[name]:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, the packed problem needs "
@@ -138,6 +161,31 @@ def _check_packed_inputs(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.
                              "another; k and v with H_kv heads; lse2 (total_q, H))")
     if "lse2" in more and more["lse2"].dtype != F32:
         raise TypeError(f"lse2 must be float32, got {more['lse2'].dtype}")
+
+
+def _features(a: Arithmetic, softcap: object, learnable_sink: object, heads: int
+              ) -> tuple[float | None, torch.Tensor | None]:
+    """``(softcap or None, the sinks as fp32 (H,) or None)``, checked by name: softcap a
+    number >= 0 (0: none), the sinks a finite floating ``(H,)`` tensor; an arithmetic
+    without the feature refuses it (:func:`~dash_ref.arithmetic.steps.require_feature`)."""
+    cap = number("softcap", softcap, minimum=0.0)
+    if cap:
+        steps.require_feature(a, "softcap")
+    if learnable_sink is None:
+        return cap or None, None
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be a torch.Tensor of shape ({heads},), got "
+                        f"{type(learnable_sink).__name__}")
+    if learnable_sink.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"learnable_sink must be float32, bfloat16 or float16, got "
+                        f"{learnable_sink.dtype}")
+    if tuple(learnable_sink.shape) != (heads,):
+        raise ValueError(f"learnable_sink must have shape ({heads},): one logit per query "
+                         f"head, got {tuple(learnable_sink.shape)}")
+    if not bool(torch.isfinite(learnable_sink).all()):
+        raise ValueError("learnable_sink must be finite")
+    steps.require_feature(a, "sinks")
+    return cap or None, learnable_sink.detach().cpu().to(F32)
 
 
 def _sequence_views(p: Problem, b: int, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -162,14 +210,21 @@ class ForwardResult:
 @single_threaded
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, block_m: int = 64, block_n: int = 64,
-            arithmetic: str | Arithmetic = "ieee", *, seqlens_q=None, seqlens_k=None
-            ) -> ForwardResult:
+            arithmetic: str | Arithmetic = "ieee", *, seqlens_q=None, seqlens_k=None,
+            window_size: tuple[int, int] | None = (-1, -1), softcap: float = 0.0,
+            learnable_sink: torch.Tensor | None = None) -> ForwardResult:
     """Tile-level forward: an online softmax over each query tile's KV tiles, ascending.
 
     The steps ``fwd_scores``, ``fwd_max``, ``fwd_probs``, ``fwd_accumulate`` and
     ``fwd_finish`` of :mod:`dash_ref.arithmetic.steps`. ``arithmetic`` is ``"ieee"`` or
     ``"fast"``: the CuTe forward bit for bit, given its KV tile (``block_n = 128``); its
     bits do not depend on ``block_m``, since a row's sums never leave the row.
+
+    ``window_size=(left, right)``: FlashAttention's sliding window (``-1`` unbounded; with
+    ``causal`` the window is ``(left, 0)``), in every arithmetic. ``v`` may have its own
+    head dim; ``O`` has it. ``softcap`` (> 0; 0 for none) and ``learnable_sink`` (``(H,)``
+    logits) add the optional steps ``softcap`` and ``fwd_sink``, in ``"ieee"`` arithmetic
+    only (module docstring); ``LSE2`` then includes the sink.
 
     With ``seqlens_q`` and ``seqlens_k`` (one length per sequence, both or neither) the
     inputs are a packed batch (module docstring): ``(total_q, H, d)`` and
@@ -185,22 +240,30 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
         if seqlens_q is None or seqlens_k is None:
             raise ValueError("seqlens_q and seqlens_k go together: give both for a packed "
                              "batch, neither for (B, S, H, d) tensors")
-        p = packed_problem_of(q, k, seqlens_q, seqlens_k, causal, block_m, block_n)
+        p = packed_problem_of(q, k, seqlens_q, seqlens_k, causal, block_m, block_n,
+                              window_size=window_size, head_dim_v=_value_dim(v))
         _check_inputs(p, q, k, v)
+        _features(a, softcap, learnable_sink, p.heads)
         parts = [forward(**_sequence_views(p, b, q=q, k=k, v=v), causal=causal,
                          softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
-                         arithmetic=a) for b in range(p.batch)]
+                         arithmetic=a, window_size=window_size, softcap=softcap,
+                         learnable_sink=learnable_sink) for b in range(p.batch)]
         return ForwardResult(torch.cat([r.o[0] for r in parts]),
                              torch.cat([r.lse2[0] for r in parts]))
-    p = problem_of(q, k, causal, block_m, block_n)
+    p = problem_of(q, k, causal, block_m, block_n, window_size=window_size,
+                   head_dim_v=_value_dim(v))
     _check_inputs(p, q, k, v)
+    cap, sink = _features(a, softcap, learnable_sink, p.heads)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
     if a.forward == "cute" and scale <= 0:
         # as the CuTe host does: its row maximum needs c > 0, so S c = (-Q) K^T |c|, and a
         # zero scale is Q = 0 with scale 1 (every score 0)
         q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
-    c = steps.scale_log2(scale)
-    o = torch.zeros(q.shape, dtype=F32)
+    # softcap: the scale enters before the cap, the softmax takes log2(e) alone
+    capped = None if cap is None else (scale, cap)
+    c = steps.scale_log2(scale if cap is None else 1.0)
+    sink2 = None if sink is None else steps.sink_logit(sink)
+    o = torch.zeros(*q.shape[:3], p.head_dim_v, dtype=F32)
     lse2 = torch.full(q.shape[:3], -math.inf, dtype=F32)
     dtype = q.dtype
     if not a.tensor_cores:  # PyTorch's CPU products take fp32 operands
@@ -213,18 +276,20 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                 rows = p.rows(i)
                 m = torch.full((len(rows),), -math.inf, dtype=F32)
                 ell = torch.zeros(len(rows), *partial_sums, dtype=F32)
-                acc = torch.zeros(len(rows), p.head_dim, dtype=F32)
+                acc = torch.zeros(len(rows), p.head_dim_v, dtype=F32)
                 for j in p.tile_cols[i]:
                     cols = p.cols(j)
                     s = steps.fwd_scores(a, q[b, rows.start:rows.stop, h],
                                          k[b, cols.start:cols.stop, hk], c,
-                                         visible(p, rows, cols))
+                                         visible(p, rows, cols), capped)
                     m_new, m_safe = steps.fwd_max(a, m, s, c)
                     pt, alpha = steps.fwd_probs(a, s, m, m_safe, c)
                     ell, acc = steps.fwd_accumulate(a, ell, acc, alpha, pt,
                                                     v[b, cols.start:cols.stop, hk], dtype,
                                                     p.block_n)
                     m = m_new
+                if sink2 is not None:
+                    m, ell, acc = steps.fwd_sink(a, m, ell, acc, sink2[h])
                 o_tile, lse_tile = steps.fwd_finish(a, acc, m, ell)
                 o[b, rows.start:rows.stop, h] = o_tile
                 lse2[b, rows.start:rows.stop, h] = lse_tile
@@ -244,6 +309,8 @@ class BackwardResult:
     dv_acc: torch.Tensor
     partials: torch.Tensor | None  # (V, BM, d) fp32 in table order, rows past the
     # sequence's S_q are zero
+    dsink: torch.Tensor | None = None  # (H,) in learnable_sink's dtype (None without sinks)
+    dsink_acc: torch.Tensor | None = None  # (H,) fp32, the sum of step sink_grad
 
 
 def _schedule(schedule: object) -> Schedule:
@@ -308,12 +375,14 @@ def replay(schedule: Schedule, partials: torch.Tensor,
 
 def _chain(a: Arithmetic, p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor,
            v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor,
-           scale2: torch.Tensor, partials: torch.Tensor, first_visit: int
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+           scale2: torch.Tensor, partials: torch.Tensor, first_visit: int,
+           capped: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One chain: its visits in visit order, every step named, on the rows that exist.
 
     Writes visit ``first_visit + n``'s partial into ``partials``; returns the fp32 ``dK_j``
-    (unscaled) and ``dV_j`` as ``(len(cols), d)``.
+    (unscaled) and ``dV_j`` as ``(len(cols), d)`` and ``(len(cols), d_v)``. With ``capped =
+    (softmax_scale, softcap)`` the scores go through step ``softcap`` and ``dS`` through
+    ``softcap_grad`` (``scale2`` is then ``fp32(log2 e)``).
     """
     dtype = q.dtype
     cols = p.cols(c.j)
@@ -323,7 +392,7 @@ def _chain(a: Arithmetic, p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor
     if not a.tensor_cores:  # PyTorch's CPU products take fp32 operands
         k_j, v_j = k_j.to(F32), v_j.to(F32)
     dk = torch.zeros(len(cols), p.head_dim, dtype=F32)
-    dv = torch.zeros_like(dk)
+    dv = torch.zeros(len(cols), p.head_dim_v, dtype=F32)
     for n, i in enumerate(c.visits):
         rows = p.rows(i)
         sl = slice(rows.start, rows.stop)
@@ -331,10 +400,15 @@ def _chain(a: Arithmetic, p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor
         if not a.tensor_cores:
             q_i, do_i = q_i.to(F32), do_i.to(F32)
         s = steps.qk(a, q_i, k_j)
+        if capped is not None:
+            s, t = steps.softcap(a, s, *capped)
         pr = steps.softmax_p(a, s, scale2, lse2[c.b, sl, c.h], visible(p, rows, cols))
         dv = steps.dv_step(a, dv, _operand(a, pr, dtype), do_i)
         dp = steps.dp(a, do_i, v_j)
-        ds_op = _operand(a, steps.ds(pr, dp, delta[c.b, sl, c.h]), dtype)
+        ds = steps.ds(pr, dp, delta[c.b, sl, c.h])
+        if capped is not None:
+            ds = steps.softcap_grad(a, ds, t)
+        ds_op = _operand(a, ds, dtype)
         dk = steps.dk_step(a, dk, ds_op, q_i)
         partials[first_visit + n, : len(rows)] = steps.dq_partial(a, ds_op, k_j)
     return dk, dv
@@ -349,7 +423,8 @@ def _operand(a: Arithmetic, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor,
              softmax_scale: float | None = None, return_partials: bool = False,
-             arrival_seed: int | None = None, arithmetic: str | Arithmetic = "ieee"
+             arrival_seed: int | None = None, arithmetic: str | Arithmetic = "ieee", *,
+             softcap: float = 0.0, learnable_sink: torch.Tensor | None = None
              ) -> BackwardResult:
     """Emulate the backward exactly as ``schedule`` orders it.
 
@@ -358,23 +433,32 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     additions of a kernel whose audit record says they keep subnormals). For the
     ``atomic`` schedule (no fixed dQ order) the arrival order of every tile is drawn from
     ``arrival_seed`` (a stand-in for the run-to-run variation of atomics).
+
+    The window and the value head dim come with the schedule's problem. ``softcap`` and
+    ``learnable_sink`` (``"ieee"`` only) must be the forward's; with sinks ``lse2`` is the
+    forward's (it includes them) and the result carries ``dsink``: step ``sink_grad``, one
+    fp32 sum per head over every query row in layout order (batch by batch, rows
+    ascending; a packed batch's ``total_q`` order), rounded to ``learnable_sink``'s dtype.
     """
     a = steps.arithmetic(arithmetic)
     p = _schedule(schedule).problem
     _check_inputs(p, q, k, v, o=o, do=do, lse2=lse2)
+    cap, sink = _features(a, softcap, learnable_sink, p.heads)
     if p.is_packed:
         return _backward_packed(schedule, a, q, k, v, o, lse2, do, softmax_scale,
-                                return_partials, arrival_seed)
+                                return_partials, arrival_seed, cap, sink, learnable_sink)
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
-    scale2 = steps.scale_log2(scale)
+    capped = None if cap is None else (scale, cap)
+    scale2 = steps.scale_log2(scale if cap is None else 1.0)
     delta = steps.delta(a, o, do)
     partials = torch.zeros(schedule.num_visits, p.block_m, p.head_dim, dtype=F32)
     dk_head = torch.zeros(p.batch, p.seqlen_k, p.heads, p.head_dim, dtype=F32)
-    dv_head = torch.zeros_like(dk_head)
+    dv_head = torch.zeros(p.batch, p.seqlen_k, p.heads, p.head_dim_v, dtype=F32)
     first_visit = 0
     for _, c in schedule.chains():
         cols = p.cols(c.j)
-        dk, dv = _chain(a, p, c, q, k, v, do, lse2, delta, scale2, partials, first_visit)
+        dk, dv = _chain(a, p, c, q, k, v, do, lse2, delta, scale2, partials, first_visit,
+                        capped)
         first_visit += len(c.visits)
         dk_head[c.b, cols.start:cols.stop, c.h] = dk
         dv_head[c.b, cols.start:cols.stop, c.h] = dv
@@ -389,7 +473,24 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dk_acc=dk_acc,
         dv_acc=dv_acc,
         partials=partials if return_partials else None,
+        **_sink_grads(a, sink, learnable_sink, lse2.reshape(-1, p.heads),
+                      delta.reshape(-1, p.heads)),
     )
+
+
+def _sink_grads(a: Arithmetic, sink: torch.Tensor | None, learnable_sink: torch.Tensor | None,
+                lse2: torch.Tensor, delta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``dsink`` and ``dsink_acc`` of :class:`BackwardResult` from ``(R, H)`` rows in layout
+    order (nothing without sinks)."""
+    if sink is None:
+        return {}
+    acc = steps.sink_grad(a, steps.sink_logit(sink), lse2, delta)
+    return {"dsink": acc.to(learnable_sink.dtype), "dsink_acc": acc}
+
+
+def _value_dim(v: object) -> int | None:
+    """``v``'s head dim (its last), or None where ``v`` is not a tensor (the checks name it)."""
+    return v.shape[-1] if isinstance(v, torch.Tensor) and v.dim() >= 1 else None
 
 
 def _arrival(schedule: Schedule, arrival_seed: int | None
@@ -410,13 +511,16 @@ def _arrival(schedule: Schedule, arrival_seed: int | None
 def _backward_packed(schedule: Schedule, a: Arithmetic, q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor,
                      softmax_scale: float | None, return_partials: bool,
-                     arrival_seed: int | None) -> BackwardResult:
+                     arrival_seed: int | None, cap: float | None = None,
+                     sink: torch.Tensor | None = None,
+                     learnable_sink: torch.Tensor | None = None) -> BackwardResult:
     """:func:`backward` of a packed batch: every chain on its own sequence's batch-1 views,
     with that sequence's problem, in table order; every sequence's ``D``, GQA sums and
     epilogue on its own rows (module docstring)."""
     p = schedule.problem
     scale = steps.resolve_scale(softmax_scale, p.head_dim)
-    scale2 = steps.scale_log2(scale)
+    capped = None if cap is None else (scale, cap)
+    scale2 = steps.scale_log2(scale if cap is None else 1.0)
     seqs = [_sequence_views(p, b, q=q, k=k, v=v, o=o, do=do, lse2=lse2)
             for b in range(p.batch)]
     for x in seqs:
@@ -424,13 +528,15 @@ def _backward_packed(schedule: Schedule, a: Arithmetic, q: torch.Tensor, k: torc
     partials = torch.zeros(schedule.num_visits, p.block_m, p.head_dim, dtype=F32)
     dk_head = [torch.zeros(1, p.seqlen_k_of(b), p.heads, p.head_dim, dtype=F32)
                for b in range(p.batch)]
-    dv_head = [torch.zeros_like(x) for x in dk_head]
+    dv_head = [torch.zeros(1, p.seqlen_k_of(b), p.heads, p.head_dim_v, dtype=F32)
+               for b in range(p.batch)]
     first_visit = 0
     for _, c in schedule.chains():
         x = seqs[c.b]
         cols = p.cols(c.j, c.b)
         dk, dv = _chain(a, p.sequence(c.b), Chain(0, c.h, c.j, c.visits), x["q"], x["k"],
-                        x["v"], x["do"], x["lse2"], x["delta"], scale2, partials, first_visit)
+                        x["v"], x["do"], x["lse2"], x["delta"], scale2, partials, first_visit,
+                        capped)
         first_visit += len(c.visits)
         dk_head[c.b][0, cols.start:cols.stop, c.h] = dk
         dv_head[c.b][0, cols.start:cols.stop, c.h] = dv
@@ -446,23 +552,31 @@ def _backward_packed(schedule: Schedule, a: Arithmetic, q: torch.Tensor, k: torc
         dk_acc=dk_acc,
         dv_acc=dv_acc,
         partials=partials if return_partials else None,
+        **_sink_grads(a, sink, learnable_sink, lse2,
+                      torch.cat([x["delta"][0] for x in seqs])),
     )
 
 
 def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             do: torch.Tensor, softmax_scale: float | None = None,
             return_partials: bool = False, arrival_seed: int | None = None,
-            arithmetic: str | Arithmetic = "ieee") -> tuple[ForwardResult, BackwardResult]:
+            arithmetic: str | Arithmetic = "ieee", *, softcap: float = 0.0,
+            learnable_sink: torch.Tensor | None = None
+            ) -> tuple[ForwardResult, BackwardResult]:
     """Forward, then the backward under ``schedule``, for one problem.
 
     ``arithmetic`` selects the backward's arithmetic (:func:`backward`) and the forward's
-    where it has one (``"fast"``, on the problem's KV tiles; else the IEEE forward).
+    where it has one (``"fast"``, on the problem's KV tiles; else the IEEE forward). The
+    window comes with the schedule's problem; ``softcap`` and ``learnable_sink`` go to both
+    passes (``"ieee"`` only).
     """
     p = _schedule(schedule).problem
     a = steps.arithmetic(arithmetic)
+    _features(a, softcap, learnable_sink, p.heads)  # refused before any work
     fwd = forward(q, k, v, p.mask == "causal", softmax_scale, p.block_m, p.block_n,
                   a if a.forward is not None else IEEE, seqlens_q=p.seqlens_q,
-                  seqlens_k=p.seqlens_k)
+                  seqlens_k=p.seqlens_k, window_size=p.window_size, softcap=softcap,
+                  learnable_sink=learnable_sink)
     bwd = backward(schedule, q, k, v, fwd.o, fwd.lse2, do, softmax_scale, return_partials,
-                   arrival_seed, arithmetic)
+                   arrival_seed, arithmetic, softcap=softcap, learnable_sink=learnable_sink)
     return fwd, bwd

@@ -136,8 +136,11 @@ def test_the_contract_table_covers_every_step_in_every_backend():
 
     tables = contracts()
     assert set(tables) == set(BACKENDS)
+    every_call = {name for name, s in STEPS.items() if s.feature is None}
     for backend, contract in tables.items():
-        assert set(contract) == set(STEPS), backend
+        # every step of every call; an optional feature's steps (softcap, sinks: no kernel
+        # computes them yet) once a backend does
+        assert every_call <= set(contract) <= set(STEPS), backend
         assert all(i.same or (i.fast and i.exact) for i in contract.values()), backend
 
 

@@ -29,6 +29,37 @@ changes no bit in either arithmetic (zeros take no part in the tensor-core model
 Which instruction each step becomes in each kernel is written in the backend's contract
 table (``dash_cuda/backends/<name>/contract.py``); ``docs/design.md`` shows both side by side,
 generated from the two.
+
+**Optional features** (FlashAttention's ``softcap`` and FlashAttention-4's
+``learnable_sink``) are steps of their own, each registered with its ``feature``
+(:attr:`Step.feature`). No kernel computes them yet, so they are not among the steps a
+backend's contract must list (:func:`steps_of` leaves them out unless asked), and only
+:data:`IEEE` carries them (:attr:`Arithmetic.features`): :data:`FAST` and :data:`EXACT`
+refuse them with a one-line error (:func:`require_feature`), so that an L2 comparison never
+compares a step nobody has modelled in the kernels' arithmetic (a kernel's
+``tanh.approx.f32`` needs a bit-exact model first, as ``ex2.approx`` has).
+
+- *Softcap* (Gemma 2, Grok; FlashAttention's ``softcap``): the scores become
+  ``softcap * tanh(S * softmax_scale / softcap)`` before the softmax, which then takes no
+  further scale, as FlashAttention does (``flash_attn/cute/interface.py``: ``score_mod =
+  create_softcap_scoremod(softcap)`` with ``softmax_scale_log2 = log2(e)``; the score mod
+  receives ``acc_S * softmax_scale`` (``softmax.apply_score_mod_inner``) and returns
+  ``softcap * tanh(score / softcap)`` (``utils.create_softcap_scoremod``); the reference
+  ``testing.attention_ref`` computes ``tanh((q * scale) k^T / softcap) * softcap``). Steps
+  :func:`softcap` (both passes) and :func:`softcap_grad` (the backward's
+  ``dS = dS' (1 - tanh^2)``, ``utils.create_softcap_scoremod_bwd``); the base-2 constant
+  is then ``c = fp32(log2 e)`` (:func:`scale_log2` of 1).
+- *Learnable sink* (gpt-oss; FlashAttention-4's ``learnable_sink``, one fp32 logit per
+  query head): an extra softmax column of logit ``sink_h`` with no value vector. It is in
+  the units of the final scores (natural log, after ``softmax_scale`` and softcap, not
+  multiplied by either: ``flash_attn/cute/softmax.py``, ``apply_learnable_sink`` and
+  ``Softmax.finalize``, which add ``exp2(sink * log2(e) - row_max * scale_log2)`` to the
+  row sum); it joins every row's denominator and so the LSE
+  (``LSE = log(sum_c exp(s_c) + exp(sink))``; a row that sees no key has ``O = 0`` and
+  ``LSE = sink``), and its gradient is ``dsink_h = -sum_rows exp(sink_h - LSE) D``
+  (FlashAttention-4's formula; ``D = rowsum(dO * O)``). Steps :func:`fwd_sink` (folded
+  into the row's maximum, sum and output after the last KV tile) and :func:`sink_grad`
+  (the sum over rows in a fixed order).
 """
 
 from __future__ import annotations
@@ -40,7 +71,7 @@ from functools import lru_cache
 
 import torch
 
-from .._checks import number
+from .._checks import choice, number
 from .exp2 import exp2_fma
 from .mufu import ex2_approx_ftz, lg2_approx_ftz
 from .numerics import fma_f32, fp32_add_rne
@@ -66,14 +97,19 @@ class Arithmetic:
     # quotient, exp2 and log2 correctly rounded), "cute" (the CuTe kernel's: raw scores,
     # four partial sums per row, a reciprocal, the MUFU models), or None (not emulated)
     forward: str | None = "ieee"
+    # the optional features whose steps this arithmetic computes ("softcap", "sinks"): the
+    # IEEE arithmetic has them; the kernels' arithmetics not until a kernel does
+    features: tuple[str, ...] = ()
 
     def with_dq_adds(self, flush_subnormals: bool) -> Arithmetic:
         """This arithmetic with dQ additions that do (or do not) flush subnormals."""
         return replace(self, flush_dq_adds=bool(flush_subnormals))
 
 
+#: the optional features of the steps (module docstring)
+FEATURES = ("softcap", "sinks")
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
-                  flush_dq_adds=False)
+                  flush_dq_adds=False, features=FEATURES)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
                    flush_dq_adds=True, forward=None)
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
@@ -92,6 +128,19 @@ def arithmetic(spec: str | Arithmetic) -> Arithmetic:
     return ARITHMETICS[spec]
 
 
+_FEATURE_ARGUMENT = {"softcap": "softcap", "sinks": "learnable_sink"}
+
+
+def require_feature(a: Arithmetic, feature: str) -> None:
+    """Refuse, in one line naming the argument, an optional feature ``a`` does not compute
+    (module docstring: only :data:`IEEE` computes softcap and sinks for now)."""
+    choice("feature", feature, FEATURES)
+    if feature not in a.features:
+        raise ValueError(f"{_FEATURE_ARGUMENT[feature]} is emulated in 'ieee' arithmetic only, "
+                         f"not {a.name!r}: no kernel computes it yet, so there is no "
+                         "bit-exact model of its steps to compare with")
+
+
 # -- the step registry ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Step:
@@ -101,28 +150,38 @@ class Step:
     stage: str  # "forward", "backward" or "both"
     formula: str
     fn: Callable
+    # the optional feature the step belongs to ("softcap", "sinks"), or None for a step of
+    # every call (the steps every backend's contract lists)
+    feature: str | None = None
 
 
 #: every step by name, in the order a visit computes them (``docs/design.md`` lists them)
 STEPS: dict[str, Step] = {}
 
 
-def step(name: str, stage: str, formula: str) -> Callable[[Callable], Callable]:
-    """Register a step function under its contract name."""
+def step(name: str, stage: str, formula: str, feature: str | None = None
+         ) -> Callable[[Callable], Callable]:
+    """Register a step function under its contract name (``feature``: the optional feature
+    it belongs to, module docstring)."""
+    if feature is not None:
+        choice("feature", feature, FEATURES)
 
     def register(fn: Callable) -> Callable:
         if name in STEPS:
             raise ValueError(f"step {name!r} is registered twice")
-        STEPS[name] = Step(name, stage, formula, fn)
+        STEPS[name] = Step(name, stage, formula, fn, feature)
         fn.step = name
         return fn
 
     return register
 
 
-def steps_of(stage: str) -> list[Step]:
-    """The steps a ``"forward"`` or ``"backward"`` pass computes, in order."""
-    return [s for s in STEPS.values() if s.stage in (stage, "both")]
+def steps_of(stage: str, features: bool = False) -> list[Step]:
+    """The steps a ``"forward"`` or ``"backward"`` pass computes, in order: those of every
+    call (what a backend's contract lists), and with ``features=True`` also the steps of
+    the optional features (softcap, sinks)."""
+    return [s for s in STEPS.values()
+            if s.stage in (stage, "both") and (features or s.feature is None)]
 
 
 def _matmul(a: Arithmetic, x: torch.Tensor, y: torch.Tensor, acc: torch.Tensor | None = None
@@ -175,6 +234,40 @@ def round_operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).to(F32)
 
 
+# -- softcap (an optional feature, IEEE only) -------------------------------------------------
+def tanh_f32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``tanh``: PyTorch's float64 ``tanh`` of the (exact) fp32 input, rounded once to fp32.
+
+    The float64 result is within an ulp of float64 (2^-52 relative) of the exact value, so
+    rounding it gives the correctly rounded fp32 ``tanh`` except where the exact value
+    lies within that distance of a midpoint between two fp32 numbers (about one input in
+    2^28); there the bits are those of float64 ``tanh`` rounded, which is what this step
+    defines. Odd (``tanh(-x) = -tanh(x)``), ``tanh(+-0) = +-0``, ``tanh(+-inf) = +-1``, NaN
+    stays NaN.
+    """
+    return torch.tanh(x.to(torch.float64)).to(F32)
+
+
+@step("softcap", "both", "x = S * fp32(softmax_scale); t = tanh(x / softcap); "
+      "S' = softcap * t; then base 2 with c = fp32(log2 e)", feature="softcap")
+def softcap(a: Arithmetic, s: torch.Tensor, softmax_scale: float, cap: float
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Capped scores ``S'`` (natural-log units) of raw fp32 products ``S``, and ``t``, kept
+    for :func:`softcap_grad`.
+
+    IEEE: one fp32 multiply by ``fp32(softmax_scale)``, one correctly rounded fp32 division
+    by ``fp32(softcap)``, :func:`tanh_f32`, one fp32 multiply by ``fp32(softcap)``
+    (FlashAttention's order: the scale first, then ``softcap * tanh(score / softcap)``).
+    The caller multiplies ``S'`` by ``c = fp32(log2 e)`` where the plain path multiplies
+    ``S`` by ``fp32(softmax_scale log2 e)``.
+    """
+    require_feature(a, "softcap")
+    cap32 = torch.tensor(cap, dtype=F32)
+    x = s * torch.tensor(softmax_scale, dtype=F32)
+    t = tanh_f32(x / cap32)
+    return cap32 * t, t
+
+
 # -- forward ---------------------------------------------------------------------------------
 # Scores are in base-2 units throughout. IEEE: the scores are scaled one by one, rows summed
 # by torch.sum, O a quotient. Fast (the CuTe forward, bit for bit): the raw products are
@@ -183,13 +276,18 @@ def round_operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # columns (:func:`quad_sums`) and O is acc times a correctly rounded reciprocal.
 @step("fwd_scores", "forward", "s = (Q_i K_j^T) * c; masked elements -inf")
 def fwd_scores(a: Arithmetic, q_i: torch.Tensor, k_j: torch.Tensor, c: torch.Tensor,
-               visible: torch.Tensor) -> torch.Tensor:
+               visible: torch.Tensor, capped: tuple[float, float] | None = None
+               ) -> torch.Tensor:
     """Scores of one tile pair, masked to ``-inf``.
 
     IEEE: an fp32 product, then one multiply by ``c`` (base-2 units). Fast: the raw
     tensor-core products ``Q_i K_j^T``; ``c`` enters in :func:`fwd_max` and :func:`fwd_probs`.
+    With ``capped = (softmax_scale, softcap)`` the product goes through :func:`softcap`
+    first (``c`` is then ``fp32(log2 e)``).
     """
     s = _matmul(a, q_i, k_j.T)
+    if capped is not None:
+        s = softcap(a, s, *capped)[0]
     if a.forward != "cute":
         s = s * c
     return torch.where(visible, s, torch.tensor(-math.inf))
@@ -259,6 +357,35 @@ def fwd_accumulate(a: Arithmetic, ell: torch.Tensor, acc: torch.Tensor, alpha: t
     ell = ell * alpha + p.sum(1)
     acc = acc * alpha[:, None] + round_operand(p, dtype) @ v_j.to(F32)
     return ell, acc
+
+
+def sink_logit(sink: torch.Tensor) -> torch.Tensor:
+    """``fp32(sink * log2 e)`` per head: the float64 product of the exact fp32 logit and
+    ``log2 e``, rounded once (as :func:`scale_log2` rounds its constant)."""
+    return (sink.to(torch.float64) * LOG2E).to(F32)
+
+
+@step("fwd_sink", "forward", "after the last KV tile: m' = max(m, s2); l = l * exp2(m - m') "
+      "+ exp2(s2 - m'); acc = acc * exp2(m - m'); s2 = fp32(sink * log2(e))",
+      feature="sinks")
+def fwd_sink(a: Arithmetic, m: torch.Tensor, ell: torch.Tensor, acc: torch.Tensor,
+             sink2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold a row's sink (base 2, ``s2 = sink_logit(sink)``) into its maximum, sum and output:
+    one more column of probability ``exp2(s2 - m')`` and no value.
+
+    IEEE: ``m' = max(m, s2)``, ``alpha = exp2(m - m')`` (correctly rounded, as
+    :func:`fwd_probs`), ``l = l * alpha + exp2(s2 - m')`` (two roundings) and
+    ``acc = acc * alpha``. Where the sink is not above the row's maximum ``alpha = 1``
+    exactly and this is FlashAttention-4's ``row_sum += exp2(sink * log2(e) - row_max *
+    scale_log2)``; a row that saw no key gets ``m' = s2``, ``l = 1``, ``acc = 0``, so
+    ``O = 0`` and ``LSE2 = s2`` (FlashAttention-4: ``lse = sink``); a sink far above the
+    row's scores rescales the row instead of overflowing its sum.
+    """
+    require_feature(a, "sinks")
+    m_new = torch.maximum(m, sink2.expand_as(m))
+    alpha = torch.exp2(m - m_new)
+    ell = ell * alpha + torch.exp2(sink2 - m_new)
+    return m_new, ell, acc * alpha[:, None]
 
 
 @step("fwd_finish", "forward", "O = rnd(acc / l), LSE2 = m + log2(l); rows that see no key: "
@@ -354,6 +481,20 @@ def ds(p: torch.Tensor, dp_: torch.Tensor, delta_i: torch.Tensor) -> torch.Tenso
     return p * (dp_ - delta_i[:, None])
 
 
+@step("softcap_grad", "backward", "dS = dS' * (1 - t * t), t = tanh(x / softcap) of the "
+      "visit's softcap step", feature="softcap")
+def softcap_grad(a: Arithmetic, ds_capped: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The gradient of the raw scaled scores from that of the capped ones: ``d(softcap
+    tanh(x / softcap)) / dx = 1 - tanh^2``.
+
+    IEEE: ``t * t``, ``1 - (t * t)`` and the product with ``dS'``, each one fp32 rounding
+    (the epilogue's ``softmax_scale`` then turns the gradient of ``x = S * scale`` into
+    that of ``S``, as without softcap).
+    """
+    require_feature(a, "softcap")
+    return ds_capped * (1.0 - t * t)
+
+
 @step("dk_step", "backward", "dK_j += rnd(dS)^T Q_i")
 def dk_step(a: Arithmetic, dk: torch.Tensor, ds_op: torch.Tensor, q_i: torch.Tensor
             ) -> torch.Tensor:
@@ -403,3 +544,25 @@ def epilogue(acc: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torc
     if scale is not None:
         acc = acc * torch.tensor(scale, dtype=F32)
     return acc.to(dtype)
+
+
+@step("sink_grad", "backward", "dsink_h = ((+0 - t_0) - t_1) - ..., t_r = exp2(s2_h - LSE2_r) "
+      "* D_r, rows in layout order", feature="sinks")
+def sink_grad(a: Arithmetic, sink2: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor
+              ) -> torch.Tensor:
+    """The sink logits' gradient, fp32 ``(H,)``: ``-sum_r P_sink,r D_r`` over every query row.
+
+    ``lse2`` and ``delta`` are ``(R, H)``: the rows in layout order (``(B, S_q, H)`` with
+    its first two dims flattened, batch by batch; a packed batch's ``(total_q, H)``). IEEE:
+    ``P_sink = exp2(s2 - LSE2)`` (one rounded difference, a correctly rounded exp2), one
+    fp32 product ``t = P_sink * D``, then per head one fp32 subtraction per row from
+    ``+0``, rows ascending: a fixed order, so a kernel that writes the per-row terms
+    (where it computes ``D``) and sums them in this order gets these bits. A row without
+    keys has ``O = 0``, so ``D = 0`` and it adds ``-0``.
+    """
+    require_feature(a, "sinks")
+    terms = torch.exp2(sink2[None, :] - lse2) * delta
+    acc = torch.zeros(sink2.shape, dtype=F32)
+    for r in range(terms.shape[0]):
+        acc = acc - terms[r]
+    return acc
