@@ -30,6 +30,16 @@ Reference values (:func:`reference_grads`)
     outputs use the same layout, ``LSE`` is ``(B, H, S_q)`` (natural log, of the scaled
     logits).
 
+    FlashAttention's other features, as :mod:`dash_ref.arithmetic.steps` states them:
+    ``window_size=(left, right)`` (the rule of :class:`dash_ref.Mask`); ``v`` with its own
+    head dim ``d_v``; ``softcap > 0``: the logits are ``z = softcap * tanh(x / softcap)``,
+    ``x = scale * Q K^T`` exact, ``t = tanh(x / softcap)`` in mpmath, and
+    ``dS = P (dP - D) (1 - t**2)`` (``t**2`` and the products exact; ``dQ``, ``dK`` then carry
+    ``scale`` as before); ``learnable_sink`` (``(H,)``, FlashAttention-4's): one more column
+    of logit ``sink_h`` with no value, so ``LSE = log(sum exp(z) + exp(sink))`` (a row that
+    sees no key: ``O = 0``, ``LSE = sink``), and ``dsink_h = -sum_{b, r} P_sink D`` with
+    ``P_sink = exp(sink - LSE)`` from mpmath, ``D`` exact (``HighPrecResult.dsink``).
+
 Metrics (:func:`error_report`)
     ``max_ulp`` (largest elementwise error in ULPs of the output format, from
     :func:`dash_ref.arithmetic.numerics.ulp_error`; information only: where a gradient cancels to
@@ -55,6 +65,16 @@ The bound (:func:`error_bound`)
       ``dQ_r`` as ``-scale dD_r (P K)_r``; the final rounding.
     - ``dK = round(scale * round(dS)^T Q)``: terms ``scale dS_rc Q_r``; ``-scale P_rc dD_r Q_r``
       summed over ``r``; the final rounding (GQA: the terms of all query heads of the group).
+    - softcap: ``dS`` is the capped one times ``g = 1 - t**2`` (``0 < g <= 1``) before it is
+      rounded, so the terms above take that ``dS``, and ``dD_r`` enters ``dS_rc`` as
+      ``-g_rc P_rc dD_r``: ``P`` becomes ``g P`` in the two ``dD`` terms. The softcap's own
+      operations are fp32 (``x``, ``x / softcap``, ``tanh``, ``softcap * t``: a few ``u32``
+      relative in each logit, the size of the product's own rounding), so they add no
+      term of order ``u``.
+    - the sink gradient ``dsink_h = -sum_r P_sink,r D_r``: terms ``P_sink,r dD_r`` (``D`` from
+      the rounded ``O``); the sink column itself is never rounded to the storage format
+      (it has no value vector); the final rounding (to the sink's dtype). The fp32 sum over
+      the ``B S_q`` rows is ``n_acc = d + B S_q`` (:func:`error_bound`'s ``batch``).
 
     The rounding errors are independent with mean zero, so the squared error norm has
     expectation at most ``u**2 * M**2``, ``M**2`` the sum of the squared norms of all terms
@@ -233,11 +253,13 @@ class HighPrecResult:
     dv: torch.Tensor
     layout: str = "bshd"
     kappa: dict[str, float] = field(default_factory=dict)
+    dsink: torch.Tensor | None = None  # (H,), with learnable_sink
 
 
-def _visible(causal: bool, s_q: int, s_k: int) -> list[range]:
+def _visible(causal: bool, s_q: int, s_k: int,
+             window_size: tuple[int, int] | None = (-1, -1)) -> list[range]:
     """The keys each query row sees (:meth:`dash_ref.schedules.mask.Mask.keys`)."""
-    mask = Mask.of(causal)
+    mask = Mask.of(causal, window_size)
     return [mask.keys(r, s_q, s_k) for r in range(s_q)]
 
 
@@ -251,13 +273,19 @@ def reference_grads(
     softmax_scale: float | None = None,
     dps: int = 50,
     layout: str = "bshd",
+    *,
+    window_size: tuple[int, int] | None = (-1, -1),
+    softcap: float = 0.0,
+    learnable_sink: torch.Tensor | None = None,
 ) -> HighPrecResult:
     """Exact O, LSE, dQ, dK, dV of softmax attention (see the module docstring), as float64.
 
     ``q, do``: ``(B, S_q, H, d)`` / ``(B, S_q, H, d_v)``; ``k, v``: ``(B, S_k, H_kv, d)`` /
     ``(B, S_k, H_kv, d_v)`` (``layout="bhsd"`` swaps the S and H axes). Any float dtype;
     values are taken exactly. ``softmax_scale`` defaults to ``1/sqrt(d)``; ``dps`` is the
-    mpmath precision (decimal digits) of exp, log, division and an irrational scale.
+    mpmath precision (decimal digits) of exp, log, division, tanh and an irrational scale.
+    ``window_size``, ``softcap`` and ``learnable_sink`` (``(H,)``; its exact gradient is
+    ``HighPrecResult.dsink``) as in the module docstring.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -278,7 +306,14 @@ def reference_grads(
     if heads_kv < 1 or heads % heads_kv:
         raise ValueError(f"H ({heads}) must be a multiple of H_kv ({heads_kv})")
     group = heads // heads_kv
-    rows = _visible(causal, s_q, s_k)
+    rows = _visible(causal, s_q, s_k, window_size)
+    cap = number("softcap", softcap, minimum=0.0)
+    if learnable_sink is not None and tuple(learnable_sink.shape) != (heads,):
+        raise ValueError(f"learnable_sink must have shape ({heads},), got "
+                         f"{tuple(learnable_sink.shape)}")
+    sinks = (None if learnable_sink is None
+             else [float(x) for x in learnable_sink.detach().double().tolist()])
+    dsink = None if sinks is None else [_zeros((1,)) for _ in range(heads)]
 
     o = np.zeros((bsz, s_q, heads, d_v))
     lse = np.full((bsz, heads, s_q), -np.inf)
@@ -293,7 +328,8 @@ def reference_grads(
             scale_mp = mpmath.mpf(float(softmax_scale))
         scale = _Exact.from_mpf(scale_mp)
         scale2 = float(scale_mp) ** 2
-        mag = dict.fromkeys(GRADS, 0.0)  # sums of squared rounding-term magnitudes
+        cap_mp = mpmath.mpf(cap) if cap else None
+        mag = dict.fromkeys(GRADS + (("dsink",) if sinks else ()), 0.0)  # squared terms
         for b in range(bsz):
             kk = [_Exact.from_tensor(k[b, :, g]) for g in range(heads_kv)]
             vv = [_Exact.from_tensor(v[b, :, g]) for g in range(heads_kv)]
@@ -303,18 +339,30 @@ def reference_grads(
                 g = h // group
                 qh = _Exact.from_tensor(q[b, :, h])
                 doh = _Exact.from_tensor(do[b, :, h])
-                p, lse_h = _softmax(qh @ kk[g].T * scale, rows)
+                p, lse_h, t, p_sink = _softmax(qh @ kk[g].T * scale, rows, cap_mp,
+                                               None if sinks is None else sinks[h])
                 lse[b, h] = lse_h
                 oh = p @ vv[g]
                 dp = doh @ vv[g].T
                 delta = (doh * oh).rowsum().column()
                 ds = p * (dp - delta)
+                factor = None
+                if t is not None:  # d(softcap tanh(x / softcap)) / dx = 1 - t^2, exactly
+                    factor = _ones(t.n.shape) - t * t
+                    ds = ds * factor
+                if p_sink is not None:
+                    terms = p_sink * delta  # (S_q, 1): P_sink D per row, exact
+                    total = np.empty(1, dtype=object)
+                    total[0] = terms.n.sum()
+                    dsink[h] = dsink[h] - _Exact(total, terms.e)
                 o[b, :, h] = oh.to_f64()
                 dq[b, :, h] = ((ds @ kk[g]) * scale).to_f64()
                 add_rounding_magnitudes(
                     mag, scale2, p.to_f64(), ds.to_f64(), dp.to_f64(), o[b, :, h],
                     *(t.detach().to(torch.float64).numpy()
                       for t in (q[b, :, h], k[b, :, g], v[b, :, g], do[b, :, h])),
+                    g=None if factor is None else factor.to_f64(),
+                    p_sink=None if p_sink is None else p_sink.to_f64()[:, 0],
                 )
                 dk_acc[g] = dk_acc[g] + ds.T @ qh
                 dv_acc[g] = dv_acc[g] + p.T @ doh
@@ -326,8 +374,14 @@ def reference_grads(
     if layout == "bhsd":
         out = [t.transpose(1, 2).contiguous() for t in out]
     o_t, dq_t, dk_t, dv_t = out
-    kappa = kappas(mag, {"o": o, "dq": dq, "dk": dk, "dv": dv})
-    return HighPrecResult(o_t, torch.from_numpy(lse), dq_t, dk_t, dv_t, layout, kappa)
+    outputs = {"o": o, "dq": dq, "dk": dk, "dv": dv}
+    dsink_t = None
+    if dsink is not None:
+        outputs["dsink"] = np.array([float(x.to_f64()[0]) for x in dsink])
+        dsink_t = torch.from_numpy(outputs["dsink"])
+    kappa = kappas(mag, outputs)
+    return HighPrecResult(o_t, torch.from_numpy(lse), dq_t, dk_t, dv_t, layout, kappa,
+                          dsink_t)
 
 
 def add_rounding_magnitudes(
@@ -341,21 +395,30 @@ def add_rounding_magnitudes(
     k: np.ndarray,
     v: np.ndarray,
     do: np.ndarray,
+    g: np.ndarray | None = None,
+    p_sink: np.ndarray | None = None,
 ) -> None:
     """Add one head's squared rounding-term magnitudes (model in the module docstring).
 
     All arguments are float64 arrays of one (batch, head): ``p, ds, dp`` are ``(S_q, S_k)``,
-    ``o, q, do`` are ``(S_q, d)`` and ``k, v`` are ``(S_k, d)``. Magnitudes only need a few
-    digits, so float64 copies of the exact values (or a float64 computation) serve.
+    ``o, q, do`` are ``(S_q, d)`` (``o``, ``do``: ``d_v``) and ``k, v`` are ``(S_k, d)``.
+    With softcap, ``ds`` is the gradient of the uncapped scores and ``g`` the factor
+    ``1 - t**2`` it took (``(S_q, S_k)``); with a sink, ``p_sink`` is its probability per
+    row (``(S_q,)``) and ``mag["dsink"]`` grows. Magnitudes only need a few digits, so
+    float64 copies of the exact values (or a float64 computation) serve.
     """
     p2, ds2 = p * p, ds * ds
+    pg = p if g is None else p * g  # how the error of D reaches dS
+    pg2 = p2 if g is None else pg * pg
     qn, kn, vn, don = ((t * t).sum(axis=1) for t in (q, k, v, do))
     w = (p2 * dp * dp).sum(axis=1) + (do * do * o * o).sum(axis=1)  # E dD_r^2 / u^2
-    pk = p @ k
+    pk = pg @ k
     mag["o"] += float((p2 @ vn).sum())
     mag["dv"] += float(p2.sum(axis=1) @ don)
     mag["dq"] += scale2 * float((ds2 @ kn).sum() + (w * (pk * pk).sum(axis=1)).sum())
-    mag["dk"] += scale2 * float(ds2.sum(axis=1) @ qn + (p2.sum(axis=1) * w) @ qn)
+    mag["dk"] += scale2 * float(ds2.sum(axis=1) @ qn + (pg2.sum(axis=1) * w) @ qn)
+    if p_sink is not None:
+        mag["dsink"] = mag.get("dsink", 0.0) + float((p_sink * p_sink) @ w)
 
 
 def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray]) -> dict[str, float]:
@@ -368,27 +431,57 @@ def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray]) -> dict[str, f
     return kappa
 
 
-def _softmax(logits: _Exact, rows: list[range]) -> tuple[_Exact, list[float]]:
-    """Row softmax of exact logits over the visible keys, in mpf; masked entries exactly 0."""
+def _ones(shape: tuple[int, ...]) -> _Exact:
+    arr = np.empty(shape, dtype=object)
+    arr.fill(1)
+    return _Exact(arr, 0)
+
+
+def _softmax(logits: _Exact, rows: list[range], cap: mpmath.mpf | None = None,
+             sink: float | None = None
+             ) -> tuple[_Exact, list[float], _Exact | None, _Exact | None]:
+    """Row softmax of exact logits over the visible keys, in mpf; masked entries exactly 0.
+
+    ``cap``: the logits become ``cap * tanh(x / cap)``, and ``t = tanh(x / cap)`` is returned
+    (exact binary values of the mpf results; 0 where masked), else None. ``sink``: one more
+    column of that logit and no value; its probability per row is returned as an
+    ``(S_q, 1)`` block, else None. Returns ``(P, LSE per row, t, P_sink)``.
+    """
     s_q, s_k = logits.n.shape
     mans: list[int] = [0] * (s_q * s_k)
     exps: list[int] = [0] * (s_q * s_k)
+    t_mans: list[int] = [0] * (s_q * s_k)
+    t_exps: list[int] = [0] * (s_q * s_k)
+    sink_mans: list[int] = [0] * s_q
+    sink_exps: list[int] = [0] * s_q
     lse: list[float] = []
     e = logits.e
+    sink_mp = None if sink is None else mpmath.mpf(sink)
     for r, cols in enumerate(rows):
-        if not cols:
+        if not cols and sink_mp is None:
             lse.append(-math.inf)
             continue
         z = [mpmath.mpf((int(logits.n[r, c]), e)) for c in cols]
-        zmax = max(z)
+        if cap is not None:
+            tz = [mpmath.tanh(x / cap) for x in z]
+            for c, x in zip(cols, tz, strict=True):
+                m, ex = x.man_exp
+                t_mans[r * s_k + c], t_exps[r * s_k + c] = int(m), int(ex)
+            z = [cap * x for x in tz]
+        zmax = max(z + ([sink_mp] if sink_mp is not None else []))
         ez = [mpmath.exp(x - zmax) for x in z]
-        total = mpmath.fsum(ez)
+        total = mpmath.fsum(ez + ([mpmath.exp(sink_mp - zmax)] if sink_mp is not None else []))
         for c, x in zip(cols, ez, strict=True):
             m, ex = (x / total).man_exp
             mans[r * s_k + c] = int(m)
             exps[r * s_k + c] = int(ex)
+        if sink_mp is not None:
+            m, ex = (mpmath.exp(sink_mp - zmax) / total).man_exp
+            sink_mans[r], sink_exps[r] = int(m), int(ex)
         lse.append(float(zmax + mpmath.log(total)))
-    return _Exact.from_pairs(mans, exps, (s_q, s_k)), lse
+    t = None if cap is None else _Exact.from_pairs(t_mans, t_exps, (s_q, s_k))
+    p_sink = None if sink_mp is None else _Exact.from_pairs(sink_mans, sink_exps, (s_q, 1))
+    return _Exact.from_pairs(mans, exps, (s_q, s_k)), lse, t, p_sink
 
 
 # -- metrics and bound ---------------------------------------------------------------------
@@ -426,23 +519,28 @@ def error_bound(
     seqlen_k: int = 0,
     head_dim: int = 0,
     group: int = 1,
+    batch: int = 1,
     safety: float = SAFETY,
 ) -> float:
     """Normwise relative error bound ``safety * kappa * u + n_acc * 2**-24`` for one output.
 
-    ``grad`` is ``"o"``, ``"dq"``, ``"dk"`` or ``"dv"`` (checked, not used otherwise);
-    ``u = unit_roundoff(dtype)``; ``kappa`` is ``HighPrecResult.kappa[grad]`` (default
-    :data:`KAPPA_DEFAULT`); the shape arguments give
-    ``n_acc = head_dim + max(seqlen_q * group, seqlen_k)`` (0 if left out).
+    ``grad`` is ``"o"``, ``"dq"``, ``"dk"``, ``"dv"`` or ``"dsink"`` (the learnable sinks'
+    gradient); ``u = unit_roundoff(dtype)``, ``dtype`` the inputs' (for ``"dsink"`` too: its
+    errors come from the rounded ``O``); ``kappa`` is ``HighPrecResult.kappa[grad]``
+    (default :data:`KAPPA_DEFAULT`); the shape arguments give
+    ``n_acc = head_dim + max(seqlen_q * group, seqlen_k)`` (0 if left out), for
+    ``"dsink"`` ``head_dim + batch * seqlen_q`` (its sum runs over every query row).
     """
-    if grad not in GRADS:
-        raise ValueError(f"grad must be one of {GRADS}, got {grad!r}")
+    if grad not in (*GRADS, "dsink"):
+        raise ValueError(f"grad must be one of {(*GRADS, 'dsink')}, got {grad!r}")
     kappa = KAPPA_DEFAULT if kappa is None else _kappa(kappa)
     safety = number("safety", safety, minimum=0)
     seqlen_q, seqlen_k, head_dim = (integer(n, x, minimum=0) for n, x in (
         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("head_dim", head_dim)))
     group = integer("group", group, minimum=1)
-    n_acc = head_dim + max(seqlen_q * group, seqlen_k)
+    batch = integer("batch", batch, minimum=1)
+    n_acc = (head_dim + batch * seqlen_q if grad == "dsink"
+             else head_dim + max(seqlen_q * group, seqlen_k))
     return safety * kappa * unit_roundoff(dtype) + n_acc * _U32
 
 
