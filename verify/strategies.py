@@ -32,7 +32,7 @@ Every strategy here draws a bounded problem; a test keeps its run short with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from hypothesis import strategies as st
@@ -70,6 +70,14 @@ class Case:
             for n, x in enumerate(sinks):
                 number(f"Case.learnable_sink[{n}]", x)
             object.__setattr__(self, "learnable_sink", sinks)
+
+    def __repr__(self) -> str:
+        """The dataclass's, with ``softcap`` and ``learnable_sink`` only where set (a case
+        without them reads as it always has, so shrunk counterexamples stay short)."""
+        unset = {"softcap": 0.0, "learnable_sink": None}
+        given = [f.name for f in fields(self)
+                 if f.name not in unset or getattr(self, f.name) != unset[f.name]]
+        return f"Case({', '.join(f'{n}={getattr(self, n)!r}' for n in given)})"
 
     @property
     def sink_tensor(self) -> torch.Tensor | None:
