@@ -36,7 +36,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, schedule: str = "auto",
               deterministic: bool = True, num_workers: int | None = None,
               layout: str = "bshd", exact: bool = False, backend: str = "auto",
-              portable: bool = False) -> torch.Tensor:
+              portable: bool = False, window_size: tuple[int, int] = (-1, -1)
+              ) -> torch.Tensor:
     """Scaled dot-product attention whose backward is bitwise reproducible.
 
     Args:
@@ -65,6 +66,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         portable: keep to the schedules of ``dash_ref.PORTABLE``, whose bits do not depend
             on ``num_workers`` (so not on the GPU's SM count): ``"auto"`` then picks the
             fastest of them, and naming another schedule is an error.
+        window_size: FlashAttention's sliding window ``(left, right)``: query ``r`` sees key
+            ``c`` iff ``r + S_k - S_q - left <= c <= r + S_k - S_q + right``, a side of
+            ``-1`` unbounded; with ``causal`` the window is ``(left, 0)``
+            (:meth:`dash_ref.Mask.of`). ``(-1, -1)``: no window.
 
     Returns:
         The attention output, shaped and laid out like ``q``.
@@ -73,7 +78,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable)
+                              portable=portable, window_size=window_size)
     check_devices({"q": q, "k": k, "v": v})
     o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options)
     return as_bshd(o, layout)
@@ -81,8 +86,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                       softmax_scale: float | None = None, layout: str = "bshd",
-                      backend: str = "auto", _poison: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      backend: str = "auto", window_size: tuple[int, int] = (-1, -1),
+                      _poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only: ``(O, LSE2)``.
 
     ``LSE2`` is fp32 in base 2, ``log2(sum_c 2^(S_rc * softmax_scale * log2(e)))``, of shape
@@ -92,7 +97,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """
     check_tensors({"q": q, "k": k, "v": v}, layout)
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              backend=backend)
+                              backend=backend, window_size=window_size)
     check_devices({"q": q, "k": k, "v": v})
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
     o, lse = forward_views(qv, kv, vv, options, _poison)
@@ -104,7 +109,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        softmax_scale: float | None = None, schedule: str = "auto",
                        deterministic: bool = True, num_workers: int | None = None,
                        layout: str = "bshd", audit: bool = False, exact: bool = False,
-                       backend: str = "auto", portable: bool = False, _poison: bool = False):
+                       backend: str = "auto", portable: bool = False,
+                       window_size: tuple[int, int] = (-1, -1), _poison: bool = False):
     """Backward only: ``(dQ, dK, dV)``, or ``(dQ, dK, dV, BackwardAudit)`` with ``audit``.
 
     ``o`` and ``lse`` come from :func:`attention_forward`. With ``audit=True`` (small
@@ -119,7 +125,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable)
+                              portable=portable, window_size=window_size)
     check_devices(named)
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
@@ -136,12 +142,14 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 
 
 def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
-                     head_dim: int, causal: bool, backend: str = "triton"):
+                     head_dim: int, causal: bool, backend: str = "triton",
+                     window_size: tuple[int, int] = (-1, -1)):
     """The :class:`dash_ref.Problem` a backend's backward runs: the shape with its tiles.
 
     ``dash_ref.build_schedule(backward_problem(...), name, num_workers)`` is the schedule a
     call runs, so its fingerprint says in advance which calls give equal bits.
     """
+    from dash_ref import Mask
     from dash_ref._checks import boolean, integer
 
     for name, value in (("batch", batch), ("heads", heads), ("heads_kv", heads_kv),
@@ -149,11 +157,10 @@ def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqle
         integer(name, value, minimum=1)
     integer("seqlen_q", seqlen_q, minimum=0)
     integer("seqlen_k", seqlen_k, minimum=0)
-    boolean("causal", causal)
+    mask = Mask.of(boolean("causal", causal), window_size)
     chosen = get_backend(backend)
     try:
-        return problem_for(chosen, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
-                           causal)
+        return problem_for(chosen, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, mask)
     except KeyError:  # the backend has no tiles for this head dim
         raise ValueError(f"head_dim {head_dim} is not supported by the {backend!r} backend; "
                          f"supported: {HEAD_DIMS}") from None
@@ -190,8 +197,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      max_seqlen_k: int, causal: bool = False,
                      softmax_scale: float | None = None, schedule: str = "auto",
                      deterministic: bool = True, num_workers: int | None = None,
-                     exact: bool = False, backend: str = "auto", portable: bool = False
-                     ) -> torch.Tensor:
+                     exact: bool = False, backend: str = "auto", portable: bool = False,
+                     window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """Attention over a packed batch of sequences of different lengths (FlashAttention's
     varlen layout), with a bitwise reproducible backward.
 
@@ -211,9 +218,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ``c <= r + S_k(b) - S_q(b)``. Rows that see no key give 0 and zero gradients.
         schedule: ``"auto"``, a name of ``dash_ref.DETERMINISTIC`` or one made for ragged
             batches, ``dash_ref.RAGGED`` (``"lpt"``).
-        softmax_scale, deterministic, num_workers, exact, backend, portable: as in
-            :func:`attention`. Packed calls run on the Triton backend (``backend="auto"``
-            picks it; the CuTe backend has no varlen kernels yet and refuses them).
+        softmax_scale, deterministic, num_workers, exact, backend, portable, window_size:
+            as in :func:`attention` (a window per sequence, on its own lengths). Packed
+            calls run on the Triton backend (``backend="auto"`` picks it; the CuTe backend
+            has no varlen kernels yet and refuses them).
 
     Returns:
         The attention output, ``(total_q, H, d)`` like ``q``.
@@ -234,7 +242,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, packed=True)
+                              portable=portable, packed=True, window_size=window_size)
     packing = _packing(named, *offsets, read=not torch.compiler.is_compiling())
     o, _ = varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        options, packing)
@@ -242,8 +250,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 #: FlashAttention's options that :func:`flash_attn_varlen_func` takes only at these values
-_FLASH_DEFAULTS = {"dropout_p": 0.0, "window_size": (-1, -1), "softcap": 0.0,
-                   "alibi_slopes": None, "return_attn_probs": False, "block_table": None}
+_FLASH_DEFAULTS = {"dropout_p": 0.0, "softcap": 0.0, "alibi_slopes": None,
+                   "return_attn_probs": False, "block_table": None}
 
 
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -260,44 +268,40 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """:func:`attention_varlen` under FlashAttention's name, argument names and order
     (``flash_attn.flash_attn_varlen_func``), for a drop-in replacement.
 
-    FlashAttention's options beyond those are taken at their defaults only: ``dropout_p``,
-    ``window_size``, ``softcap``, ``alibi_slopes``, ``return_attn_probs`` and
-    ``block_table`` at any other value raise ``ValueError`` naming them.
+    ``window_size`` is :func:`attention_varlen`'s. FlashAttention's options beyond those are
+    taken at their defaults only: ``dropout_p``, ``softcap``, ``alibi_slopes``,
+    ``return_attn_probs`` and ``block_table`` at any other value raise ``ValueError`` naming
+    them.
     ``deterministic=True`` (here the default) runs a deterministic schedule; ``False`` the
     atomic peer. DASH's own options (``schedule``, ``num_workers``, ``exact``, ``backend``,
     ``portable``) are keyword-only. Returns ``O``, ``(total_q, H, d)``.
     """
-    given = {"dropout_p": dropout_p, "window_size": window_size, "softcap": softcap,
-             "alibi_slopes": alibi_slopes, "return_attn_probs": return_attn_probs,
-             "block_table": block_table}
+    given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes,
+             "return_attn_probs": return_attn_probs, "block_table": block_table}
     unsupported = []
     for name, value in given.items():
         default = _FLASH_DEFAULTS[name]
-        if name == "window_size":
-            changed = value is not None and tuple(value) != default
-        elif default is None:
-            changed = value is not None
-        else:
-            changed = value != default
+        changed = value is not None if default is None else value != default
         if changed:
             shown = (f"<tensor of shape {tuple(value.shape)}>"
                      if isinstance(value, torch.Tensor) else repr(value))
             unsupported.append(f"{name}={shown}")
     if unsupported:
         raise ValueError(f"flash_attn_varlen_func: {', '.join(unsupported)} is not supported "
-                         "by dash_cuda (no dropout, sliding window, softcap, ALiBi, "
-                         "attention probabilities or paged KV); leave them at their defaults")
+                         "by dash_cuda (no dropout, softcap, ALiBi, attention probabilities "
+                         "or paged KV); leave them at their defaults")
     return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             causal=causal, softmax_scale=softmax_scale, schedule=schedule,
                             deterministic=deterministic, num_workers=num_workers, exact=exact,
-                            backend=backend, portable=portable)
+                            backend=backend, portable=portable, window_size=window_size)
 
 
 def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                              max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                              softmax_scale: float | None = None, backend: str = "auto",
-                             _poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                             window_size: tuple[int, int] = (-1, -1), _poison: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only of a packed batch: ``(O, LSE2)``.
 
     ``O`` is ``(total_q, H, d)`` like ``q``; ``LSE2`` is fp32 in base 2 (as in
@@ -310,7 +314,7 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _packed_checks(named, *offsets)
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              backend=backend, packed=True)
+                              backend=backend, packed=True, window_size=window_size)
     packing = _packing(named, *offsets)
     return forward_views(q, k, v, options, _poison, packing)
 
@@ -323,7 +327,7 @@ def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               deterministic: bool = True, num_workers: int | None = None,
                               audit: bool = False, exact: bool = False,
                               backend: str = "auto", portable: bool = False,
-                              _poison: bool = False):
+                              window_size: tuple[int, int] = (-1, -1), _poison: bool = False):
     """Backward only of a packed batch: ``(dQ, dK, dV)``, or ``(dQ, dK, dV,
     BackwardAudit)`` with ``audit``.
 
@@ -341,7 +345,7 @@ def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, packed=True)
+                              portable=portable, packed=True, window_size=window_size)
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     packing = _packing(named, *offsets)

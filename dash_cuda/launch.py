@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
 
-from dash_ref import Problem, Schedule
+from dash_ref import Mask, Problem, Schedule
 from dash_ref.arithmetic.steps import ARITHMETICS
 
 from .backends import Backend, Launch, device_properties
@@ -99,25 +99,28 @@ def max_workers(backend: Backend, launch: Launch) -> int:
 # -- problems ---------------------------------------------------------------------------------
 @lru_cache(maxsize=1024)
 def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_q: int,
-                seqlen_k: int, head_dim: int, causal: bool) -> Problem:
-    """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape with its tiles
-    (built once per shape: a problem is immutable)."""
-    mask = "causal" if causal else "full"
-    block_m, block_n = backend.backward_tiles(head_dim, mask)
-    return Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, mask, block_m,
-                   block_n)
+                seqlen_k: int, head_dim: int, mask: Mask) -> Problem:
+    """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape and mask with its
+    tiles (built once per shape: a problem is immutable)."""
+    shape = Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
+                    window_size=mask.window_size)  # Problem reads the rule's window itself
+    return _with_tiles(backend, shape)
 
 
 @lru_cache(maxsize=1024)
 def packed_problem_for(backend: Backend, seqlens_q: tuple[int, ...], seqlens_k: tuple[int, ...],
-                       heads: int, heads_kv: int, head_dim: int, causal: bool) -> Problem:
+                       heads: int, heads_kv: int, head_dim: int, mask: Mask) -> Problem:
     """The packed :class:`dash_ref.Problem` of sequences of lengths ``seqlens_q[b]``,
     ``seqlens_k[b]`` with ``backend``'s backward tiles (:meth:`dash_ref.Problem.packed`;
     built once per set of lengths)."""
-    mask = "causal" if causal else "full"
-    block_m, block_n = backend.backward_tiles(head_dim, mask)
-    return Problem.packed(seqlens_q, seqlens_k, heads, heads_kv, head_dim, mask, block_m,
-                          block_n)
+    shape = Problem.packed(seqlens_q, seqlens_k, heads, heads_kv, head_dim,
+                           window_size=mask.window_size)
+    return _with_tiles(backend, shape)
+
+
+def _with_tiles(backend: Backend, shape: Problem) -> Problem:
+    block_m, block_n = backend.backward_tiles(shape.head_dim, shape.mask)
+    return replace(shape, block_m=block_m, block_n=block_n)
 
 
 # -- forward / backward -------------------------------------------------------------------------
@@ -128,9 +131,9 @@ def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``)."""
     with torch.cuda.device(q.device):
         if packing is not None:
-            return backend.forward_varlen(q, k, v, packing, options.causal,
+            return backend.forward_varlen(q, k, v, packing, options.mask,
                                           options.softmax_scale, poison)
-        return backend.forward(q, k, v, options.causal, options.softmax_scale, poison)
+        return backend.forward(q, k, v, options.mask, options.softmax_scale, poison)
 
 
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -164,15 +167,15 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
     heads, head_dim = q.shape[-2:]
     heads_kv = k.shape[-2]
     device = q.device
-    causal, softmax_scale, exact = options.causal, options.softmax_scale, options.exact
+    mask, softmax_scale, exact = options.mask, options.softmax_scale, options.exact
     num_workers = options.num_workers
     packed = packing is not None
     if packed:
         problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, heads,
-                                     heads_kv, head_dim, causal)
+                                     heads_kv, head_dim, mask)
     else:
         problem = problem_for(backend, q.shape[0], heads, heads_kv, q.shape[1], k.shape[1],
-                              head_dim, causal)
+                              head_dim, mask)
     deterministic = schedule_name != "atomic"
     per_head = audit or heads != heads_kv
     if do.stride(-1) != 1:

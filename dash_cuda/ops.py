@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import torch
 
-from dash_ref import resolve_name
+from dash_ref import Mask, resolve_name
 
 from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
 from .launch import BackwardAudit, packed_problem_for, problem_for, run_backward, run_forward
@@ -54,7 +54,8 @@ def resolve_backend(q: Tensor, options: Options, packed: bool = False) -> Backen
     """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice
     (``packed``: one that runs packed batches)."""
     return _backend_for(options.backend, Case(q.shape[-1], q.dtype, options.exact,
-                                              options.deterministic, packed))
+                                              options.deterministic, packed,
+                                              options.mask.kind == "window"))
 
 
 @lru_cache(maxsize=256)
@@ -68,15 +69,15 @@ def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, options: Options) -
         return "atomic"
     if empty_problem(q, k):  # nothing runs: no problem to resolve a name on
         return options.schedule
-    return _schedule_for(backend, tuple(q.shape), tuple(k.shape), options.causal,
+    return _schedule_for(backend, tuple(q.shape), tuple(k.shape), options.mask,
                          options.schedule, options.portable)
 
 
 @lru_cache(maxsize=1024)
-def _schedule_for(backend: Backend, q_shape: tuple, k_shape: tuple, causal: bool,
+def _schedule_for(backend: Backend, q_shape: tuple, k_shape: tuple, mask: Mask,
                   schedule: str, portable: bool) -> str:
     problem = problem_for(backend, q_shape[0], q_shape[2], k_shape[2], q_shape[1],
-                          k_shape[1], q_shape[3], causal)
+                          k_shape[1], q_shape[3], mask)
     return resolve_name(schedule, problem, backend.name, portable)
 
 
@@ -87,7 +88,7 @@ def resolve_packed_schedule(backend: Backend, q: Tensor, k: Tensor, packing: Pac
     if not options.deterministic:
         return "atomic"
     problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, q.shape[1],
-                                 k.shape[1], q.shape[2], options.causal)
+                                 k.shape[1], q.shape[2], options.mask)
     return resolve_name(options.schedule, problem, backend.name, options.portable)
 
 
@@ -129,21 +130,22 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
 # schema from them; a test holds them equal to ``options.FIELDS``).
 def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                            softmax_scale: float, schedule: str, deterministic: bool,
-                           portable: bool, num_workers: int | None, exact: bool, backend: str
-                           ) -> tuple[Tensor, Tensor]:
+                           portable: bool, num_workers: int | None, exact: bool, backend: str,
+                           window_size: list[int]) -> tuple[Tensor, Tensor]:
     """``(O, LSE2)``; the options after ``softmax_scale`` are the backward's."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend)
+                      exact, backend, window_size)
     return forward_views(q, k, v, options)
 
 
 def attention_backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                             do: Tensor, causal: bool, softmax_scale: float, schedule: str,
                             deterministic: bool, portable: bool, num_workers: int | None,
-                            exact: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                            exact: bool, backend: str, window_size: list[int]
+                            ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dQ, dK, dV)``; ``schedule`` and ``backend`` may be ``"auto"``."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend)
+                      exact, backend, window_size)
     dq, dk, dv, _ = backward_views(q, k, v, o, lse, do, options)
     return dq, dk, dv
 
@@ -217,11 +219,11 @@ def attention_varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q:
                                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                                   causal: bool, softmax_scale: float, schedule: str,
                                   deterministic: bool, portable: bool,
-                                  num_workers: int | None, exact: bool, backend: str
-                                  ) -> tuple[Tensor, Tensor]:
+                                  num_workers: int | None, exact: bool, backend: str,
+                                  window_size: list[int]) -> tuple[Tensor, Tensor]:
     """``(O, LSE2)`` of a packed batch; reads the offsets once (checked) before any kernel."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend)
+                      exact, backend, window_size)
     packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            q.shape[0], k.shape[0])
     return forward_views(q, k, v, options, packing=packing)
@@ -232,10 +234,11 @@ def attention_varlen_backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, l
                                    max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                                    softmax_scale: float, schedule: str, deterministic: bool,
                                    portable: bool, num_workers: int | None, exact: bool,
-                                   backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                                   backend: str, window_size: list[int]
+                                   ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dQ, dK, dV)`` of a packed batch; reads the offsets once (checked) first."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend)
+                      exact, backend, window_size)
     packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            q.shape[0], k.shape[0])
     dq, dk, dv, _ = backward_views(q, k, v, o, lse, do, options, packing=packing)

@@ -18,6 +18,7 @@ look.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import torch
 
@@ -42,24 +43,33 @@ class Options:
     num_workers: int | None = None
     exact: bool = False
     backend: str = "auto"
+    window_size: tuple[int, int] = (-1, -1)  # FlashAttention's; (-1, -1): no window
+
+    def __post_init__(self) -> None:
+        # the custom ops hand the window back as a list: one value, one hash
+        object.__setattr__(self, "window_size", tuple(self.window_size))
 
     @classmethod
     def checked(cls, head_dim: int, *, causal: bool = False, softmax_scale: float | None = None,
                 schedule: str = "auto", deterministic: bool = True,
                 num_workers: int | None = None, exact: bool = False, backend: str = "auto",
-                portable: bool = False, packed: bool = False) -> Options:
+                portable: bool = False, packed: bool = False,
+                window_size: tuple[int, int] | None = (-1, -1)) -> Options:
         """The options of a public call, validated, with the default scale filled in
         (``packed``: a varlen call, which also takes the schedules of
-        :data:`dash_ref.RAGGED`)."""
+        :data:`dash_ref.RAGGED`) and the window as FlashAttention reads it with ``causal``
+        (:meth:`dash_ref.Mask.of`)."""
         check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
                       backend, portable, packed)
+        mask = Mask.of(causal, window_size)  # one-line errors naming window_size
         return cls(causal, resolve_scale(softmax_scale, head_dim), schedule, deterministic,
-                   portable, num_workers, exact, backend)
+                   portable, num_workers, exact, backend,
+                   mask.window_size if mask.kind == "window" else (-1, -1))
 
-    @property
+    @cached_property
     def mask(self) -> Mask:
         """The mask as a value, with the one visibility rule (:class:`dash_ref.Mask`)."""
-        return Mask.of(self.causal)
+        return Mask.of(self.causal, self.window_size)
 
     def flat(self) -> tuple:
         """The fields in order: the custom ops' arguments after the tensors."""

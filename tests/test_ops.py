@@ -40,12 +40,14 @@ def test_fake_outputs_have_the_real_layouts(layout):
     else:  # SDPA's (B, H, S, d) tensors, which the op sees as (B, S, H, d) views
         q, k, v = (x.transpose(1, 2) for x in (meta(b, h, s, d), meta(b, hk, sk, d),
                                                meta(b, hk, sk, d)))
-    o, lse = attention_op(q, k, v, True, 0.125, "naive", True, False, None, False, "triton")
+    o, lse = attention_op(q, k, v, True, 0.125, "naive", True, False, None, False, "triton",
+                          [-1, -1])
     assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
     assert lse.shape == (b, s, h) and lse.dtype == torch.float32
     assert lse.stride() == (h * s, 1, s)
     dq, dk, dv = torch.ops.dash.attention_backward(q, k, v, o, lse, meta(b, s, h, d), True,
-                                                   0.125, "naive", True, False, 66, False, "cute")
+                                                   0.125, "naive", True, False, 66, False, "cute",
+                                                   [-1, -1])
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
 
@@ -53,7 +55,7 @@ def test_fake_outputs_have_the_real_layouts(layout):
 def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
     q, k, v = meta(2, 40, 4, 64, grad=True), meta(2, 50, 2, 64, grad=True), meta(2, 50, 2, 64,
                                                                               grad=True)
-    o, lse = attention_op(q, k, v, False, 0.125, "auto", True, True, None, False, "auto")
+    o, lse = attention_op(q, k, v, False, 0.125, "auto", True, True, None, False, "auto", [-1, -1])
     assert o.requires_grad and not lse.requires_grad
     o.float().sum().backward()
     for x in (q, k, v):
@@ -88,8 +90,8 @@ def test_a_model_traces_into_one_graph_of_two_ops_with_the_options_as_written():
     (graph,) = graphs
     calls = [n.args for n in graph.graph.nodes if n.target is torch.ops.dash.attention.default]
     assert [c[3:] for c in calls] == [
-        (True, 0.125, "auto", True, True, None, False, "auto"),
-        (False, 0.125, "shift", True, False, None, False, "auto")]
+        (True, 0.125, "auto", True, True, None, False, "auto", (-1, -1)),
+        (False, 0.125, "shift", True, False, None, False, "auto", (-1, -1))]
 
 
 def test_the_ops_resolve_auto_to_a_named_schedule():
@@ -129,7 +131,7 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     from dash_cuda import ops
 
     seen = []
-    options = Options(True, 0.125, "auto", True, False, None, False, "auto")
+    options = Options(True, 0.125, "auto", True, False, None, False, "auto", [-1, -1])
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     monkeypatch.setattr(ops, "attention_op", lambda *a: seen.append(("op", a)) or "op")
     monkeypatch.setattr(ops.EagerAttention, "apply",

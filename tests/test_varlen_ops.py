@@ -20,6 +20,7 @@ import dash_cuda
 from dash_cuda import ops
 from dash_cuda.ops import attention_varlen_backward_op, attention_varlen_op
 from dash_cuda.options import FIELDS, Options, Packing
+from dash_ref import Mask
 
 TOTAL_Q, TOTAL_K, H, HK, D = 58, 48, 4, 2, 64
 
@@ -60,17 +61,17 @@ def test_fake_outputs_have_the_real_layouts():
     k, v = meta(TOTAL_K, HK, D), meta(TOTAL_K, HK, D)
     sliced = meta(TOTAL_Q, 3, H, D)[:, 0]
     o, _ = attention_varlen_op(sliced, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True,
-                               True, None, False, "triton")
+                               True, None, False, "triton", [-1, -1])
     assert o.shape == sliced.shape and o.is_contiguous()
     q = meta(TOTAL_Q, H, D)
     o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True, True,
-                                 None, False, "triton")
+                                 None, False, "triton", [-1, -1])
     assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
     assert lse.shape == (TOTAL_Q, H) and lse.dtype == torch.float32
     assert lse.stride() == (1, TOTAL_Q)
     dq, dk, dv = attention_varlen_backward_op(q, k, v, o, lse, meta(TOTAL_Q, H, D), *offsets(),
                                               37, 20, True, 0.125, "naive", True, False, 3,
-                                              True, "auto")
+                                              True, "auto", [-1, -1])
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
 
@@ -79,7 +80,7 @@ def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
     q = meta(TOTAL_Q, H, D, grad=True)
     k, v = meta(TOTAL_K, HK, D, grad=True), meta(TOTAL_K, HK, D, grad=True)
     o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, False, 0.125, "auto", True, True,
-                                 None, False, "auto")
+                                 None, False, "auto", [-1, -1])
     assert o.requires_grad and not lse.requires_grad
     o.float().sum().backward()
     for x in (q, k, v):
@@ -121,8 +122,8 @@ def test_a_packed_model_traces_into_one_graph_of_two_ops_with_the_options_as_wri
     calls = [n.args for n in graph.graph.nodes
              if n.target is torch.ops.dash.attention_varlen.default]
     assert [c[5:] for c in calls] == [
-        (37, 20, True, 0.125, "auto", True, True, None, False, "auto"),
-        (37, 20, False, 0.5, "lpt", True, False, None, False, "auto")]
+        (37, 20, True, 0.125, "auto", True, True, None, False, "auto", (-1, -1)),
+        (37, 20, False, 0.5, "lpt", True, False, None, False, "auto", (-1, -1))]
 
 
 @pytest.mark.parametrize("compiling", [False, True])
@@ -131,7 +132,7 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     lengths read at the entry when eager, and the custom op (which reads them itself) while
     ``torch.compile`` traces."""
     seen = []
-    options = Options(True, 0.125, "lpt", True, True, None, False, "auto")
+    options = Options(True, 0.125, "lpt", True, True, None, False, "auto", [-1, -1])
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     monkeypatch.setattr(ops, "attention_varlen_op", lambda *a: seen.append(("op", a)) or "op")
     monkeypatch.setattr(ops.EagerAttentionVarlen, "apply",
@@ -180,6 +181,7 @@ def test_the_packed_schedule_is_resolved_on_the_packed_problem():
         assert resolved(portable=True) in (*PORTABLE, *RAGGED)
         assert resolved(schedule="lpt") == "lpt"
         assert resolved(deterministic=False) == "atomic"
-    p = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, H, H, D, True)
+    p = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, H, H, D,
+                           Mask("causal"))
     assert p.is_packed and (p.block_m, p.block_n) == backend.backward_tiles(D, "causal")
     assert p.seqlens_q == (5, 0, 37, 16) and p.mask == "causal"

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from dash_ref import Problem
+from dash_ref import Mask, Problem
 
 #: backends by name, in the order ``"auto"`` tries them: the fastest that can run a call
 PREFERENCE = ("cute", "triton")
@@ -61,6 +61,7 @@ class Case:
     exact: bool
     deterministic: bool
     packed: bool = False  # a packed batch of variable lengths (``attention_varlen``)
+    window: bool = False  # a sliding window (``window_size``; the mask kind ``"window"``)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class Launch:
         """What selects a compiled kernel: one residency answer per variant and device."""
         p = self.problem
         return (self.q.device, self.q.dtype, p.head_dim, p.block_m, p.block_n,
-                p.mask, self.deterministic, self.audit, self.per_head, self.exact,
+                p.visibility.kind, self.deterministic, self.audit, self.per_head, self.exact,
                 p.is_packed)
 
 
@@ -161,11 +162,12 @@ class Backend(Protocol):
     def forward_block_n(self, head_dim: int) -> int | None:
         """The forward's KV tile where ``default_arithmetic`` reproduces the forward."""
 
-    def forward(self, q, k, v, causal: bool, softmax_scale: float, poison: bool
+    def forward(self, q, k, v, mask: Mask, softmax_scale: float, poison: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)."""
+        """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)
+        under ``mask`` (a kind :meth:`unsupported` admits)."""
 
-    def forward_varlen(self, q, k, v, packing, causal: bool, softmax_scale: float,
+    def forward_varlen(self, q, k, v, packing, mask: Mask, softmax_scale: float,
                        poison: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` of a packed batch (:class:`dash_cuda.options.Packing`): ``O`` like
         ``q``, ``(total_q, H, d)``, and LSE2 fp32 ``(total_q, H)``; only backends whose

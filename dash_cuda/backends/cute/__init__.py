@@ -59,6 +59,8 @@ class CuteBackend:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
+        if case.window:
+            return "sliding windows (window_size): this backend has no window kernels yet"
         return None
 
     def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
@@ -74,10 +76,10 @@ class CuteBackend:
 
         return forward_block_n(head_dim)
 
-    def forward(self, q, k, v, causal, softmax_scale, poison):
+    def forward(self, q, k, v, mask, softmax_scale, poison):
         from .launch import run_forward
 
-        return run_forward(q, k, v, causal, softmax_scale, poison)
+        return run_forward(q, k, v, mask.kind == "causal", softmax_scale, poison)
 
     def new_dq_acc(self, problem, device):
         from .launch import new_dq_acc

@@ -42,6 +42,8 @@ class TritonBackend:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
+        if case.window:
+            return "sliding windows (window_size): this backend has no window kernels yet"
         return None
 
     def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
@@ -52,15 +54,15 @@ class TritonBackend:
         """None: the default forward is not reproduced on the CPU (see default_arithmetic)."""
         return None
 
-    def forward(self, q, k, v, causal, softmax_scale, poison):
+    def forward(self, q, k, v, mask, softmax_scale, poison):
         from .launch import run_forward
 
-        return run_forward(q, k, v, causal, softmax_scale, poison)
+        return run_forward(q, k, v, mask, softmax_scale, poison)
 
-    def forward_varlen(self, q, k, v, packing, causal, softmax_scale, poison):
+    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison):
         from .launch import run_forward_varlen
 
-        return run_forward_varlen(q, k, v, packing, causal, softmax_scale, poison)
+        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison)
 
     def new_dq_acc(self, problem, device):
         p = problem

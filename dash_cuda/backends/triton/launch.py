@@ -18,7 +18,7 @@ from .config import backward_config, forward_config
 from .fwd_kernel import dash_fwd_kernel
 
 
-def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
                 softmax_scale: float, poison: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` of shape ``(B, S_q, H)``."""
@@ -41,14 +41,14 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
         heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
         scale_log2_value(softmax_scale),
-        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=Mask.of(causal).kind,
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse2
 
 
 def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
-                       causal: bool, softmax_scale: float, poison: bool = False
+                       mask: Mask, softmax_scale: float, poison: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``,
     ``(total_q, H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)``
@@ -74,7 +74,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         0, lse2.stride(0), lse2.stride(1),
         heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0,
         scale_log2_value(softmax_scale),
-        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=Mask.of(causal).kind,
+        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
         CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
         CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
