@@ -12,7 +12,7 @@ from numbers import Integral, Real
 
 import torch
 
-from dash_ref import NAMES, PORTABLE, RAGGED
+from dash_ref import BANDED, NAMES, PORTABLE, RAGGED
 
 from .backends import BACKENDS
 from .backends.triton.config import HEAD_DIMS
@@ -217,14 +217,15 @@ def check_cu_seqlens_values(offsets_q: list[int], offsets_k: list[int], max_seql
 
 def check_options(causal: bool, softmax_scale: float | None, schedule: str,
                   deterministic: bool, num_workers: int | None, exact: bool = False,
-                  backend: str = "auto", portable: bool = False, packed: bool = False
-                  ) -> None:
+                  backend: str = "auto", portable: bool = False, packed: bool = False,
+                  windowed: bool = False) -> None:
     """Types and values of the keyword options of the public functions.
 
     ``packed`` (a varlen call) admits the schedules made for ragged batches,
-    :data:`dash_ref.RAGGED`, beside :data:`dash_ref.NAMES`.
+    :data:`dash_ref.RAGGED`, and ``windowed`` (a sliding window) those made for bands,
+    :data:`dash_ref.BANDED`, beside :data:`dash_ref.NAMES`.
     """
-    ragged = RAGGED if packed else ()
+    extra = (RAGGED if packed else ()) + (BANDED if windowed else ())
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(exact, bool):
@@ -237,19 +238,19 @@ def check_options(causal: bool, softmax_scale: float | None, schedule: str,
     if softmax_scale is not None and (not isinstance(softmax_scale, Real)
                                       or not math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
-    if schedule != "auto" and schedule not in (*NAMES, *ragged):
+    if schedule != "auto" and schedule not in (*NAMES, *extra):
         raise ValueError(f"unknown schedule {schedule!r}; choose from 'auto', "
-                         f"{', '.join((*NAMES, *ragged))}")
+                         f"{', '.join((*NAMES, *extra))}")
     if schedule == "atomic" and deterministic:
         raise ValueError("schedule 'atomic' is the non-deterministic peer: pass "
                          "deterministic=False to run it")
     if portable and not deterministic:
         raise ValueError("portable=True keeps to fixed summation orders; the atomic peer "
                          "(deterministic=False) has none")
-    if portable and schedule not in ("auto", *PORTABLE, *ragged):
+    if portable and schedule not in ("auto", *PORTABLE, *extra):
         raise ValueError(f"schedule {schedule!r} orders its sums by num_workers, so its bits "
                          f"differ between GPUs; portable=True takes 'auto', "
-                         f"{', '.join((*PORTABLE, *ragged))}")
+                         f"{', '.join((*PORTABLE, *extra))}")
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from 'auto', "
                          f"{', '.join(BACKENDS)}")

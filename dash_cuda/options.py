@@ -57,13 +57,16 @@ class Options:
                 window_size: tuple[int, int] | None = (-1, -1)) -> Options:
         """The options of a public call, validated, with the default scale filled in
         (``packed``: a varlen call, which also takes the schedules of
-        :data:`dash_ref.RAGGED`) and the window as FlashAttention reads it with ``causal``
-        (:meth:`dash_ref.Mask.of`)."""
-        check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
-                      backend, portable, packed)
+        :data:`dash_ref.RAGGED`; a window also takes :data:`dash_ref.BANDED`) and the
+        window as FlashAttention reads it with ``causal`` (:meth:`dash_ref.Mask.of`)."""
         mask = Mask.of(causal, window_size)  # one-line errors naming window_size
-        return cls(causal, resolve_scale(softmax_scale, head_dim), schedule, deterministic,
-                   portable, num_workers, exact, backend,
+        check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
+                      backend, portable, packed, mask.kind == "window")
+        # one value per rule: causal exactly where the rule sees no key right of the
+        # diagonal (FlashAttention's (-1, 0) is the causal flag), a window only where the
+        # rule has one
+        return cls(mask.window_size[1] == 0, resolve_scale(softmax_scale, head_dim),
+                   schedule, deterministic, portable, num_workers, exact, backend,
                    mask.window_size if mask.kind == "window" else (-1, -1))
 
     @cached_property

@@ -1,0 +1,285 @@
+"""Packed batches and sliding windows against FlashAttention-4, timed in interleaved rounds.
+
+Cells (bf16, d = 128, 16 heads, causal):
+
+* ``varlen``: packed batches of 16k and 64k tokens, lengths ``equal`` (2048 each),
+  ``uniform`` and ``heavy`` (log-normal; ``model_varlen.lengths``, the mixes the DAG model
+  predicts for, fixed seeds), through ``dash_cuda.attention_varlen`` and FlashAttention-4's
+  ``flash_attn_varlen_func``;
+* ``window``: causal sliding windows ``(w, 0)`` of 256, 1024 and 4096 at S = 8k (B = 2) and
+  16k (B = 1), through ``window_size=``.
+
+Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedule, with the
+schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
+with ``naive`` (the schedule's gain), and FlashAttention-4 with ``deterministic=True``
+(``fa4-det``) and without (``fa4``). Every row is timed by plain (eager) calls: a packed call
+reads its offsets to the host once, which a CUDA graph cannot hold, so no row is replayed.
+Each of ``--rounds`` rounds times every row once (``--reps`` calls, CUDA events, median), in
+an order that rotates; ratios are taken within a round and reported as medians with their
+range. Backward: the gradients of given ``O``; forward alone; step: both::
+
+    python benchmarks/bench_features.py --out benchmarks/results
+
+Writes ``bench_features.json`` and ``bench_features.md``; ``--plot JSON`` draws
+``bench_features.png`` from a report on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from harness import environment, interleaved_rounds, no_cuda, provenance, save_report
+from model_varlen import lengths
+
+HEAD_DIM, HEADS = 128, 16
+VARLEN = [(total, mix) for total in (16384, 65536) for mix in ("equal", "uniform", "heavy")]
+WINDOWS = [(s, w) for s in (8192, 16384) for w in (256, 1024, 4096)]
+
+
+def cell_name(cell: dict) -> str:
+    if cell["kind"] == "varlen":
+        return f"varlen {cell['mix']} {cell['total'] // 1024}k"
+    return f"window ({cell['window']}, 0) S={cell['seqlen'] // 1024}k B={cell['batch']}"
+
+
+def cells(kinds: list[str]) -> list[dict]:
+    out = []
+    if "varlen" in kinds:
+        out += [{"kind": "varlen", "total": t, "mix": m} for t, m in VARLEN]
+    if "window" in kinds:
+        out += [{"kind": "window", "seqlen": s, "batch": 16384 // s, "window": w}
+                for s, w in WINDOWS]
+    return out
+
+
+def _fa4_varlen():
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None, None
+    return flash_attn_func, flash_attn_varlen_func
+
+
+def closures(cell: dict, gen) -> dict[str, tuple]:
+    """``{row: (fwd, bwd)}`` of one cell, every row on the same inputs."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import Case, get_backend
+
+    dev, bf16 = "cuda", torch.bfloat16
+    fa, fa_varlen = _fa4_varlen()
+    rows: dict[str, tuple] = {}
+    if cell["kind"] == "varlen":
+        seqlens = lengths(cell["mix"], cell["total"])
+        cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32,
+                          device=dev)
+        longest = max(seqlens)
+        q, k, v, do = (torch.randn(cell["total"], HEADS, HEAD_DIM, generator=gen,
+                                   device=dev, dtype=bf16) for _ in range(4))
+        cell["sequences"], cell["longest"] = len(seqlens), longest
+        offsets = (cu, cu, longest, longest)
+        for backend in ("triton", "cute"):
+            why = get_backend(backend).unsupported(Case(HEAD_DIM, bf16, False, True, True))
+            if why or get_backend(backend).missing():
+                continue
+            o, lse = dash_cuda.attention_varlen_forward(q, k, v, *offsets, causal=True,
+                                                        backend=backend)
+            for schedule in ("auto", "lpt", "naive"):
+                rows[f"{backend}:{schedule}"] = (
+                    lambda b=backend: dash_cuda.attention_varlen_forward(
+                        q, k, v, *offsets, causal=True, backend=b),
+                    lambda b=backend, s=schedule, o=o, lse=lse:
+                        dash_cuda.attention_varlen_backward(q, k, v, o, lse, do, *offsets,
+                                                            causal=True, schedule=s,
+                                                            backend=b))
+        if fa_varlen is not None:
+            for det in (True, False):
+                qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+                def fwd(det=det, qg=qg, kg=kg, vg=vg):
+                    out = fa_varlen(qg, kg, vg, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                    max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
+                                    deterministic=det)
+                    return out[0] if isinstance(out, tuple) else out
+
+                out = fwd()
+                rows["fa4-det" if det else "fa4"] = (
+                    fwd, lambda out=out, qg=qg, kg=kg, vg=vg: torch.autograd.grad(
+                        out, (qg, kg, vg), do, retain_graph=True))
+        return rows
+    b, s, w = cell["batch"], cell["seqlen"], cell["window"]
+    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
+                   for _ in range(4))
+    window = (w, 0)
+    for backend in ("cute", "triton"):
+        chosen = get_backend(backend)
+        if chosen.missing() or chosen.unsupported(Case(HEAD_DIM, bf16, False, True, False,
+                                                       True)):
+            continue
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=True, window_size=window,
+                                             backend=backend)
+        for schedule in ("auto", "banded", "naive"):
+            rows[f"{backend}:{schedule}"] = (
+                lambda bk=backend: dash_cuda.attention_forward(
+                    q, k, v, causal=True, window_size=window, backend=bk),
+                lambda bk=backend, sc=schedule, o=o, lse=lse: dash_cuda.attention_backward(
+                    q, k, v, o, lse, do, causal=True, window_size=window, schedule=sc,
+                    backend=bk))
+    if fa is not None:
+        for det in (True, False):
+            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+            def fwd(det=det, qg=qg, kg=kg, vg=vg):
+                out = fa(qg, kg, vg, causal=True, window_size=(w, None), deterministic=det)
+                return out[0] if isinstance(out, tuple) else out
+
+            out = fwd()
+            rows["fa4-det" if det else "fa4"] = (
+                fwd, lambda out=out, qg=qg, kg=kg, vg=vg: torch.autograd.grad(
+                    out, (qg, kg, vg), do, retain_graph=True))
+    return rows
+
+
+def run(args) -> dict:
+    import torch
+
+    report = {**provenance("bench_features.py", args.argv), "environment": environment(args),
+              "cells": []}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    start = time.monotonic()
+    for cell in cells(args.kinds):
+        if time.monotonic() - start > args.time_budget:
+            print(f"time budget spent: {cell_name(cell)} and later cells left out")
+            break
+        rows = closures(cell, gen)
+        for fwd, bwd in rows.values():  # compile and warm every row before any timing
+            for _ in range(args.warmup):
+                fwd()
+                bwd()
+        torch.cuda.synchronize()
+        cell["ms"] = {}
+        for part, index in (("backward", 1), ("forward", 0)):
+            cell["ms"][part] = interleaved_rounds({r: f[index] for r, f in rows.items()},
+                                                  args.rounds, args.reps)
+        cell["median_ms"] = {part: {r: round(statistics.median(t), 4) for r, t in ms.items()}
+                             for part, ms in cell["ms"].items()}
+        print(f"{cell_name(cell)}: {cell['median_ms']}", flush=True)
+        report["cells"].append(cell)
+    return report
+
+
+def ratio(cell: dict, part: str, ours: str, peer: str) -> str:
+    """Median (min - max) over the rounds of ``peer``'s time over ``ours``."""
+    ms = cell["ms"][part]
+    if ours not in ms or peer not in ms:
+        return "-"
+    values = [p / o for o, p in zip(ms[ours], ms[peer])]
+    return f"{statistics.median(values):.2f} ({min(values):.2f} - {max(values):.2f})"
+
+
+def best_dash(cell: dict) -> str | None:
+    """The deterministic ``dash_cuda`` row of lowest median backward time over the rounds
+    (one choice per cell, ``naive`` aside)."""
+    ours = [r for r in cell["median_ms"]["backward"] if ":" in r and not r.endswith(":naive")]
+    return min(ours, key=cell["median_ms"]["backward"].get) if ours else None
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        "# Packed batches and sliding windows against FlashAttention-4",
+        "",
+        f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
+        f"{env['torch']}, triton {env['triton']}. bf16, d = 128, 16 heads, causal. Every "
+        "row timed by eager calls (a packed call reads its offsets to the host, which a CUDA "
+        f"graph cannot hold), {env['reps']} calls per round, interleaved rounds; ms are "
+        "medians over the rounds; ratios are the peer's time over ours within a round, "
+        "median (range). `BACKEND:auto` is the schedule `dash_cuda` picks, `lpt` and "
+        "`banded` the schedules made for packed batches and bands, `naive` the baseline "
+        "order; `fa4-det` is FlashAttention-4 with `deterministic=True`.",
+        "",
+        "| cell | rows (backward ms) | fa4-det / ours | fa4 / ours | naive / ours | "
+        "forward: fa4 / ours |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in report["cells"]:
+        ours = best_dash(cell)
+        bwd = cell["median_ms"]["backward"]
+        shown = ", ".join(f"{r} {t:.3f}" for r, t in bwd.items())
+        naive = ours.split(":")[0] + ":naive" if ours else None
+        lines.append(
+            f"| {cell_name(cell)} | {shown} | {ratio(cell, 'backward', ours, 'fa4-det')} | "
+            f"{ratio(cell, 'backward', ours, 'fa4')} | "
+            f"{ratio(cell, 'backward', ours, naive) if ours else '-'} | "
+            f"{ratio(cell, 'forward', ours, 'fa4')} |")
+    lines += ["", "Above 1: ours is faster. `ours` is the deterministic `dash_cuda` row of "
+              "lowest median backward time in the cell (`naive` aside), chosen once per cell."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path) -> Path:
+    """``bench_features.png`` beside ``path``: each cell's backward time of every row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = json.loads(path.read_text())
+    cells_ = report["cells"]
+    rows = sorted({r for c in cells_ for r in c["median_ms"]["backward"]})
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(cells_)), 4.5))
+    width = 0.8 / len(rows)
+    for n, row in enumerate(rows):
+        xs = [i + n * width for i, c in enumerate(cells_) if row in c["median_ms"]["backward"]]
+        ys = [c["median_ms"]["backward"][row] for c in cells_
+              if row in c["median_ms"]["backward"]]
+        ax.bar(xs, ys, width, label=row)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells_))])
+    ax.set_xticklabels([cell_name(c) for c in cells_], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("backward ms (lower is faster)")
+    ax.set_title("Backward on packed batches and sliding windows, H200, bf16, d = 128")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--kinds", nargs="+", default=["varlen", "window"],
+                        choices=["varlen", "window"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--time-budget", type=float, default=float("inf"),
+                        help="seconds after which no new cell starts")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="draw the PNG of a committed JSON report and exit")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.plot is not None:
+        if not args.plot.is_file():
+            print(f"bench_features: --plot: no such report {args.plot}", file=sys.stderr)
+            return 2
+        print(plot(args.plot))
+        return 0
+    if args.rounds < 1 or args.reps < 1 or args.warmup < 1:
+        print("bench_features: --rounds, --reps and --warmup must be >= 1", file=sys.stderr)
+        return 2
+    if no_cuda("bench_features"):
+        return 2
+    report = run(args)
+    save_report(args.out, "bench_features", report, markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
