@@ -32,13 +32,17 @@
 #                                        # call and phases inside the CuTe backward
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
 #                                        # (benchmarks/versus_fa4.py)
+#   scripts/gpu_release.sh features OUT  # packed batches and sliding windows: their GPU
+#                                        # tests on both backends, the CuTe L2 and
+#                                        # correctness tests, then benchmarks/bench_features.py
+#                                        # against FA4 (varlen and windows)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|l2|grid|determinism|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|l2|grid|determinism|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -127,6 +131,16 @@ verify)
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py tests/test_cute_ptx.py
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     tail -n 2 "$LOG/tests.log"
+    ;;
+features)
+    fa4_unpack
+    step tests 300 $PY -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=120 \
+        tests/gpu/test_cuda_varlen.py $(ls tests/gpu/test_*window*.py 2>/dev/null) \
+        tests/gpu/test_cuda_fast_l2.py tests/gpu/test_cuda_correctness.py tests/gpu/test_compile.py
+    grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
+    tail -n 2 "$LOG/tests.log"
+    step bench 280 $PY benchmarks/bench_features.py --out "$LOG" --rounds 4 --time-budget 200
+    [ -f "$LOG/bench_features.md" ] && cat "$LOG/bench_features.md"
     ;;
 l2)
     fa4_unpack
