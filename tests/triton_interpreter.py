@@ -161,7 +161,8 @@ def _call(c: dict) -> dict:
             o.backward(do)
             out.update(dq=leaves[0].grad, dk=leaves[1].grad, dv=leaves[2].grad)
         return out
-    fwd_kw = {n: kw[n] for n in ("causal", "softmax_scale", "backend") if n in kw}
+    fwd_kw = {n: kw[n] for n in ("causal", "window_size", "softmax_scale", "backend")
+              if n in kw}
     forward = dash_cuda.attention_varlen_forward if packed else dash_cuda.attention_forward
     o, lse = forward(q, k, v, *offsets, **fwd_kw, _poison=True)
     backward = dash_cuda.attention_varlen_backward if packed else dash_cuda.attention_backward

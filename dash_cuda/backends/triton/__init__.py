@@ -37,13 +37,11 @@ class TritonBackend:
             return "Triton is not installed (pip install 'dash-attention[gpu]')"
         return None
 
-    def unsupported(self, case: Case) -> str | None:  # packed batches included
+    def unsupported(self, case: Case) -> str | None:  # packed batches, windows included
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
-        if case.window:
-            return "sliding windows (window_size): this backend has no window kernels yet"
         return None
 
     def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:

@@ -15,8 +15,10 @@ chain_offsets[c + 1]]`` in that order. Each visit computes the fp32 partial
   (non-deterministic); the peer that measures what determinism costs.
 
 Which elements of a score tile a visit keeps is :mod:`.mask`'s rule (the mask's kind
-``MASK`` is a compile-time constant); the tiles a chain visits are the schedule's, derived on
-the CPU from the same rule (:class:`dash_ref.Mask`).
+``MASK`` is a compile-time constant; a window's extents ``WINDOW_LEFT``, ``WINDOW_RIGHT``
+are runtime integers, None for the other kinds); the tiles a chain visits are the
+schedule's, derived on the CPU from the same rule (:class:`dash_ref.Mask`), so a window's
+tile pairs that no row sees are never visited.
 
 Every floating-point step is marked ``[name]``: the step of
 :mod:`dash_ref.arithmetic.steps` that mirrors it; :mod:`.contract` says which instruction
@@ -122,7 +124,9 @@ def _softmax_p(s_t, lse2, scale_log2, seen, EXACT: tl.constexpr):
 
 # Lengths, head counts and the LSE strides vary from call to call; keeping them out of the
 # specialization key gives one compiled kernel per (dtype, head dim, flags).
-_RUNTIME_INTS = ["H", "GROUP", "S_Q", "S_K", "N_Q", "CAUSAL_OFFSET", "stride_lb", "stride_lh"]
+# The window's extents likewise: one compiled kernel serves every window size.
+_RUNTIME_INTS = ["H", "GROUP", "S_Q", "S_K", "N_Q", "CAUSAL_OFFSET", "stride_lb", "stride_lh",
+                 "WINDOW_LEFT", "WINDOW_RIGHT"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -143,6 +147,7 @@ def dash_bwd_kernel(
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None, VARLEN: tl.constexpr = False,
+    WINDOW_LEFT=None, WINDOW_RIGHT=None,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -206,7 +211,7 @@ def dash_bwd_kernel(
             s_t = tl.dot(k, tl.trans(q))                                    # [qk]
             # the transposed score tile's elements (keys as rows) that exist and are unmasked
             seen = visible(rows[None, :], cols[:, None], seqlen_q, seqlen_k, causal_offset,
-                           MASK)
+                           WINDOW_LEFT, WINDOW_RIGHT, MASK)
             p_t = _softmax_p(s_t, lse2, scale_log2, seen, EXACT)           # [softmax_p]
             p_op = p_t.to(q.dtype)                                          # [round_operand]
             dv += tl.dot(p_op, do)                                          # [dv_step]

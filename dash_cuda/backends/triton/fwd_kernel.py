@@ -3,8 +3,11 @@
 Program ``(m, b * H + h)`` owns query rows ``m * BM : (m + 1) * BM`` of head ``(b, h)`` and
 streams the KV tiles its rows can see in ascending order:
 
-* first the tiles every row of the tile sees in full (no mask arithmetic at all),
-* then the rest: the last partial KV tile and, for causal masks, the diagonal band.
+* for a sliding window, first the tiles left of the dense interior that some rows see
+  only in part (the window's left edge; below them no row sees a key, so they are skipped),
+* the tiles every row of the tile sees in full (no mask arithmetic at all),
+* then the rest: the last partial KV tile and, for causal masks and windows, the diagonal
+  band (past it, up to the window's right edge).
 
 Which keys a row sees is :mod:`.mask`'s rule (the kind ``MASK`` is a compile-time constant),
 also for the tile ranges.
@@ -12,7 +15,8 @@ also for the tile ranges.
 Scores are kept in base-2 units, ``s2 = S * scale_log2`` with ``scale_log2 =
 softmax_scale * log2(e)``, so every exponential is one ``ex2.approx``. The outputs are
 ``O`` (input dtype) and ``LSE2 = log2(sum_k 2^s2)`` (fp32, base 2), the value the backward
-subtracts. A row that sees no key (causal with ``S_q > S_k``) gets ``O = 0`` and
+subtracts. A row that sees no key (causal with ``S_q > S_k``, a window past the keys) gets
+``O = 0`` and
 ``LSE2 = -inf``, as :mod:`dash_ref.emulate` defines it; the backward masks those rows'
 probabilities to exactly 0, so they produce zero gradients and never NaN.
 
@@ -37,12 +41,13 @@ from .mask import key_range, visible
 
 
 @triton.jit
-def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, scale_log2,
-                  MASKED: tl.constexpr, MASK: tl.constexpr):
+def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, WINDOW_LEFT,
+                  WINDOW_RIGHT, scale_log2, MASKED: tl.constexpr, MASK: tl.constexpr):
     """Fold one KV tile into the running max ``m``, sum ``l`` and output ``acc``."""
     s2 = tl.dot(q, tl.trans(k)) * scale_log2
     if MASKED:  # rows past S_q are never stored: no row bound
-        seen = visible(rows[:, None], cols[None, :], None, S_K, CAUSAL_OFFSET, MASK)
+        seen = visible(rows[:, None], cols[None, :], None, S_K, CAUSAL_OFFSET, WINDOW_LEFT,
+                       WINDOW_RIGHT, MASK)
         s2 = tl.where(seen, s2, float("-inf"))
     m_new = tl.maximum(m, tl.max(s2, 1))
     # a row that has seen no key yet keeps m = -inf; subtract 0 instead of -inf - -inf
@@ -54,8 +59,9 @@ def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, scale_log2
     return acc, m_new, l
 
 
+# the window's extents too: one compiled kernel serves every window size
 @triton.jit(do_not_specialize=["H", "GROUP", "S_Q", "S_K", "CAUSAL_OFFSET", "stride_lb",
-                               "stride_lh"])
+                               "stride_lh", "WINDOW_LEFT", "WINDOW_RIGHT"])
 def dash_fwd_kernel(
     Q, K, V, O, LSE2,
     stride_qb, stride_qs, stride_qh,
@@ -66,6 +72,7 @@ def dash_fwd_kernel(
     H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, VARLEN: tl.constexpr = False,
+    WINDOW_LEFT=None, WINDOW_RIGHT=None,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -94,20 +101,29 @@ def dash_fwd_kernel(
     l = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, HEAD_DIM], dtype=tl.float32)
 
-    # keys [0, hi) are seen by some row of the tile; keys [0, dense) by all of its rows
-    dense, hi = key_range(pid_m, seqlen_k, causal_offset, BM, BN, MASK)
-    for start in range(0, dense, BN):
+    # keys [lo, hi) hold every key some row of the tile sees; keys [dense_lo, dense_hi)
+    # are whole tiles all of its rows see (lo = dense_lo = 0 but for windows), walked in
+    # ascending order
+    lo, dense_lo, dense_hi, hi = key_range(pid_m, seqlen_k, causal_offset, WINDOW_LEFT,
+                                           WINDOW_RIGHT, BM, BN, MASK)
+    for start in range(lo, dense_lo, BN):  # a window's left edge (no tile otherwise)
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
-                                  scale_log2, False, MASK)
-    for start in range(dense, hi, BN):
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, True, MASK)
+    for start in range(dense_lo, dense_hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
-                                  scale_log2, True, MASK)
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, False, MASK)
+    for start in range(dense_hi, hi, BN):
+        cols = start + tl.arange(0, BN)
+        k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, True, MASK)
 
     seen = l > 0.0
     o = acc / tl.where(seen, l, 1.0)[:, None]

@@ -18,6 +18,15 @@ from .config import backward_config, forward_config
 from .fwd_kernel import dash_fwd_kernel
 
 
+def window_extents(mask: Mask) -> dict:
+    """The kernels' ``WINDOW_LEFT``, ``WINDOW_RIGHT``: a window's own extents (runtime
+    integers), None for the other kinds, which Triton then drops (those kernels compile as
+    they did before windows)."""
+    if mask.kind != "window":
+        return dict(WINDOW_LEFT=None, WINDOW_RIGHT=None)
+    return dict(WINDOW_LEFT=mask.left, WINDOW_RIGHT=mask.right)
+
+
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
                 softmax_scale: float, poison: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +51,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
         scale_log2_value(softmax_scale),
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **window_extents(mask), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse2
 
@@ -76,7 +85,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         scale_log2_value(softmax_scale),
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
         CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
-        CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True,
+        CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True, **window_extents(mask),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse2
@@ -114,8 +123,9 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, 0 if packed else p.causal_offset,
         scale_log2_value(launch.softmax_scale), launch.softmax_scale,
     )
+    mask = p.visibility  # the rule as a value: a window's kind and extents included
     options = dict(
-        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, MASK=p.mask,
+        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, MASK=mask.kind, **window_extents(mask),
         DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
         PREFETCH=cfg.prefetch, EXACT=launch.exact,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
