@@ -11,13 +11,16 @@ the target is given, not queried)::
 tree's own list: ``variants.shipped_variants``, or in older trees the union of warm-up's and
 ``inspect_ptx``'s lists), keyed by what the variant is (kind, dtype, head dim, mask, flags;
 the forward's tile height) rather than by its name, which may carry more in one tree, and
-compares the PTX byte for byte (CuTe DSL writes no line information).
+compares the PTX byte for byte (CuTe DSL writes no line information). Variants only the new
+tree ships (a new mask kind) are listed, not compared; one the new tree lacks is an error.
 
 Each tree is imported in its own processes (``BASE_TREE`` first on ``sys.path``, a fresh
 ``TRITON_CACHE_DIR``), which compile every variant and write its PTX; this process then
 compares them. Variants: the forward and the persistent backward (bf16/fp16, every head dim
 of ``config.HEAD_DIMS``, full/causal; the backward deterministic and atomic, default and
-``exact``, audit, per-head fp32 dK/dV or rounded), and the kernels around the backward
+``exact``, audit, per-head fp32 dK/dV or rounded; a sliding window, ``MASK="window"`` with
+its runtime extents, in the forward and the backward's deterministic and atomic, default and
+``exact`` kernels), and the kernels around the backward
 (``D`` with and without its pairwise tree at the query tiles of both backends, the dQ
 epilogues, the GQA sum). Each is compiled in two specializations:
 
@@ -32,6 +35,9 @@ and each with Triton's line information (as shipped) and without it
 blocks, which also name the inlined functions, whose ranges ``$L__tmp`` labels in the code
 mark), so those lines are left out before comparing; without it the whole text is compared
 byte for byte.
+
+A variant the base tree has no kernel for (a window in a tree from before windows) is
+compiled in the new tree only, to show it compiles, and listed; it is not compared.
 
 The trees may name a switch differently; :func:`constants` maps the spellings in use
 (the mask: ``CAUSAL`` bool or ``MASK`` kind; the ``D`` kernel's tree: ``EXACT`` or
@@ -67,6 +73,12 @@ KERNELS = {
 CUTE_BLOCK_M = {64: 128, 128: 64}
 DTYPES = ("bf16", "fp16")
 SPECS = ("launch", "plain")
+#: the window the window variants launch with (its extents are runtime: any would do)
+WINDOW = (256, 0)
+
+
+class NoSuchKernel(Exception):
+    """The tree has no kernel for this variant (a feature newer than the tree)."""
 
 
 # -- the variants (tree-independent descriptions) ------------------------------------------
@@ -83,6 +95,10 @@ def variants(head_dims: tuple[int, ...]) -> list[dict]:
                             out.append(dict(kernel="bwd", dtype=dtype, head_dim=d, mask=mask,
                                             deterministic=det, exact=exact, audit=audit,
                                             per_head=per_head))
+            out.append(dict(kernel="fwd", dtype=dtype, head_dim=d, mask="window"))
+            for det, exact in ((True, False), (True, True), (False, False)):
+                out.append(dict(kernel="bwd", dtype=dtype, head_dim=d, mask="window",
+                                deterministic=det, exact=exact, audit=False, per_head=False))
             for block_m in sorted({64, CUTE_BLOCK_M.get(d, 64)}):
                 for pairwise in (False, True):
                     out.append(dict(kernel="delta", dtype=dtype, head_dim=d, block_m=block_m,
@@ -134,6 +150,11 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
     else:
         raise ImportError(f"no kernel {v['kernel']!r} in {KERNELS[v['kernel']]}")
 
+    window = {}
+    if v.get("mask") == "window":
+        if "WINDOW_LEFT" not in fn.arg_names:
+            raise NoSuchKernel(v["name"])
+        window = dict(WINDOW_LEFT=WINDOW[0], WINDOW_RIGHT=WINDOW[1])
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[v["dtype"]]
     f32, i32 = torch.float32, torch.int32
     d = v["head_dim"]
@@ -154,7 +175,7 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
                     LSE2=MockTensor(f32), **strides("q", heads), **strides("k", heads_kv),
                     **strides("v", heads_kv), **strides("o", heads), **row_stats,
                     H=heads, GROUP=group, S_Q=seqlen, S_K=seqlen, CAUSAL_OFFSET=0,
-                    scale_log2=0.18033688)
+                    scale_log2=0.18033688, **window)
         const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, MASK=v["mask"])
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     elif kind == "bwd":
@@ -172,7 +193,7 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
                     **strides("dv", heads if v["per_head"] else heads_kv),
                     H=heads, GROUP=group, S_Q=seqlen, S_K=seqlen,
                     N_Q=-(-seqlen // cfg.block_m), CAUSAL_OFFSET=0,
-                    scale_log2=0.18033688, softmax_scale=0.125)
+                    scale_log2=0.18033688, softmax_scale=0.125, **window)
         const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, MASK=v["mask"],
                      DETERMINISTIC=v["deterministic"], AUDIT=v["audit"],
                      PER_HEAD=v["per_head"], PREFETCH=cfg.prefetch, EXACT=v["exact"],
@@ -262,7 +283,10 @@ def worker(tree: Path, out: Path, shard: int, shards: int, head_dims: tuple[int,
         raise SystemExit(f"imported {dash_cuda.__file__}, not the tree {tree}")
     todo = [(v, s) for v in variants(head_dims) for s in SPECS][shard::shards]
     for v, spec in todo:
-        kernel = compile_variant(v, spec)
+        try:
+            kernel = compile_variant(v, spec)
+        except NoSuchKernel:
+            continue
         (out / f"{v['name']}-{spec}.ptx").write_text(kernel.asm["ptx"])
     return 0
 
@@ -334,8 +358,13 @@ def compare_cute(args) -> int:
             run_cute_tree(tree.resolve(), folder.resolve(), args.jobs)
             dirs.append(folder)
         names = sorted(p.name for p in dirs[0].iterdir())
-        if names != sorted(p.name for p in dirs[1].iterdir()):
-            raise SystemExit("the two trees compiled different sets of variants")
+        added = sorted({p.name for p in dirs[1].iterdir()} - set(names))
+        missing = [name for name in names if not (dirs[1] / name).exists()]
+        if missing:
+            raise SystemExit(f"the new tree lacks variants of the base: {missing}")
+        if added:  # new variants have no PTX to compare with; the base's must all be kept
+            print(f"cute: {len(added)} variants only in the new tree (not compared): "
+                  + ", ".join(name.removesuffix(".ptx") for name in added))
         same = 0
         for name in names:
             before, after = ((d / name).read_text() for d in dirs)
@@ -417,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.line_info]
     with tempfile.TemporaryDirectory(prefix="compare_ptx_") as scratch:
         root = args.keep or Path(scratch)
-        total = same = 0
+        total = same = new_only_total = 0
         for line_info in modes:
             mode = "line-info" if line_info else "no-line-info"
             dirs = []
@@ -427,8 +456,16 @@ def main(argv: list[str] | None = None) -> int:
                 run_tree(tree.resolve(), folder.resolve(), args.jobs, line_info, head_dims)
                 dirs.append(folder)
             names = sorted(p.name for p in dirs[0].iterdir())
-            if names != sorted(p.name for p in dirs[1].iterdir()):
-                raise SystemExit("the two trees compiled different sets of variants")
+            new_only = sorted({p.name for p in dirs[1].iterdir()} - set(names))
+            if not set(names) <= {p.name for p in dirs[1].iterdir()}:
+                raise SystemExit("the new tree did not compile every variant of the base tree")
+            new_only_total += len(new_only)
+            if new_only:
+                kinds = sorted({n.split("-")[0] + " " + next(
+                    (part for part in n.split("-") if part.startswith("mask=")), "")
+                    for n in new_only})
+                print(f"{mode}: {len(new_only)} kernels compiled in the new tree only (the base "
+                      f"tree has no kernel for them: {', '.join(kinds)})")
             raw_same = mode_same = 0
             for name in names:
                 before, after = ((d / name).read_text() for d in dirs)
@@ -449,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             total += len(names)
             same += mode_same
     print(f"{args.backend}: {len(variants(tuple(head_dims)))} variants x {len(SPECS)} "
-          f"specializations x {len(modes)} line-info settings = {total} PTX texts per tree; "
-          f"{same} identical, {total - same} different")
+          f"specializations x {len(modes)} line-info settings; {total} PTX texts compared "
+          f"({new_only_total} in the new tree only); {same} identical, {total - same} different")
     return 0 if same == total else 1
 
 

@@ -28,8 +28,9 @@ Variant = inspect_asm.Variant
 
 
 @functools.cache
-def backward_asm(head_dim: int, exact: bool) -> tuple[str, str]:
-    kernel = inspect_asm.compile_backward(Variant(head_dim, exact=exact))
+def backward_asm(head_dim: int, exact: bool, window: tuple[int, int] | None = None
+                 ) -> tuple[str, str]:
+    kernel = inspect_asm.compile_backward(Variant(head_dim, exact=exact, window=window))
     return kernel.asm["ptx"], inspect_asm.sass_of(kernel)
 
 
@@ -47,9 +48,15 @@ FADD, FFMA = r"\bFADD\b", r"\bFFMA\b"
 FTZ_ARITH = inspect_asm.SASS_FTZ_ARITH
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_default_backward_accumulates_dv_and_dk_inside_the_mma(head_dim):
-    _, sass = backward_asm(head_dim, False)
+# the causal kernels at both tile shapes, and a sliding window's (MASK="window", its extents
+# runtime integers: the window only adds integer compares, no floating-point step)
+KERNELS = [(64, None), (128, None), (64, (256, 0))]
+KERNEL_IDS = ["d64", "d128", "d64-window"]
+
+
+@pytest.mark.parametrize("head_dim, window", KERNELS, ids=KERNEL_IDS)
+def test_default_backward_accumulates_dv_and_dk_inside_the_mma(head_dim, window):
+    _, sass = backward_asm(head_dim, False, window)
     exps = n(r"\bMUFU\.EX2\b", sass)
     assert exps > 0
     # one FFMA (S * scale_log2 - LSE2) and one FADD (dP - D) per score element, nothing more:
@@ -59,10 +66,10 @@ def test_default_backward_accumulates_dv_and_dk_inside_the_mma(head_dim):
     assert n(FTZ_ARITH, sass) == 0
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_exact_backward_runs_the_software_exp2(head_dim):
-    ptx, sass = backward_asm(head_dim, True)
-    _, default_sass = backward_asm(head_dim, False)
+@pytest.mark.parametrize("head_dim, window", KERNELS, ids=KERNEL_IDS)
+def test_exact_backward_runs_the_software_exp2(head_dim, window):
+    ptx, sass = backward_asm(head_dim, True, window)
+    _, default_sass = backward_asm(head_dim, False, window)
     elements = n(r"\bMUFU\.EX2\b", default_sass)
     assert n(r"\bMUFU\.EX2\b", sass) == 0
     assert n(r"\bFRND\b", sass) == elements  # rint, once per score element
@@ -85,3 +92,15 @@ def test_exact_d_sum_is_not_contracted(head_dim):
     assert n(FFMA, sass) == 0  # ... the exact one rounds every product, then adds
     assert n(r"\bmul\.rn\.f32\b", ptx) > 0 and n(r"\badd\.rn\.f32\b", ptx) > 0
     assert n(FTZ_ARITH, sass) == 0
+
+
+def test_the_window_kernel_has_the_causal_kernels_floating_point_steps():
+    """A window changes which elements are masked, not how one is computed: the same
+    exponentials, FMAs, adds, roundings and MMAs as the causal kernel, default and exact."""
+    names = (r"\bMUFU\.EX2\b", FFMA, FADD, r"\bFMUL\b", r"\bFRND\b",
+             r"\bHGMMA\.[A-Z0-9x.]+", r"\bF2FP\.[A-Z0-9.]+", r"\bREDG\.[A-Z0-9.]+")
+    for exact in (False, True):
+        _, causal = backward_asm(64, exact)
+        _, window = backward_asm(64, exact, (256, 0))
+        for pattern in names:
+            assert n(pattern, window) == n(pattern, causal), (exact, pattern)

@@ -75,11 +75,22 @@ class Variant:
     exact: bool = False
     audit: bool = False
     per_head: bool = True
+    #: FlashAttention's ``window_size`` (with ``causal``: ``(left, 0)``); None: no window.
+    #: The extents are runtime arguments, so any window compiles the same kernel.
+    window: tuple[int, int] | None = None
+
+    @property
+    def mask(self):
+        from dash_ref import Mask
+
+        return Mask.of(self.causal, self.window or (-1, -1))
 
     def __str__(self) -> str:
         mode = "exact" if self.exact else "default"
         det = "deterministic" if self.deterministic else "atomic"
-        return f"d={self.head_dim} {self.dtype} {'causal' if self.causal else 'full'} {det} {mode}"
+        mask = self.mask
+        name = f"window {mask.left},{mask.right}" if mask.kind == "window" else mask.kind
+        return f"d={self.head_dim} {self.dtype} {name} {det} {mode}"
 
 
 def _compile(fn, pointers: dict[str, str], floats: tuple[str, ...], constants: dict,
@@ -99,8 +110,6 @@ def _compile(fn, pointers: dict[str, str], floats: tuple[str, ...], constants: d
 
 def compile_backward(v: Variant):
     """The persistent backward kernel of variant ``v``, as a run would launch it."""
-    from dash_ref import Mask
-
     from .bwd_kernel import dash_bwd_kernel
     from .config import backward_config
 
@@ -112,12 +121,14 @@ def compile_backward(v: Variant):
     pointers |= {n: "*i32" for n in ("SEM", "WORKER_OFFSETS", "CHAIN_BHJ", "CHAIN_OFFSETS",
                                      "VISIT_Q", "VISIT_RANK")}
     constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim,
-                     MASK=Mask.of(v.causal).kind,
+                     MASK=v.mask.kind,
                      DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
                      PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True,
                      # a rectangular launch: the packed-batch arguments are absent
                      CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None,
                      VARLEN=False)
+    if v.mask.kind != "window":  # a window's extents are i32 arguments; else absent
+        constants |= dict(WINDOW_LEFT=None, WINDOW_RIGHT=None)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                    enable_fp_fusion=not v.exact)
     return _compile(dash_bwd_kernel, pointers, ("scale_log2", "softmax_scale"), constants,
@@ -165,6 +176,7 @@ def describe(kernel) -> dict[str, Counter]:
 VARIANTS = (
     Variant(64), Variant(64, exact=True), Variant(128), Variant(128, exact=True),
     Variant(64, causal=False, deterministic=False),
+    Variant(64, window=(256, 0)), Variant(64, exact=True, window=(256, 0)),
 )
 
 
@@ -172,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out = Path(argv[0]) if argv else None
     kernels = [(f"backward {v}", f"bwd_d{v.head_dim}_{'exact' if v.exact else 'default'}"
-                f"{'' if v.deterministic else '_atomic'}", compile_backward(v))
+                f"{'' if v.deterministic else '_atomic'}{'_window' if v.window else ''}",
+                compile_backward(v))
                for v in VARIANTS]
     kernels += [(f"preprocess D d={d} {'exact' if e else 'default'}",
                  f"delta_d{d}_{'exact' if e else 'default'}", compile_delta(d, e))
