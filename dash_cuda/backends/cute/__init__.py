@@ -14,7 +14,8 @@
 - :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
-It runs head dims 64 and 128 in the fast arithmetic. Importing this package imports no
+It runs head dims 64 and 128 in the fast arithmetic, every mask (full, causal, sliding
+windows: :mod:`.mask`). Importing this package imports no
 CuTe DSL; :data:`BACKEND` loads it on first use.
 """
 
@@ -59,8 +60,6 @@ class CuteBackend:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
-        if case.window:
-            return "sliding windows (window_size): this backend has no window kernels yet"
         return None
 
     def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
@@ -79,7 +78,7 @@ class CuteBackend:
     def forward(self, q, k, v, mask, softmax_scale, poison):
         from .launch import run_forward
 
-        return run_forward(q, k, v, mask.kind == "causal", softmax_scale, poison)
+        return run_forward(q, k, v, mask, softmax_scale, poison)
 
     def new_dq_acc(self, problem, device):
         from .launch import new_dq_acc

@@ -142,7 +142,8 @@ LAUNCH_ARGS = (
     ("dk_ptr", "output"), ("dv_ptr", "output"), ("sem_ptr", "i32"), ("partials_ptr", "f32"),
     *((f"{table}_ptr", "i32") for table in TABLE_NAMES),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "n_q",
-                           "num_chains", "num_visits", "num_workers")),
+                           "num_chains", "num_visits", "num_workers", "window_left",
+                           "window_right")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "do", "dk", "dv")),
     ("scale_log2", "float"), ("softmax_scale", "float"), ("stream", "stream"),
 )
@@ -252,6 +253,7 @@ class DashBackwardSm90:
         chain_offsets_ptr: cute.Pointer, visit_q_ptr: cute.Pointer, visit_rank_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         n_q: Int32, num_chains: Int32, num_visits: Int32, num_workers: Int32,
+        window_left: Int32, window_right: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, do_strides: tuple,
         dk_strides: tuple, dv_strides: tuple,
         scale_log2: Float32, softmax_scale: Float32,
@@ -320,11 +322,14 @@ class DashBackwardSm90:
                                  (sdS_layout, bm * bn * self.q_stages)):
             assert cute.cosize(layout) == elements, "a swizzled layout is not whole atoms"
 
+        # a window's extents reach the kernel; the other kinds' kernels take no argument
+        window = (window_left, window_right) if const_expr(self.mask == "window") else None
         self.kernel(
             tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, tdK, tdV, tma_dk, tma_dv,
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
             mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
-            heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, Storage,
+            heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, window,
+            Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -341,7 +346,7 @@ class DashBackwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
-        scale_log2: Float32, softmax_scale: Float32,
+        scale_log2: Float32, softmax_scale: Float32, window,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -412,7 +417,7 @@ class DashBackwardSm90:
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                       heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
-                      (sEpi, tdK, tdV, tma_dk, tma_dv))
+                      (sEpi, tdK, tdV, tma_dk, tma_dv), window)
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -551,7 +556,8 @@ class DashBackwardSm90:
     @cute.jit
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out):
+             heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out,
+             window):
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -622,7 +628,7 @@ class DashBackwardSm90:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = softmax_p(acc_s[e], scale_log2, -sLSE[score_coords[e][1], stage])
                 self.mask_scores(acc_s, score_coords, seqlen_k - j * bn, seqlen_q - i * bm,
-                                 i * bm + causal_offset - j * bn)
+                                 i * bm + causal_offset - j * bn, window)
                 p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
                 p_op_acc.store(acc_s.load().to(self.dtype))
                 # [ds] dS^T = P^T (dP^T - D_i)
@@ -701,26 +707,30 @@ class DashBackwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal):
+    def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal, window=None):
         """[softmax_p] masked elements of P^T become exactly 0 (a select, not a multiply).
 
         In tile-local coordinates (key row ``r``, query column ``c``) an element is visible
         iff ``r < keys_left`` (key < S_k), ``c < rows_left`` (query < S_q) and, causal,
-        ``r - c <= diagonal`` (key <= query + S_k - S_q): :func:`.mask.visible`. Tiles that
-        need none of the three tests skip the selects by a branch, unless the variant selects
-        on every tile (``BackwardConfig.select_every_tile``).
+        ``r - c <= diagonal`` (key <= query + S_k - S_q), or, window (its run-time
+        extents ``(left, right)``), ``diagonal - left <= r - c <= diagonal + right``:
+        :func:`.mask.visible`. Tiles that need none of the tests skip the selects by a
+        branch, unless the variant selects on every tile
+        (``BackwardConfig.select_every_tile``). The schedule's tables list only active tile
+        pairs, so a window's visits are those its rule leaves a key in.
         """
         if const_expr(self.select_every_tile):  # noqa: SIM114 - compile time, then run time
-            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
-        elif mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm):
-            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal)
+            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal, window)
+        elif mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm,
+                             window):
+            self.select_visible(acc_s, coords, keys_left, rows_left, diagonal, window)
 
     @cute.jit
-    def select_visible(self, acc_s, coords, keys_left, rows_left, diagonal):
+    def select_visible(self, acc_s, coords, keys_left, rows_left, diagonal, window=None):
         """The selects of :meth:`mask_scores`, one per element."""
         for e in cutlass.range_constexpr(cute.size(acc_s)):
             r, c = coords[e][0], coords[e][1]
-            seen = mask.visible(self.mask, r, c, keys_left, diagonal, rows_left)
+            seen = mask.visible(self.mask, r, c, keys_left, diagonal, rows_left, window)
             acc_s[e] = cutlass.select_(seen, acc_s[e], Float32(0.0))
 
     @cute.jit

@@ -1,7 +1,10 @@
 """The CuTe kernels' configurations: tiles, buffering and in-tile choices, as values.
 
 One function of the problem chooses each: :func:`backward_config` (head dim, mask kind,
-dtype) and :func:`forward_config` (head dim, mask kind, ``S_q``, dtype). The kernels take the
+dtype) and :func:`forward_config` (head dim, mask kind, ``S_q``, dtype). A sliding window
+(kind ``"window"``) takes the causal configurations: its backward is causal's (the same
+tiles as every kind, the masking branch), its forward causal's where its right side is 0
+(:func:`tiling_mask`), else the full mask's. The kernels take the
 configuration they are given (nothing is looked up inside a kernel module), and a compiled
 variant's name carries its configuration's :attr:`~BackwardConfig.name`.
 
@@ -78,14 +81,16 @@ def _supported(head_dim: int) -> None:
 
 def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat16
                     ) -> BackwardConfig:
-    """The backward's configuration for a problem (``mask``: its kind, ``"full"`` or
-    ``"causal"``; both dtypes run the same one).
+    """The backward's configuration for a problem (``mask``: its kind, ``"full"``,
+    ``"causal"`` or ``"window"``; both dtypes run the same one).
 
     The tiles FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128
     a 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA
     and would make the tiling depend on the mask). [dk_step] is issued after the partial's
     MMA, so that staging the partial overlaps it (issuing it before the dS barrier was 1 -
-    6 % slower at d = 128 and 2 - 10 % at d = 64).
+    6 % slower at d = 128 and 2 - 10 % at d = 64). A window keeps the masking branch (its
+    edge tiles need the selects, its interior ones do not; selecting on every tile was
+    measured for full masks only), so one configuration serves every window.
     """
     _supported(head_dim)
     if head_dim == 64:
@@ -102,10 +107,20 @@ _FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3
             128: {128: ForwardConfig(128, 128, 2)}}
 
 
+def tiling_mask(rule) -> str:
+    """The kind the configuration rules read for a :class:`dash_ref.Mask`: a window with no
+    key right of the diagonal (``right = 0``) tiles as ``"causal"``, any other as
+    ``"full"`` (as :attr:`dash_ref.Problem.mask` reads it)."""
+    if rule.kind == "window":
+        return "causal" if rule.window_size[1] == 0 else "full"
+    return rule.kind
+
+
 def forward_config(head_dim: int, mask: str, seqlen_q: int,
                    dtype: torch.dtype = torch.bfloat16, block_m: int | None = None
                    ) -> ForwardConfig:
-    """The forward's configuration for a problem.
+    """The forward's configuration for a problem (``mask``: ``"full"`` or ``"causal"``, a
+    window's :func:`tiling_mask`).
 
     At d = 64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <=
     :data:`SHORT_CAUSAL`), where 128 rows waste less on the diagonal and are ~10 % faster.
@@ -124,9 +139,12 @@ def forward_config(head_dim: int, mask: str, seqlen_q: int,
 
 
 def forward_configs(head_dim: int, mask: str) -> tuple[ForwardConfig, ...]:
-    """Every configuration :func:`forward_config` can pick for this head dim and mask (its
-    rule only looks at which side of :data:`SHORT_CAUSAL` the length falls)."""
-    picked = {forward_config(head_dim, mask, s) for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}
+    """Every configuration :func:`forward_config` can pick for this head dim and mask kind
+    (its rule only looks at which side of :data:`SHORT_CAUSAL` the length falls; a window
+    tiles as either mask)."""
+    tilings = ("full", "causal") if mask == "window" else (mask,)
+    picked = {forward_config(head_dim, m, s) for m in tilings
+              for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}
     return tuple(sorted(picked, key=lambda c: c.block_m))
 
 
@@ -139,4 +157,4 @@ def forward_block_n(head_dim: int) -> int:
 
 
 __all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "BackwardConfig", "ForwardConfig", "backward_config",
-           "forward_block_n", "forward_config", "forward_configs"]
+           "forward_block_n", "forward_config", "forward_configs", "tiling_mask"]

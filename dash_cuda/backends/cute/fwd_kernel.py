@@ -5,9 +5,17 @@ Each CTA takes Q tiles from one numbered list (``blockIdx.x`` first, then every
 one entirely, streaming its visible KV tiles in ascending order: the bits of O and LSE2
 depend on neither the grid size, nor which CTA takes which tile, nor the GPU. Causal tiles
 are numbered longest first within sections of ``l2_heads`` heads (the last Q tiles of the
-section's heads first), full-mask tiles head by head (neighbours share K/V in L2). The
-launcher picks the grid, the hand-out and the section (``launch.forward_grid``): one CTA per
-SM, or one per tile.
+section's heads first), full-mask and window tiles head by head (neighbours share K/V in
+L2). The launcher picks the grid, the hand-out and the section (``launch.forward_grid``):
+one CTA per SM, or one per tile.
+
+A sliding window (kind ``"window"``, its extents run-time arguments: :mod:`.mask`) walks KV
+tiles ``[lo, hi)``, from its first row's first key to its last row's last
+(:meth:`DashForwardSm90.window_kv_tiles`; the loader and the math warps walk the same
+range); its tiles need the mask at both ends, so the math runs the first tile, then a
+masked, an unmasked and a masked loop, still in ascending j. A tile that one row does not
+see changes none of that row's bits (m stays, alpha = 1, P = 0), so the bits are those of
+``dash_ref``'s forward, which walks the active tiles of its own query tiles.
 
 Roles (:class:`~.config.ForwardConfig`: 512 threads at d=64, 384 at d=128)::
 
@@ -90,7 +98,7 @@ LAUNCH_ARGS = (
     ("q_ptr", "input"), ("k_ptr", "input"), ("v_ptr", "input"), ("o_ptr", "input"),
     ("lse_ptr", "f32"), ("counter_ptr", "i32"),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "num_ctas",
-                           "l2_heads", "dynamic")),
+                           "l2_heads", "dynamic", "window_left", "window_right")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "o")),
     ("scale_log2", "float"), ("stream", "stream"),
 )
@@ -109,6 +117,7 @@ class DashForwardSm90:
         self.loader_regs, self.math_regs = config.registers
         self.mask = mask  # the mask's kind, a compile-time constant (:mod:`.mask`)
         self.causal = mask == "causal"
+        self.window = mask == "window"
 
     def _tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -142,7 +151,8 @@ class DashForwardSm90:
         q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer, counter_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        num_ctas: Int32, l2_heads: Int32, dynamic: Int32,
+        num_ctas: Int32, l2_heads: Int32, dynamic: Int32, window_left: Int32,
+        window_right: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
         scale_log2: Float32,
         stream: cuda.CUstream,
@@ -181,10 +191,12 @@ class DashForwardSm90:
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
 
+        # a window's extents reach the kernel; the other kinds' kernels take no argument
+        window = (window_left, window_right) if const_expr(self.window) else None
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            l2_heads, dynamic, scale_log2, Storage,
+            l2_heads, dynamic, scale_log2, window, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -199,7 +211,7 @@ class DashForwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        l2_heads: Int32, dynamic: Int32, scale_log2: Float32,
+        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -246,12 +258,12 @@ class DashForwardSm90:
             if warp == 0:
                 self.loader(tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
                             tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q,
-                            seqlen_k)
+                            seqlen_k, window)
         else:
             cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
                       pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k,
-                      scale_log2)
+                      scale_log2, window)
 
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
@@ -284,12 +296,32 @@ class DashForwardSm90:
             hi = cutlass.max(cutlass.min(seqlen_k, hi), 1)
         return (hi + self.bn - 1) // self.bn
 
+    @cute.jit
+    def window_kv_tiles(self, i, seqlen_q, seqlen_k, window):
+        """A window's KV tiles of Q tile ``i``: ``[lo, hi)``, from the first key its first row
+        sees to the last key its last row sees (each row's keys are one range, and both
+        ends move right row by row: :meth:`dash_ref.Mask.any_visible`). The loader and the
+        math warps both walk exactly these.
+
+        At least one: a Q tile that sees no key (its rows all lie above the window, ``S_q >
+        S_k + right``) runs KV tile ``lo = 0`` fully masked, which gives its rows O = 0 and
+        LSE2 = -inf, as the contract says (and as ``dash_ref``'s forward gives a tile that
+        walks no KV tile).
+        """
+        first = cutlass.max(mask.first_key(self.mask, i * self.bm, seqlen_q, seqlen_k, window),
+                            0)
+        stop = mask.keys_seen(self.mask, (i + 1) * self.bm, seqlen_q, seqlen_k, window)
+        stop = cutlass.max(cutlass.min(seqlen_k, stop), 0)
+        lo = first // self.bn
+        return lo, cutlass.max((stop + self.bn - 1) // self.bn, lo + 1)
+
     # -- loader warp ---------------------------------------------------------------------------
     @cute.jit
     def loader(self, tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-               tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q, seqlen_k):
+               tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q, seqlen_k, window):
         """Picks the CTA's tiles and hands their numbers to the math warps; per tile, Q_i
-        once, then K_j and V_j of every visible KV tile, in ascending j.
+        once, then K_j and V_j of every visible KV tile, in ascending j (a window's: from
+        its first visible one, :meth:`window_kv_tiles`).
 
         The first tile is ``blockIdx.x``; the next is ``t + gridDim.x`` (static), or, with
         ``dynamic``, ``gridDim.x`` plus a ticket from a global counter (zero at launch): CTAs
@@ -320,7 +352,11 @@ class DashForwardSm90:
             gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
             sK_t, gK_t = tma_tiles(tma_k, sK, gK)
             sV_t, gV_t = tma_tiles(tma_v, sV, gV)
-            for j in cutlass.range(self.kv_tiles(i, seqlen_q, seqlen_k), unroll=1):
+            if const_expr(self.window):
+                lo, hi = self.window_kv_tiles(i, seqlen_q, seqlen_k, window)
+            else:
+                lo, hi = 0, self.kv_tiles(i, seqlen_q, seqlen_k)
+            for j in cutlass.range(lo, hi, unroll=1):
                 stage = kv_state.index
                 pipe_k.producer_acquire(kv_state)
                 cute.copy(tma_k, gK_t[None, j], sK_t[None, stage],
@@ -367,7 +403,8 @@ class DashForwardSm90:
     # -- math warpgroups -----------------------------------------------------------------------
     @cute.jit
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
-             pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2):
+             pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2,
+             window):
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -417,15 +454,21 @@ class DashForwardSm90:
             ell = (Float32(0.0), Float32(0.0))
             acc_o.fill(0.0)
             diagonal = i * bm + causal_offset
-            n = self.kv_tiles(i, seqlen_q, seqlen_k)
+            if const_expr(self.window):
+                # a window's first KV tile need not be tile 0 (the same range as the loader)
+                first, n = self.window_kv_tiles(i, seqlen_q, seqlen_k, window)
+                keys_left, first_diagonal = seqlen_k - first * bn, diagonal - first * bn
+            else:
+                first, n = 0, self.kv_tiles(i, seqlen_q, seqlen_k)
+                keys_left, first_diagonal = seqlen_k, diagonal
             pipe_q.consumer_wait(q_state)
-            # KV tile 0: its scores alone, nothing to overlap them with yet
+            # the first KV tile: its scores alone, nothing to overlap them with yet
             pipe_k.consumer_wait(kv_state)
             acc_s = self.issue_scores(mma_qk, thr_qk, a_q, b_k, kv_state.index)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(kv_state)
-            m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell, seqlen_k,
-                                         diagonal, scale_log2)
+            m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell, keys_left,
+                                         first_diagonal, scale_log2, window=window)
             self.rescale(acc_o, alpha)
             p_op, p_acc = acc_as_operand_a(acc_s, self.dtype)
             p_acc.store(acc_s.load().to(self.dtype))
@@ -434,10 +477,18 @@ class DashForwardSm90:
             # then the rescale by alpha_j, then P_j V_j, as without the overlap. The tiles
             # that need no mask come first, in a loop of their own: with a masking branch in
             # the loop, ptxas waits for P_{j-1} V_{j-1} at the branch's join, before the
-            # row maximum, and the softmax overlaps none of it.
-            first_masked = cutlass.max(self.unmasked_kv_tiles(i, seqlen_q, seqlen_k), 1)
-            for masked in cutlass.range_constexpr(2):
-                lo, hi = (first_masked, n) if const_expr(masked) else (1, first_masked)
+            # row maximum, and the softmax overlaps none of it. A window's tiles need the
+            # mask at both ends: masked, unmasked, masked loops, in ascending j.
+            if const_expr(self.window):
+                lo_unmasked, hi_unmasked = self.window_unmasked_kv_tiles(
+                    i, first, n, seqlen_q, seqlen_k, window)
+                loops = ((first + 1, lo_unmasked, True), (lo_unmasked, hi_unmasked, False),
+                         (hi_unmasked, n, True))
+            else:
+                first_masked = cutlass.max(self.unmasked_kv_tiles(i, seqlen_q, seqlen_k), 1)
+                loops = ((1, first_masked, False), (first_masked, n, True))
+            for loop in cutlass.range_constexpr(len(loops)):
+                lo, hi, masked = loops[loop]
                 for j in cutlass.range(lo, hi, unroll=1):
                     v_state = kv_state.clone()
                     kv_state.advance()
@@ -452,7 +503,7 @@ class DashForwardSm90:
                     pipe_k.consumer_release(kv_state)
                     m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
                                                  seqlen_k - j * bn, diagonal - j * bn,
-                                                 scale_log2, masked=bool(masked))
+                                                 scale_log2, masked=masked, window=window)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     self.rescale(acc_o, alpha)
@@ -485,16 +536,16 @@ class DashForwardSm90:
 
     @cute.jit
     def softmax(self, acc_s, coords, offset, m, ell, keys_left, diagonal, scale_log2,
-                masked: cutlass.Constexpr = None):
+                masked: cutlass.Constexpr = None, window=None):
         """[fwd_scores], [fwd_max], [fwd_probs] and the sums of [fwd_accumulate] of one KV
         tile, from the raw products ``Q_i K_j^T``: they become probabilities in place;
         returns ``(m', l', alpha)`` per row. ``masked``: whether the tile needs the mask
-        (None: find out at run time)."""
+        (None: find out at run time); ``window``: a window's extents (:mod:`.mask`)."""
         if const_expr(masked is None):
-            if self.ragged(keys_left, diagonal):
-                self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
+            if self.ragged(keys_left, diagonal, window):
+                self.mask_scores(acc_s, coords, offset, keys_left, diagonal, window)
         elif const_expr(masked):
-            self.mask_scores(acc_s, coords, offset, keys_left, diagonal)
+            self.mask_scores(acc_s, coords, offset, keys_left, diagonal, window)
         m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m[0], ell[0], scale_log2)
         m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m[1], ell[1], scale_log2)
         return (m0, m1), (ell0, ell1), (alpha0, alpha1)
@@ -541,9 +592,13 @@ class DashForwardSm90:
         return mx
 
     @cute.jit
-    def ragged(self, keys_left, diagonal):
+    def ragged(self, keys_left, diagonal, window=None):
         """Whether a KV tile needs the mask: it reaches past S_k, or (causal) some key in it
-        lies after some query's diagonal (see :meth:`mask_scores`)."""
+        lies after some query's diagonal, or (window) outside some query's window (see
+        :meth:`mask_scores`)."""
+        if const_expr(self.window):
+            return mask.needs_mask(self.mask, keys_left, diagonal, self.bn, block_m=self.bm,
+                                   window=window)
         return mask.needs_mask(self.mask, keys_left, diagonal, self.bn)
 
     @cute.jit
@@ -557,9 +612,26 @@ class DashForwardSm90:
         return n
 
     @cute.jit
-    def mask_scores(self, acc_s, coords, offset, keys_left, diagonal):
+    def window_unmasked_kv_tiles(self, i, first, n, seqlen_q, seqlen_k, window):
+        """A window's KV tiles after its ``first`` that need no mask, ``[lo, hi)`` inside
+        ``(first, n)`` (:meth:`window_kv_tiles`): inside S_k, right of the first key of the
+        tile's last row (``bm - 1`` rows after its first: rows past S_q only see later keys,
+        so this is never too wide) and left of the last key of its first row;
+        :meth:`ragged` is false there. The tiles before ``lo`` and from ``hi`` on are the
+        masked ones (either range may be empty)."""
+        bottom_row_first = mask.first_key(self.mask, i * self.bm + self.bm - 1, seqlen_q,
+                                          seqlen_k, window)
+        lo = (cutlass.max(bottom_row_first, 0) + self.bn - 1) // self.bn
+        top_row_sees = mask.keys_seen(self.mask, i * self.bm + 1, seqlen_q, seqlen_k, window)
+        hi = cutlass.min(seqlen_k // self.bn, cutlass.max(top_row_sees, 0) // self.bn)
+        lo = cutlass.min(cutlass.max(lo, first + 1), n)
+        return lo, cutlass.min(cutlass.max(hi, lo), n)
+
+    @cute.jit
+    def mask_scores(self, acc_s, coords, offset, keys_left, diagonal, window=None):
         """[fwd_scores] invisible scores become -inf: key past S_k, or (causal) a key after
-        the query's diagonal (``key - query > S_k - S_q``).
+        the query's diagonal (``key - query > S_k - S_q``), or (window) a key outside the
+        query's window (:func:`.mask.visible`).
 
         A score's (query, key) is ``coords[e] + offset``: the compile-time coordinates of
         thread 0 plus this thread's offset, which moves the bounds instead.
@@ -568,7 +640,7 @@ class DashForwardSm90:
         diagonal = diagonal + offset[0] - offset[1]
         for e in cutlass.range_constexpr(cute.size(acc_s)):
             row, col = coords[e][0], coords[e][1]
-            seen = mask.visible(self.mask, col, row, keys_left, diagonal)
+            seen = mask.visible(self.mask, col, row, keys_left, diagonal, window=window)
             acc_s[e] = cutlass.select_(seen, acc_s[e], Float32(-math.inf))
 
     @cute.jit

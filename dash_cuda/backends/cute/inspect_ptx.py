@@ -71,8 +71,10 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
 
     need(".target sm_90a" in ptx, "target is not sm_90a")
     # a KV tile's steps are written out three times: for the first KV tile, and in the loops
-    # over the unmasked and the masked others (where S_j overlaps P_{j-1} V_{j-1})
-    copies = 3
+    # over the unmasked and the masked others (where S_j overlaps P_{j-1} V_{j-1}); a
+    # window's four times (its masked tiles before and after the unmasked ones)
+    masked_loops = 2 if v.mask == "window" else 1
+    copies = 2 + masked_loops
     # [fwd_probs]: P = ex2 of one fma.rn.f32 of the raw score (the scale not rounded on its
     # own), alpha = ex2 of one sub.rn.f32; nothing else reaches an ex2
     probs = re.findall(r"fma\.rn\.f32\s+(\w+),[^;]*;\s*ex2\.approx\.ftz\.f32\s+[^,]+,\s*(\w+);",
@@ -105,7 +107,31 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
     need(n_load == 3 * (d // 64), f"{n_load} TMA loads, expected {3 * (d // 64)}")
     need(n_store == d // 64, f"{n_store} TMA stores, expected {d // 64}")
+    bad += check_forward_mask(ptx, v)
     return bad
+
+
+#: the bounds a forward's mask compares each score against (:mod:`.mask`): ``S_k``, and the
+#: diagonal (causal) or both sides of the window
+MASK_BOUNDS = {"full": 1, "causal": 2, "window": 3}
+
+
+def check_forward_mask(ptx: str, v: ForwardVariant) -> list[str]:
+    """[fwd_scores]'s mask: each bound of :data:`MASK_BOUNDS` is one ``selp x, -inf`` per
+    score, in the first KV tile (behind its run-time test) and in each masked loop: a
+    full mask has no diagonal select, a window one select more than causal's (its left
+    side). ptxas may copy a few into several paths, never a whole bound's worth."""
+    cfg = v.config
+    scores = cfg.block_m * cfg.block_n // cfg.math_threads
+    tiles = 1 + (2 if v.mask == "window" else 1)  # the first tile, the masked loops
+    minus_inf = r"(?:0fFF800000|-8388608)"  # the float's bits, or the same as an integer
+    n = len(re.findall(rf"\bselp\.(?:f32|b32)\s+%\w+,\s*(?:%\w+,\s*{minus_inf}|{minus_inf},"
+                       rf"\s*%\w+),\s*%p\w+;", ptx))
+    want = MASK_BOUNDS[v.mask]
+    if n // (tiles * scores) != want:
+        return [f"{n} mask selects (selp x, -inf) in {tiles} masked copies of {scores} "
+                f"scores: {n // (tiles * scores)} per score, expected {want} ({v.mask})"]
+    return []
 
 
 def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
@@ -128,10 +154,14 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     need(ex2_all == scores, f"{ex2_all} ex2 instructions, expected {scores}")
     need(len(pairs) == scores and all(a == b for a, b in pairs),
          f"{len(pairs)} fma.rn.f32 -> ex2.approx.ftz.f32 pairs, expected {scores}")
-    # [softmax_p]'s mask: a select of the value or 0 per score element (ptxas may copy it
-    # into several paths)
+    # [softmax_p]'s mask: a select of the value or 0 per score element and bound: S_k, S_q
+    # and the diagonal (causal) or both sides of the window (the compiler folds the odd one
+    # whose comparison it can decide; a whole bound's worth more or less is a fault)
     n_selp = len(re.findall(r"\bselp\.(?:b32|f32)\s+%\w+,\s*%\w+,\s*0(?:f0+)?,\s*%p\w+;", ptx))
-    need(n_selp >= scores, f"{n_selp} mask selects (selp x, 0), expected at least {scores}")
+    bounds = 1 + MASK_BOUNDS[v.mask]
+    need(round(n_selp / scores) == bounds,
+         f"{n_selp} mask selects (selp x, 0), expected about {bounds * scores} ({bounds} "
+         f"bounds of {scores} scores, {v.mask})")
     # [ds]: sub then mul, both rounded (no contraction into an fma)
     ds = re.findall(r"sub\.rn\.f32\s+(\w+),[^;]*;\s*mul\.rn\.f32\s+[^,]+,\s*[^,]+,\s*(\w+);", ptx)
     need(len(ds) == scores and all(a == b for a, b in ds),

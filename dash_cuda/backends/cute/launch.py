@@ -34,12 +34,12 @@ import cutlass.cute as cute  # noqa: E402
 
 from dash_cuda.backends import Launch, device_properties, new_row_stats  # noqa: E402
 from dash_cuda.tables import TABLE_NAMES  # noqa: E402
-from dash_ref import Problem  # noqa: E402
+from dash_ref import Mask, Problem  # noqa: E402
 from dash_ref.arithmetic.steps import scale_log2_value  # noqa: E402
 
-from . import arguments, bwd_kernel, fwd_kernel  # noqa: E402
+from . import arguments, bwd_kernel, fwd_kernel, mask  # noqa: E402
 from .bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS, staging_coords  # noqa: E402
-from .config import backward_config, forward_config  # noqa: E402
+from .config import forward_config, tiling_mask  # noqa: E402
 from .layouts import NUM_THREADS  # noqa: E402
 from .variants import DTYPES, ForwardVariant, Variant, backward_variant  # noqa: E402
 
@@ -50,10 +50,17 @@ _FORWARD_ARGS = arguments.names(fwd_kernel.LAUNCH_ARGS)
 
 
 def variant_of(launch: Launch) -> Variant:
-    """The backward variant that runs ``launch``."""
+    """The backward variant that runs ``launch`` (its mask's kind: a window's is its own)."""
     p = launch.problem
-    return backward_variant(launch.q.dtype, p.head_dim, p.mask, launch.deterministic,
+    return backward_variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
                             launch.audit, launch.per_head)
+
+
+def window_args(rule: Mask, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
+    """The launch arguments ``window_left`` and ``window_right``: a window's extents as the
+    kernels take them (:func:`.mask.extents`); kernels of the other kinds never read them."""
+    left, right = mask.extents(rule, seqlen_q, seqlen_k) if rule.kind == "window" else (0, 0)
+    return {"window_left": left, "window_right": right}
 
 
 #: every kernel is compiled with CuTe DSL's TVM-FFI host entry: a call takes plain Python
@@ -188,7 +195,7 @@ def ctas_per_sm(launch: Launch) -> int:
     """CTAs that fit on one SM at once: shared memory, registers and threads decide."""
     props = device_properties(launch.q.device)
     p = launch.problem
-    smem = bwd_kernel.shared_bytes(DTYPES[launch.q.dtype], backward_config(p.head_dim, p.mask),
+    smem = bwd_kernel.shared_bytes(DTYPES[launch.q.dtype], variant_of(launch).config,
                                    p.head_dim)
     by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
     regs = getattr(props, "regs_per_multiprocessor", 65536)
@@ -253,15 +260,21 @@ def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: in
     return min(tiles, sms), l2_heads(k, heads), seqlen_q >= DYNAMIC_CAUSAL
 
 
-def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | bool,
                 softmax_scale: float, poison: bool = False, block_m: int | None = None,
                 num_ctas: int | None = None, sections: int | None = None,
                 dynamic: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
-    ``(B, H, S_q)`` buffer: the convention both backwards read. ``block_m``, ``num_ctas``,
+    ``(B, H, S_q)`` buffer: the convention both backwards read. ``rule``: the
+    :class:`dash_ref.Mask` (or ``causal`` as a bool). ``block_m``, ``num_ctas``,
     ``sections`` and ``dynamic`` (tests, measurements) override the measured tile height,
     the grid, the heads per causal section (:func:`l2_heads`) and how persistent CTAs pick
-    their tiles (:func:`forward_grid`), none of which changes the bits."""
+    their tiles (:func:`forward_grid`), none of which changes the bits. A window runs as a
+    full mask's grid does (its tiles are about equal), with the configuration of
+    :func:`.config.tiling_mask`."""
+    if not isinstance(rule, Mask):
+        rule = Mask("causal" if rule else "full")
+    causal = rule.kind == "causal"
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -276,9 +289,9 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         # zero scale makes every score 0 (Q = 0, scale 1)
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
-    mask = "causal" if causal else "full"
-    variant = ForwardVariant(q.dtype, head_dim, mask,
-                             forward_config(head_dim, mask, seqlen_q, q.dtype, block_m))
+    variant = ForwardVariant(q.dtype, head_dim, rule.kind,
+                             forward_config(head_dim, tiling_mask(rule), seqlen_q, q.dtype,
+                                            block_m))
     kernel = get_kernel(variant)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
@@ -292,7 +305,8 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         lse_ptr=lse2.data_ptr(), counter_ptr=counter.data_ptr() if by_counter else 0,
         batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         num_ctas=num_ctas or grid, l2_heads=sections or heads_per_section,
-        dynamic=int(by_counter), q_strides=_strides(q), k_strides=_strides(k),
+        dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
+        q_strides=_strides(q), k_strides=_strides(k),
         v_strides=_strides(v), o_strides=_strides(o),
         scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
     return o, lse2
@@ -346,6 +360,7 @@ def run_schedule(launch: Launch) -> None:
         batch=p.batch, heads=p.heads, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q,
         seqlen_k=p.seqlen_k, n_q=p.n_q, num_chains=tables["chain_offsets"].numel() - 1,
         num_visits=tables["visit_q"].numel(), num_workers=launch.num_workers,
+        **window_args(p.visibility, p.seqlen_q, p.seqlen_k),
         q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
         do_strides=_strides(do), dk_strides=_strides(launch.dk_out),
         dv_strides=_strides(launch.dv_out),

@@ -1,8 +1,9 @@
 """What a compiled CuTe kernel is specialized on, and the one list of every shipped variant.
 
-A variant is a value: the dtype, the head dim, the mask's kind, the flags that change the
-kernel's code (deterministic, audit, per-head dK/dV), and the configuration
-(:mod:`.config`) chosen for them. Shapes and strides are run-time arguments. Its ``name``
+A variant is a value: the dtype, the head dim, the mask's kind (``"full"``, ``"causal"``,
+``"window"``), the flags that change the kernel's code (deterministic, audit, per-head
+dK/dV), and the configuration (:mod:`.config`) chosen for them. Shapes, strides and a
+window's extents are run-time arguments. Its ``name``
 says all of it, so an exported kernel (``DIR/<name>.o``) can only be loaded by the variant
 it was compiled for. :func:`shipped_variants` is what warm-up exports, what the instruction
 checks compile and what the tests parametrize over.
