@@ -25,7 +25,8 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 
 
 def forward_variant(dtype, head_dim, mask, block_m):
-    return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, mask, 1, dtype,
+    tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
+    return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
                                                                 block_m))
 
 
@@ -37,6 +38,9 @@ VARIANTS = [
     forward_variant(torch.bfloat16, 64, "causal", 192),
     forward_variant(torch.bfloat16, 64, "causal", 128),
     forward_variant(torch.float16, 128, "full", 128),
+    backward_variant(torch.float16, 64, "window", True, audit=False, per_head=True),
+    forward_variant(torch.bfloat16, 64, "window", 192),
+    forward_variant(torch.float16, 128, "window", 128),
 ]
 
 
@@ -266,6 +270,26 @@ def test_the_forward_checks_can_fail():
     assert any("wgmma" in f for f in failures)
 
 
+def test_the_mask_select_checks_tell_the_kinds_apart(ptx_of):
+    """A forward's mask selects count its bounds: the window's PTX checked as a causal
+    kernel (one bound too many) and a causal one checked as a window (one too few) are
+    refused, and likewise a full forward as causal; the backward's the same way."""
+    window, causal, full = VARIANTS[7], VARIANTS[3], VARIANTS[5]
+    as_causal = replace(window, mask="causal")
+    assert inspect_ptx.check_forward_mask(ptx_of(window), window) == []
+    assert "per score, expected 2" in inspect_ptx.check_forward_mask(ptx_of(window),
+                                                                   as_causal)[0]
+    assert "per score, expected 3" in inspect_ptx.check_forward_mask(
+        ptx_of(causal), replace(causal, mask="window"))[0]
+    assert "1 per score, expected 2" in inspect_ptx.check_forward_mask(
+        ptx_of(full), replace(full, mask="causal"))[0]
+    bwd = VARIANTS[6]
+    failures = inspect_ptx.check_ptx(ptx_of(bwd), replace(bwd, mask="causal"))
+    assert len(failures) == 1 and "mask selects" in failures[0], failures
+    failures = inspect_ptx.check_ptx(ptx_of(BACKWARD), replace(BACKWARD, mask="window"))
+    assert len(failures) == 1 and "mask selects" in failures[0], failures
+
+
 def test_the_checks_can_fail():
     """A PTX that misses the ordered hand-off is refused (the checks are not vacuous)."""
     v = VARIANTS[0]
@@ -309,8 +333,9 @@ def test_probe_and_audit_exclude_each_other():
 
 def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
     """``forward_config`` only picks configurations that warm-up exports."""
-    from dash_cuda.backends.cute.config import forward_configs
+    from dash_cuda.backends.cute.config import forward_configs, tiling_mask
     from dash_cuda.warmup import cute_variants
+    from dash_ref import Mask
 
     exported = {(v.head_dim, v.mask, v.config) for v in cute_variants(["bf16"], [64, 128])
                 if isinstance(v, ForwardVariant)}
@@ -318,6 +343,11 @@ def test_every_forward_tile_height_the_rule_picks_is_compiled_ahead_of_time():
         picked = {forward_config(d, mask, s) for s in (1, 100, 1024, 1025, 4096, 65536)}
         assert picked == set(forward_configs(d, mask))
         assert {(d, mask, c) for c in picked} <= exported
+        # windows tile as either mask (causal where their right side is 0)
+        for window in ((256, 0), (64, 64)):
+            rule = Mask("window", *window)
+            picked = {forward_config(d, tiling_mask(rule), s) for s in (100, 1025, 65536)}
+            assert {(d, "window", c) for c in picked} <= exported
 
 
 def test_variant_names_say_their_configuration():
