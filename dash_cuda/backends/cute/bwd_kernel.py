@@ -27,6 +27,10 @@ Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton 
     [dq_partial]  dQ_ij = rnd(dS) K_j                 wgmma, fresh fp32 accumulator
     [dq_add]      dQacc_i += dQ_ij                    cp.reduce.async.bulk .add.f32, in dQ order
 
+The mask's kind is a compile-time constant and the element mask is :mod:`.mask`'s rule (a
+sliding window's extents are run-time arguments); the tables list only the tile pairs the
+rule leaves a key in, so a window's backward is its visits, nothing more.
+
 ``rnd`` is cvt.rn to the input dtype (bf16 or fp16). The epilogue of a chain writes
 ``rnd(dK_j * softmax_scale)`` and ``rnd(dV_j)`` through shared memory (the dS buffers) by TMA
 stores (one query head per KV head, no audit), or the fp32 accumulators per query head into
