@@ -16,9 +16,8 @@ Scores are kept in base-2 units, ``s2 = S * scale_log2`` with ``scale_log2 =
 softmax_scale * log2(e)``, so every exponential is one ``ex2.approx``. The outputs are
 ``O`` (input dtype) and ``LSE2 = log2(sum_k 2^s2)`` (fp32, base 2), the value the backward
 subtracts. A row that sees no key (causal with ``S_q > S_k``, a window past the keys) gets
-``O = 0`` and
-``LSE2 = -inf``, as :mod:`dash_ref.emulate` defines it; the backward masks those rows'
-probabilities to exactly 0, so they produce zero gradients and never NaN.
+``O = 0`` and ``LSE2 = -inf``, as :mod:`dash_ref.emulate` defines it; the backward masks
+those rows' probabilities to exactly 0, so they produce zero gradients and never NaN.
 
 ``VARLEN`` (a compile-time switch): a packed batch, FlashAttention's varlen layout. Program
 ``(m, b * H + h)`` then owns rows ``m * BM : (m + 1) * BM`` of sequence ``b``, whose first
