@@ -296,6 +296,7 @@ def cute_key(v) -> str:
     """What a CuTe variant is, in words that do not depend on the tree's naming."""
     dtype = "bf16" if "bfloat16" in str(v.dtype) else "fp16"
     mask = getattr(v, "mask", None) or ("causal" if v.causal else "full")
+    mask += "_varlen" if getattr(v, "packed", False) else ""  # packed batches: kernels of their own
     if "Forward" in type(v).__name__:
         return f"fwd_{dtype}_d{v.head_dim}_{mask}_m{v.block_m}"
     flags = "det" if v.deterministic else "atomic"

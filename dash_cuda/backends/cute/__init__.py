@@ -54,8 +54,9 @@ class CuteBackend:
         if case.exact:
             return "exact=True runs on the Triton backend only"
         if case.packed:
+            # the packed forward exists (forward_varlen); calls need the backward too
             return ("packed batches (cu_seqlens) run on the Triton backend only: this "
-                    "backend has no varlen kernels yet")
+                    "backend has no packed backward yet")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
@@ -79,6 +80,11 @@ class CuteBackend:
         from .launch import run_forward
 
         return run_forward(q, k, v, mask, softmax_scale, poison)
+
+    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison):
+        from .launch import run_forward_varlen
+
+        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison)
 
     def new_dq_acc(self, problem, device):
         from .launch import new_dq_acc

@@ -96,9 +96,11 @@ MASK_KINDS = mask.KINDS
 #: placeholders for compiling and every launch's values are made from this list
 LAUNCH_ARGS = (
     ("q_ptr", "input"), ("k_ptr", "input"), ("v_ptr", "input"), ("o_ptr", "input"),
-    ("lse_ptr", "f32"), ("counter_ptr", "i32"),
+    ("lse_ptr", "f32"), ("counter_ptr", "i32"), ("cu_seqlens_q_ptr", "i32"),
+    ("cu_seqlens_k_ptr", "i32"),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "num_ctas",
-                           "l2_heads", "dynamic", "window_left", "window_right")),
+                           "l2_heads", "dynamic", "window_left", "window_right",
+                           "max_seqlen_q")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "o")),
     ("scale_log2", "float"), ("stream", "stream"),
 )
@@ -107,7 +109,8 @@ LAUNCH_ARGS = (
 class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
-    def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig):
+    def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig,
+                 packed: bool = False):
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
@@ -118,6 +121,7 @@ class DashForwardSm90:
         self.mask = mask  # the mask's kind, a compile-time constant (:mod:`.mask`)
         self.causal = mask == "causal"
         self.window = mask == "window"
+        self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
 
     def _tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -149,20 +153,24 @@ class DashForwardSm90:
     def __call__(
         self,
         q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer, counter_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer, counter_ptr: cute.Pointer, cu_seqlens_q_ptr: cute.Pointer,
+        cu_seqlens_k_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         num_ctas: Int32, l2_heads: Int32, dynamic: Int32, window_left: Int32,
-        window_right: Int32,
+        window_right: Int32, max_seqlen_q: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
         scale_log2: Float32,
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
-        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
-        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, batch, d, v_strides)
-        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, batch, d, o_strides)
-        mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, batch * heads),
+        # packed: seqlen_q / seqlen_k are the tensors' rows (total_q, total_k), one
+        # "batch" of them (batch strides 0); ``batch`` counts the sequences
+        views = 1 if const_expr(self.packed) else batch
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, views, d, q_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, views, d, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, d, v_strides)
+        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, views, d, o_strides)
+        mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, views * heads),
                                                           stride=(1, seqlen_q)))
         mCounter = cute.make_tensor(counter_ptr, cute.make_layout(1))
 
@@ -193,10 +201,17 @@ class DashForwardSm90:
 
         # a window's extents reach the kernel; the other kinds' kernels take no argument
         window = (window_left, window_right) if const_expr(self.window) else None
+        # likewise the sequences' offsets, the longest's length (the tile list) and O as
+        # plain memory (its rows leave by predicated stores) reach packed kernels only
+        packing = None
+        if const_expr(self.packed):
+            packing = (cute.make_tensor(cu_seqlens_q_ptr, cute.make_layout(batch + 1)),
+                       cute.make_tensor(cu_seqlens_k_ptr, cute.make_layout(batch + 1)),
+                       max_seqlen_q, mO)
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            l2_heads, dynamic, scale_log2, window, Storage,
+            l2_heads, dynamic, scale_log2, window, packing, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -211,7 +226,7 @@ class DashForwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window,
+        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window, packing,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -249,7 +264,10 @@ class DashForwardSm90:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sO = st.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        n_q = (seqlen_q + self.bm - 1) // self.bm
+        if const_expr(self.packed):  # every sequence gets the longest one's tiles
+            n_q = (packing[2] + self.bm - 1) // self.bm
+        else:
+            n_q = (seqlen_q + self.bm - 1) // self.bm
         tiles = (batch * heads * n_q, batch * heads, n_q, l2_heads)
         tile_ids = (pipe_tile, st.tile_ids.get_tensor(cute.make_layout(TILE_STAGES)))
 
@@ -258,12 +276,12 @@ class DashForwardSm90:
             if warp == 0:
                 self.loader(tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
                             tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q,
-                            seqlen_k, window)
+                            seqlen_k, window, packing)
         else:
             cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
                       pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k,
-                      scale_log2, window)
+                      scale_log2, window, packing)
 
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
@@ -294,6 +312,8 @@ class DashForwardSm90:
         hi = mask.keys_seen(self.mask, (i + 1) * self.bm, seqlen_q, seqlen_k)
         if const_expr(self.causal):
             hi = cutlass.max(cutlass.min(seqlen_k, hi), 1)
+        elif const_expr(self.packed):  # a sequence without keys (S_k = 0) runs tile 0 masked
+            hi = cutlass.max(hi, 1)
         return (hi + self.bn - 1) // self.bn
 
     @cute.jit
@@ -318,7 +338,8 @@ class DashForwardSm90:
     # -- loader warp ---------------------------------------------------------------------------
     @cute.jit
     def loader(self, tQ, tK, tV, tma_q, tma_k, tma_v, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-               tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q, seqlen_k, window):
+               tiles, tile_ids, mCounter, dynamic, heads, heads_kv, seqlen_q, seqlen_k, window,
+               packing=None):
         """Picks the CTA's tiles and hands their numbers to the math warps; per tile, Q_i
         once, then K_j and V_j of every visible KV tile, in ascending j (a window's: from
         its first visible one, :meth:`window_kv_tiles`).
@@ -327,6 +348,9 @@ class DashForwardSm90:
         ``dynamic``, ``gridDim.x`` plus a ticket from a global counter (zero at launch): CTAs
         that finish early take more of the list, which keeps its order. Which CTA computes a
         tile never changes its bits. A number past the list ends the math warps' loop.
+
+        Packed: a tile past its sequence's end is neither published nor loaded (the math
+        warps never see it); the others load from their sequence's first rows.
         """
         bm, bn, d = self.bm, self.bn, self.d
         group = heads // heads_kv
@@ -340,33 +364,79 @@ class DashForwardSm90:
         grid, _, _ = cute.arch.grid_dim()
         t = Int32(bid)
         while t < tiles[0]:
-            self.publish_tile(tile_ids, tile_state, t, lane)
-            tile_state.advance()
-            i, b, h = self.tile_coords(t, tiles, heads)
-            gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (i, 0))
-            sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
-            pipe_q.producer_acquire(q_state)
-            cute.copy(tma_q, gQ_t, sQ_t, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            q_state.advance()
-            gK = cute.local_tile(tK[None, None, h // group, b], (bn, d), (None, 0))
-            gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
-            sK_t, gK_t = tma_tiles(tma_k, sK, gK)
-            sV_t, gV_t = tma_tiles(tma_v, sV, gV)
-            if const_expr(self.window):
-                lo, hi = self.window_kv_tiles(i, seqlen_q, seqlen_k, window)
+            if const_expr(self.packed):
+                i, b, h = self.tile_coords(t, tiles, heads)
+                q_first, sq, k_first, sk = self.sequence(packing, b)
+                if i * bm < sq:
+                    self.publish_tile(tile_ids, tile_state, t, lane)
+                    tile_state.advance()
+                    # TMA coordinates from the sequence's first rows: a last partial tile
+                    # reads the next sequence's rows (zeros past the tensor), which the
+                    # mask hides (rows past sq are never stored)
+                    # (the rectangular steps below, written out here too: pipeline states
+                    # advanced inside a helper do not leave a run-time branch)
+                    tQ_b = cute.domain_offset((q_first, None, None, None), tQ)
+                    tK_b = cute.domain_offset((k_first, None, None, None), tK)
+                    tV_b = cute.domain_offset((k_first, None, None, None), tV)
+                    gQ = cute.local_tile(tQ_b[None, None, h, 0], (bm, d), (i, 0))
+                    sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_q, gQ_t, sQ_t,
+                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    q_state.advance()
+                    gK = cute.local_tile(tK_b[None, None, h // group, 0], (bn, d), (None, 0))
+                    gV = cute.local_tile(tV_b[None, None, h // group, 0], (bn, d), (None, 0))
+                    sK_t, gK_t = tma_tiles(tma_k, sK, gK)
+                    sV_t, gV_t = tma_tiles(tma_v, sV, gV)
+                    if const_expr(self.window):
+                        lo, hi = self.window_kv_tiles(i, sq, sk, window)
+                    else:
+                        lo, hi = 0, self.kv_tiles(i, sq, sk)
+                    for j in cutlass.range(lo, hi, unroll=1):
+                        stage = kv_state.index
+                        pipe_k.producer_acquire(kv_state)
+                        cute.copy(tma_k, gK_t[None, j], sK_t[None, stage],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
             else:
-                lo, hi = 0, self.kv_tiles(i, seqlen_q, seqlen_k)
-            for j in cutlass.range(lo, hi, unroll=1):
-                stage = kv_state.index
-                pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_k, gK_t[None, j], sK_t[None, stage],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                kv_state.advance()
+                self.publish_tile(tile_ids, tile_state, t, lane)
+                tile_state.advance()
+                i, b, h = self.tile_coords(t, tiles, heads)
+                gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (i, 0))
+                sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, gQ_t, sQ_t, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                gK = cute.local_tile(tK[None, None, h // group, b], (bn, d), (None, 0))
+                gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
+                sK_t, gK_t = tma_tiles(tma_k, sK, gK)
+                sV_t, gV_t = tma_tiles(tma_v, sV, gV)
+                if const_expr(self.window):
+                    lo, hi = self.window_kv_tiles(i, seqlen_q, seqlen_k, window)
+                else:
+                    lo, hi = 0, self.kv_tiles(i, seqlen_q, seqlen_k)
+                for j in cutlass.range(lo, hi, unroll=1):
+                    stage = kv_state.index
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, gK_t[None, j], sK_t[None, stage],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
             t = self.next_tile(t, mCounter, dynamic, grid, lane)
         self.publish_tile(tile_ids, tile_state, t, lane)
+
+    @cute.jit
+    def sequence(self, packing, b):
+        """Packed: ``(first query row, S_q, first key row, S_k)`` of sequence ``b``, from the
+        int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k``."""
+        cu_q, cu_k = packing[0], packing[1]
+        q_first, k_first = cu_q[b], cu_k[b]
+        return q_first, cu_q[b + 1] - q_first, k_first, cu_k[b + 1] - k_first
 
     @cute.jit
     def next_tile(self, t, mCounter, dynamic, grid, lane):
@@ -404,7 +474,7 @@ class DashForwardSm90:
     @cute.jit
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
              pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2,
-             window):
+             window, packing=None):
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -448,6 +518,10 @@ class DashForwardSm90:
         tile_state.advance()
         while t < tiles[0]:
             i, b, h = self.tile_coords(t, tiles, heads)
+            q_first = 0
+            if const_expr(self.packed):  # the sequence's own lengths and diagonal
+                q_first, seqlen_q, _, seqlen_k = self.sequence(packing, b)
+                causal_offset = seqlen_k - seqlen_q
             # a thread holds two rows of its warpgroup's 64 (register halves 0 and 1): their
             # running maxima and its partial sums of their probabilities
             m = (Float32(-math.inf), Float32(-math.inf))
@@ -517,7 +591,7 @@ class DashForwardSm90:
             kv_state.advance()
             q_state.advance()
             self.finish(acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE,
-                        o_ready, tid, wg, i, b, h, heads, seqlen_q)
+                        o_ready, tid, wg, i, b, h, heads, seqlen_q, q_first, packing)
             t = self.take_tile(tile_ids, tile_state, lane)
             tile_state.advance()
         if tid % 128 < 32:
@@ -645,7 +719,7 @@ class DashForwardSm90:
 
     @cute.jit
     def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
-               tid, wg, i, b, h, heads, seqlen_q):
+               tid, wg, i, b, h, heads, seqlen_q, q_first=0, packing=None):
         """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
         warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row.
 
@@ -665,6 +739,10 @@ class DashForwardSm90:
             acc_o[e] = acc_o[e] * inv[(e // 2) % 2]
         vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
         vals.store(acc_o.load().to(self.dtype))  # pairs: cvt.rn.bf16x2 / f16x2
+        if const_expr(self.packed):
+            self.store_rows(vals, lse2, o_coords, packing[3], mLSE, i, h, seqlen_q, q_first,
+                            tid)
+            return
         # the previous tile's store must have read the buffer before it is written again
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -683,6 +761,23 @@ class DashForwardSm90:
                 if row < seqlen_q:
                     mLSE[row, b * heads + h] = lse2[r]
 
+
+    @cute.jit
+    def store_rows(self, vals, lse2, o_coords, mO, mLSE, i, h, seqlen_q, q_first, tid):
+        """Packed [fwd_finish] stores: rnd(O) straight from registers and LSE2, each row only
+        if it lies inside its sequence (a TMA store of the last partial tile would write
+        the next sequence's rows). A thread holds two rows (registers 0 and 2 start them),
+        d / 4 columns of each; addresses are formed per row."""
+        per_row = cute.size(vals) // 2
+        for half in cutlass.range_constexpr(2):
+            row = i * self.bm + o_coords[2 * half][0]
+            if row < seqlen_q:
+                row_o = mO[q_first + row, None, h, 0]
+                for n in cutlass.range_constexpr(per_row):
+                    e = (n % 2) + 2 * half + 4 * (n // 2)
+                    row_o[o_coords[e][1]] = vals[e]
+                if tid % 4 == 0:
+                    mLSE[q_first + row, h] = lse2[half]
 
 
 __all__ = ["LAUNCH_ARGS", "MASK_KINDS", "DashForwardSm90"]

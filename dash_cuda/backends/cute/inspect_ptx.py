@@ -106,7 +106,19 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     n_load = count(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global")
     n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
     need(n_load == 3 * (d // 64), f"{n_load} TMA loads, expected {3 * (d // 64)}")
-    need(n_store == d // 64, f"{n_store} TMA stores, expected {d // 64}")
+    # packed: O leaves from registers by stores predicated on the sequence's end (a TMA
+    # store of a last partial tile would write the next sequence's rows), d / 2 per thread
+    # (two rows, bf16 / fp16 each), and LSE2 likewise (two rows); each of the loader and
+    # the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
+    packed = getattr(v, "packed", False)
+    want_store = 0 if packed else d // 64
+    need(n_store == want_store, f"{n_store} TMA stores, expected {want_store}")
+    if packed:
+        o_stores, lse_stores = count(r"st\.global\.b16"), count(r"st\.global\.b32")
+        need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
+        need(lse_stores == 2, f"{lse_stores} st.global.b32 (LSE2), expected 2")
+        offsets = count(r"ld\.global\.b32")
+        need(offsets == 8, f"{offsets} ld.global.b32 (cu_seqlens), expected 8")
     bad += check_forward_mask(ptx, v)
     return bad
 

@@ -32,7 +32,12 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper, with or 
 
 import cutlass.cute as cute  # noqa: E402
 
-from dash_cuda.backends import Launch, device_properties, new_row_stats  # noqa: E402
+from dash_cuda.backends import (  # noqa: E402
+    Launch,
+    device_properties,
+    new_packed_row_stats,
+    new_row_stats,
+)
 from dash_cuda.tables import TABLE_NAMES  # noqa: E402
 from dash_ref import Mask, Problem  # noqa: E402
 from dash_ref.arithmetic.steps import scale_log2_value  # noqa: E402
@@ -289,9 +294,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
         # zero scale makes every score 0 (Q = 0, scale 1)
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
-    variant = ForwardVariant(q.dtype, head_dim, rule.kind,
-                             forward_config(head_dim, tiling_mask(rule), seqlen_q, q.dtype,
-                                            block_m))
+    variant = forward_variant(q.dtype, head_dim, rule, seqlen_q, block_m=block_m)
     kernel = get_kernel(variant)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
@@ -303,6 +306,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     kernel(*arguments.values(_FORWARD_ARGS, dict(
         q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=lse2.data_ptr(), counter_ptr=counter.data_ptr() if by_counter else 0,
+        cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, max_seqlen_q=seqlen_q,  # packed kernels'
         batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         num_ctas=num_ctas or grid, l2_heads=sections or heads_per_section,
         dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
@@ -310,6 +314,76 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
         v_strides=_strides(v), o_strides=_strides(o),
         scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
     return o, lse2
+
+
+def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: Mask,
+                        tiles: int, sms: int) -> dict:
+    """The launch arguments of a packed forward that describe the batch (the rest are the
+    rectangular forward's): ``seqlen_q`` / ``seqlen_k`` are the tensors' rows, ``batch``
+    the sequences, ``max_seqlen_q`` the longest (every sequence gets its tiles; one past
+    its sequence's end does nothing), a window's extents those of the longest lengths (an
+    unbounded side, ``max S_q + max S_k``, then hides no key of any sequence). Static
+    hand-out, one CTA per SM or per tile: tiles of one list differ in length, which the
+    order within a causal section does not follow (bits never depend on it)."""
+    return dict(
+        cu_seqlens_q_ptr=packing.cu_seqlens_q.data_ptr(),
+        cu_seqlens_k_ptr=packing.cu_seqlens_k.data_ptr(), max_seqlen_q=packing.max_seqlen_q,
+        batch=packing.batch, heads=heads, seqlen_q=total_q, seqlen_k=total_k,
+        num_ctas=max(1, min(tiles, sms)), l2_heads=heads, dynamic=0,
+        **window_args(rule, packing.max_seqlen_q, packing.max_seqlen_k))
+
+
+def forward_variant(dtype: torch.dtype, head_dim: int, rule: Mask, seqlen_q: int,
+                    packed: bool = False, block_m: int | None = None) -> ForwardVariant:
+    """The forward variant of a call (packed: ``seqlen_q`` the longest sequence's)."""
+    return ForwardVariant(dtype, head_dim, rule.kind,
+                          forward_config(head_dim, tiling_mask(rule), seqlen_q, dtype,
+                                         block_m), packed)
+
+
+def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
+                       rule: Mask, softmax_scale: float, poison: bool = False,
+                       block_m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``, ``(total_q,
+    H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)`` buffer. Each
+    sequence is tiled from its own first row, so its bits are those of its batch-1 call
+    (the forward's bits depend on its KV tile only; ``block_m`` overrides the tile
+    height, as :func:`run_forward`'s). Key rows past a sequence's end that a last partial
+    KV tile reads are the next sequence's (masked: P = 0 there, so inputs must be finite,
+    as FlashAttention's varlen kernels assume)."""
+    total_q, heads, head_dim = q.shape
+    total_k, heads_kv = k.shape[0], k.shape[1]
+    o = torch.empty_like(q)
+    lse2 = new_packed_row_stats(total_q, heads, q.device)
+    if poison:
+        o.fill_(math.nan)
+        lse2.fill_(math.nan)
+    _check_tma(q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), o=o.unsqueeze(0))
+    if softmax_scale <= 0:  # as run_forward
+        q = q * (-1.0 if softmax_scale < 0 else 0.0)
+        softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
+    variant = forward_variant(q.dtype, head_dim, rule, packing.max_seqlen_q, True, block_m)
+    tiles = packing.batch * heads * -(-packing.max_seqlen_q // variant.block_m)
+    if tiles == 0:
+        return o, lse2
+    # the kernel reads one int32 offset per sequence, contiguous
+    packing = replace(packing, cu_seqlens_q=packing.cu_seqlens_q.contiguous(),
+                      cu_seqlens_k=packing.cu_seqlens_k.contiguous())
+    kernel = get_kernel(variant)
+    kernel(*arguments.values(_FORWARD_ARGS, dict(
+        q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
+        lse_ptr=lse2.data_ptr(), counter_ptr=0, heads_kv=heads_kv,
+        **forward_varlen_args(packing, heads, total_q, total_k, rule, tiles,
+                              device_properties(q.device).multi_processor_count),
+        q_strides=_packed_strides(q), k_strides=_packed_strides(k),
+        v_strides=_packed_strides(v), o_strides=_packed_strides(o),
+        scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
+    return o, lse2
+
+
+def _packed_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """``(batch, row, head)`` strides of a packed ``(total, H, d)`` tensor: one batch."""
+    return (0, t.stride(0), t.stride(1))
 
 
 _probe = threading.local()

@@ -12,7 +12,7 @@ checks compile and what the tests parametrize over.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import torch
@@ -77,6 +77,7 @@ class ForwardVariant:
     head_dim: int
     mask: str
     config: ForwardConfig
+    packed: bool = False  # a packed batch of variable lengths (cu_seqlens)
 
     @property
     def block_m(self) -> int:
@@ -84,12 +85,13 @@ class ForwardVariant:
 
     @property
     def name(self) -> str:
-        return "_".join(["dash_fwd", _dtype_name(self.dtype), f"d{self.head_dim}", self.mask,
-                         self.config.name])
+        flags = [_dtype_name(self.dtype), f"d{self.head_dim}", self.mask]
+        flags += ["varlen"] if self.packed else []
+        return "_".join(["dash_fwd", *flags, self.config.name])
 
     def kernel_object(self) -> fwd_kernel.DashForwardSm90:
         return fwd_kernel.DashForwardSm90(DTYPES[self.dtype], self.head_dim, mask=self.mask,
-                                          config=self.config)
+                                          config=self.config, packed=self.packed)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -107,12 +109,14 @@ def backward_variant(dtype: torch.dtype, head_dim: int, mask: str, deterministic
 
 def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant | ForwardVariant]:
     """Every variant a call can run: the forwards (each configuration the forward's rule can
-    pick), then the backwards (deterministic and atomic; dK/dV rounded, per-head for GQA,
-    and per-head with audit)."""
+    pick; rectangular, then packed), then the backwards (deterministic and atomic; dK/dV
+    rounded, per-head for GQA, and per-head with audit)."""
     out: list[Variant | ForwardVariant] = [
         ForwardVariant(dtype, d, mask, config)
         for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
         for config in forward_configs(d, mask)]
+    # packed batches: the same forwards, reading cu_seqlens (run_forward_varlen)
+    out += [replace(v, packed=True) for v in out]
     for dtype, d, mask, det in itertools.product(dtypes, head_dims, MASK_KINDS, (True, False)):
         out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
                 backward_variant(dtype, d, mask, det, audit=False, per_head=True),
