@@ -24,10 +24,10 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 )
 
 
-def forward_variant(dtype, head_dim, mask, block_m):
+def forward_variant(dtype, head_dim, mask, block_m, packed=False):
     tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
     return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
-                                                                block_m))
+                                                                block_m), packed)
 
 
 # a few of the shipped variants (the module's main compiles every one)
@@ -41,6 +41,9 @@ VARIANTS = [
     backward_variant(torch.float16, 64, "window", True, audit=False, per_head=True),
     forward_variant(torch.bfloat16, 64, "window", 192),
     forward_variant(torch.float16, 128, "window", 128),
+    # packed batches (cu_seqlens): O and LSE2 by predicated stores, the offsets read
+    forward_variant(torch.bfloat16, 64, "causal", 192, packed=True),
+    forward_variant(torch.float16, 128, "full", 128, packed=True),
 ]
 
 
@@ -492,3 +495,22 @@ def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, mo
     assert not hasattr(loaded, "export_to_c")  # it came from the object, not the compiler
     assert launch.export_kernels([v], str(second)) == [v.name]
     assert (second / f"{v.name}.o").stat().st_size > 0
+
+
+def test_only_packed_forwards_read_offsets_and_store_o_without_tma(ptx_of):
+    """A packed forward stores O and LSE2 row by row (no TMA store, which would write the
+    next sequence's rows past a sequence's end) and reads cu_seqlens; its rectangular twin
+    keeps the TMA store of O and reads no offsets (the checks tell the two apart)."""
+    import re
+    from dataclasses import replace
+
+    packed = VARIANTS[-1]
+    rectangular = replace(packed, packed=False)
+    assert rectangular in VARIANTS and packed.name == rectangular.name.replace(
+        "_full_", "_full_varlen_")
+    assert inspect_ptx.check_forward_ptx(ptx_of(packed), packed) == []
+    plain = ptx_of(rectangular)
+    assert not re.search(r"ld\.global\.b32", plain) and not re.search(r"st\.global\.b16",
+                                                                        plain)
+    assert inspect_ptx.check_forward_ptx(plain, packed) != []
+    assert inspect_ptx.check_forward_ptx(ptx_of(packed), rectangular) != []
