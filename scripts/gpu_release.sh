@@ -32,8 +32,8 @@
 #                                        # call and phases inside the CuTe backward
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
 #                                        # (benchmarks/versus_fa4.py)
-#   scripts/gpu_release.sh features OUT  # packed batches and sliding windows: their GPU
-#                                        # tests on both backends, the CuTe L2 and
+#   scripts/gpu_release.sh features OUT  # packed batches, sliding windows, softcap and
+#                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
@@ -135,7 +135,8 @@ verify)
 features)
     fa4_unpack
     step tests 300 $PY -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=120 \
-        tests/gpu/test_cuda_varlen.py $(ls tests/gpu/test_*window*.py 2>/dev/null) \
+        $(ls tests/gpu/test_*varlen*.py tests/gpu/test_*window*.py \
+             tests/gpu/test_*softcap*.py 2>/dev/null) \
         tests/gpu/test_cuda_fast_l2.py tests/gpu/test_cuda_correctness.py tests/gpu/test_compile.py
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     tail -n 2 "$LOG/tests.log"
