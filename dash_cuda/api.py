@@ -19,6 +19,7 @@ from .checks import (
     check_cu_seqlens,
     check_cuda,
     check_devices,
+    check_learnable_sink,
     check_one_device,
     check_packed_tensors,
     check_tensors,
@@ -36,7 +37,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, schedule: str = "auto",
               deterministic: bool = True, num_workers: int | None = None,
               layout: str = "bshd", exact: bool = False, backend: str = "auto",
-              portable: bool = False, window_size: tuple[int, int] = (-1, -1)
+              portable: bool = False, window_size: tuple[int, int] = (-1, -1),
+              softcap: float = 0.0, learnable_sink: torch.Tensor | None = None
               ) -> torch.Tensor:
     """Scaled dot-product attention whose backward is bitwise reproducible.
 
@@ -70,6 +72,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             ``c`` iff ``r + S_k - S_q - left <= c <= r + S_k - S_q + right``, a side of
             ``-1`` unbounded; with ``causal`` the window is ``(left, 0)``
             (:meth:`dash_ref.Mask.of`). ``(-1, -1)``: no window.
+        softcap: FlashAttention's logit softcap: the scores become ``softcap * tanh(S *
+            softmax_scale / softcap)`` before the softmax (Gemma 2, Grok); a finite number
+            ``>= 0``, 0 for none. The Triton backend computes it (``"auto"`` picks it);
+            not with ``exact=True``.
+        learnable_sink: FlashAttention-4's learnable attention sinks (gpt-oss): one logit
+            per query head, an fp32, bf16 or fp16 ``(H,)`` tensor on ``q``'s device, in
+            the units of the final scores (natural log, after scale and softcap). Each
+            row's softmax gets one more column of logit ``sink_h`` and no value, so rows
+            sum to less than 1 and a row that sees no key gives 0. It gets a gradient
+            (``dsink_h = -sum_rows exp(sink_h - LSE) D``, summed in a fixed order: the
+            same bits on every run), in its own dtype. The Triton backend computes it; not
+            with ``exact=True``.
 
     Returns:
         The attention output, shaped and laid out like ``q``.
@@ -78,29 +92,41 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, window_size=window_size)
-    check_devices({"q": q, "k": k, "v": v})
-    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options)
+                              portable=portable, window_size=window_size, softcap=softcap)
+    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], exact)
+    check_devices(_with_sink({"q": q, "k": k, "v": v}, learnable_sink))
+    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options,
+                          learnable_sink)
     return as_bshd(o, layout)
+
+
+def _with_sink(named: dict[str, torch.Tensor], learnable_sink: torch.Tensor | None
+               ) -> dict[str, torch.Tensor]:
+    """The tensors whose device is checked: ``named``, and the sinks where given."""
+    return named if learnable_sink is None else {**named, "learnable_sink": learnable_sink}
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                       softmax_scale: float | None = None, layout: str = "bshd",
                       backend: str = "auto", window_size: tuple[int, int] = (-1, -1),
+                      softcap: float = 0.0, learnable_sink: torch.Tensor | None = None,
                       _poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only: ``(O, LSE2)``.
 
     ``LSE2`` is fp32 in base 2, ``log2(sum_c 2^(S_rc * softmax_scale * log2(e)))``, of shape
     ``(B, S_q, H)`` (``(B, H, S_q)`` with ``layout="bhsd"``); ``-inf`` for rows that see no
-    key. ``_poison`` (tests) fills the outputs with NaN before the run. Other arguments as
-    in :func:`attention`.
+    key. With ``softcap`` the capped scores replace ``S_rc * softmax_scale``; with
+    ``learnable_sink`` the sum has one more term ``2^(fp32(sink_h * log2(e)))``, so a row
+    that sees no key has that logit as its ``LSE2``. ``_poison`` (tests) fills the outputs
+    with NaN before the run. Other arguments as in :func:`attention`.
     """
     check_tensors({"q": q, "k": k, "v": v}, layout)
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              backend=backend, window_size=window_size)
-    check_devices({"q": q, "k": k, "v": v})
+                              backend=backend, window_size=window_size, softcap=softcap)
+    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], False)
+    check_devices(_with_sink({"q": q, "k": k, "v": v}, learnable_sink))
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
-    o, lse = forward_views(qv, kv, vv, options, _poison)
+    o, lse = forward_views(qv, kv, vv, options, _poison, sink=learnable_sink)
     return as_bshd(o, layout), (lse if layout == "bshd" else lse.transpose(1, 2))
 
 
@@ -110,10 +136,14 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        deterministic: bool = True, num_workers: int | None = None,
                        layout: str = "bshd", audit: bool = False, exact: bool = False,
                        backend: str = "auto", portable: bool = False,
-                       window_size: tuple[int, int] = (-1, -1), _poison: bool = False):
-    """Backward only: ``(dQ, dK, dV)``, or ``(dQ, dK, dV, BackwardAudit)`` with ``audit``.
+                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                       learnable_sink: torch.Tensor | None = None, _poison: bool = False):
+    """Backward only: ``(dQ, dK, dV)``, or ``(dQ, dK, dV, BackwardAudit)`` with ``audit``;
+    with ``learnable_sink`` its gradient ``dsink`` follows ``dV``: ``(dQ, dK, dV, dsink)``
+    or ``(dQ, dK, dV, dsink, BackwardAudit)``.
 
-    ``o`` and ``lse`` come from :func:`attention_forward`. With ``audit=True`` (small
+    ``o`` and ``lse`` come from :func:`attention_forward` (with the same ``softcap`` and
+    ``learnable_sink``: ``lse`` then includes the sinks). With ``audit=True`` (small
     problems: it stores every fp32 partial) the record holds each partial ``dQ_ij`` in table
     order, the fp32 dQ accumulator before scaling, the per-query-head dK/dV accumulators and
     the arithmetic choices of the launch (see :class:`dash_cuda.BackwardAudit`).
@@ -125,15 +155,18 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, window_size=window_size)
-    check_devices(named)
+                              portable=portable, window_size=window_size, softcap=softcap)
+    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], exact)
+    check_devices(_with_sink(named, learnable_sink))
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     views = [as_bshd(x, layout) for x in (q, k, v, o)]
     lse_v = lse if layout == "bshd" else lse.transpose(1, 2)
-    dq, dk, dv, record = backward_views(*views, lse_v, as_bshd(do, layout), options, audit,
-                                        _poison)
+    dq, dk, dv, dsink, record = backward_views(*views, lse_v, as_bshd(do, layout), options,
+                                               audit, _poison, sink=learnable_sink)
     grads = (as_bshd(dq, layout), as_bshd(dk, layout), as_bshd(dv, layout))
+    if learnable_sink is not None:
+        grads = (*grads, dsink)
     if audit:
         if record is None:
             raise ValueError("audit=True needs non-empty sequences")
@@ -198,7 +231,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      softmax_scale: float | None = None, schedule: str = "auto",
                      deterministic: bool = True, num_workers: int | None = None,
                      exact: bool = False, backend: str = "auto", portable: bool = False,
-                     window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over a packed batch of sequences of different lengths (FlashAttention's
     varlen layout), with a bitwise reproducible backward.
 
@@ -218,8 +252,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ``c <= r + S_k(b) - S_q(b)``. Rows that see no key give 0 and zero gradients.
         schedule: ``"auto"``, a name of ``dash_ref.DETERMINISTIC`` or one made for ragged
             batches, ``dash_ref.RAGGED`` (``"lpt"``).
-        softmax_scale, deterministic, num_workers, exact, backend, portable, window_size:
-            as in :func:`attention` (a window per sequence, on its own lengths). Packed
+        softmax_scale, deterministic, num_workers, exact, backend, portable, window_size,
+            softcap, learnable_sink: as in :func:`attention` (a window per sequence, on its
+            own lengths; the sinks' gradient sums over every sequence's rows). Packed
             calls run on the Triton backend (``backend="auto"`` picks it; the CuTe backend
             has no varlen kernels yet and refuses them).
 
@@ -242,16 +277,19 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, packed=True, window_size=window_size)
-    packing = _packing(named, *offsets, read=not torch.compiler.is_compiling())
+                              portable=portable, packed=True, window_size=window_size,
+                              softcap=softcap)
+    check_learnable_sink(learnable_sink, q.shape[1], exact)
+    packing = _packing(_with_sink(named, learnable_sink), *offsets,
+                       read=not torch.compiler.is_compiling())
     o, _ = varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       options, packing)
+                       options, packing, learnable_sink)
     return o
 
 
 #: FlashAttention's options that :func:`flash_attn_varlen_func` takes only at these values
-_FLASH_DEFAULTS = {"dropout_p": 0.0, "softcap": 0.0, "alibi_slopes": None,
-                   "return_attn_probs": False, "block_table": None}
+_FLASH_DEFAULTS = {"dropout_p": 0.0, "alibi_slopes": None, "return_attn_probs": False,
+                   "block_table": None}
 
 
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -264,19 +302,20 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            block_table: torch.Tensor | None = None, *,
                            schedule: str = "auto", num_workers: int | None = None,
                            exact: bool = False, backend: str = "auto",
-                           portable: bool = False) -> torch.Tensor:
+                           portable: bool = False,
+                           learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`attention_varlen` under FlashAttention's name, argument names and order
     (``flash_attn.flash_attn_varlen_func``), for a drop-in replacement.
 
-    ``window_size`` is :func:`attention_varlen`'s. FlashAttention's options beyond those are
-    taken at their defaults only: ``dropout_p``, ``softcap``, ``alibi_slopes``,
+    ``window_size`` and ``softcap`` are :func:`attention_varlen`'s. FlashAttention's options
+    beyond those are taken at their defaults only: ``dropout_p``, ``alibi_slopes``,
     ``return_attn_probs`` and ``block_table`` at any other value raise ``ValueError`` naming
-    them.
+    them. ``learnable_sink`` (keyword-only, FlashAttention-4's) as in :func:`attention`.
     ``deterministic=True`` (here the default) runs a deterministic schedule; ``False`` the
     atomic peer. DASH's own options (``schedule``, ``num_workers``, ``exact``, ``backend``,
     ``portable``) are keyword-only. Returns ``O``, ``(total_q, H, d)``.
     """
-    given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes,
+    given = {"dropout_p": dropout_p, "alibi_slopes": alibi_slopes,
              "return_attn_probs": return_attn_probs, "block_table": block_table}
     unsupported = []
     for name, value in given.items():
@@ -288,19 +327,21 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             unsupported.append(f"{name}={shown}")
     if unsupported:
         raise ValueError(f"flash_attn_varlen_func: {', '.join(unsupported)} is not supported "
-                         "by dash_cuda (no dropout, softcap, ALiBi, attention probabilities "
-                         "or paged KV); leave them at their defaults")
+                         "by dash_cuda (no dropout, ALiBi, attention probabilities or paged "
+                         "KV); leave them at their defaults")
     return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             causal=causal, softmax_scale=softmax_scale, schedule=schedule,
                             deterministic=deterministic, num_workers=num_workers, exact=exact,
-                            backend=backend, portable=portable, window_size=window_size)
+                            backend=backend, portable=portable, window_size=window_size,
+                            softcap=softcap, learnable_sink=learnable_sink)
 
 
 def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                              max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                              softmax_scale: float | None = None, backend: str = "auto",
-                             window_size: tuple[int, int] = (-1, -1), _poison: bool = False
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             learnable_sink: torch.Tensor | None = None, _poison: bool = False
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only of a packed batch: ``(O, LSE2)``.
 
@@ -314,9 +355,11 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _packed_checks(named, *offsets)
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              backend=backend, packed=True, window_size=window_size)
-    packing = _packing(named, *offsets)
-    return forward_views(q, k, v, options, _poison, packing)
+                              backend=backend, packed=True, window_size=window_size,
+                              softcap=softcap)
+    check_learnable_sink(learnable_sink, q.shape[1], False)
+    packing = _packing(_with_sink(named, learnable_sink), *offsets)
+    return forward_views(q, k, v, options, _poison, packing, learnable_sink)
 
 
 def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -327,9 +370,12 @@ def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               deterministic: bool = True, num_workers: int | None = None,
                               audit: bool = False, exact: bool = False,
                               backend: str = "auto", portable: bool = False,
-                              window_size: tuple[int, int] = (-1, -1), _poison: bool = False):
+                              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              learnable_sink: torch.Tensor | None = None,
+                              _poison: bool = False):
     """Backward only of a packed batch: ``(dQ, dK, dV)``, or ``(dQ, dK, dV,
-    BackwardAudit)`` with ``audit``.
+    BackwardAudit)`` with ``audit``; with ``learnable_sink`` its gradient ``dsink`` follows
+    ``dV``, as in :func:`attention_backward`.
 
     ``o`` and ``lse`` come from :func:`attention_varlen_forward` (``lse`` fp32 ``(total_q,
     H)``). The gradients are packed like ``q``, ``k`` and ``v``. With ``audit=True`` the
@@ -345,13 +391,17 @@ def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               schedule=schedule, deterministic=deterministic,
                               num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, packed=True, window_size=window_size)
+                              portable=portable, packed=True, window_size=window_size,
+                              softcap=softcap)
+    check_learnable_sink(learnable_sink, q.shape[1], exact)
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
-    packing = _packing(named, *offsets)
-    dq, dk, dv, record = backward_views(q, k, v, o, lse, do, options, audit, _poison, packing)
+    packing = _packing(_with_sink(named, learnable_sink), *offsets)
+    dq, dk, dv, dsink, record = backward_views(q, k, v, o, lse, do, options, audit, _poison,
+                                               packing, learnable_sink)
+    grads = (dq, dk, dv) if learnable_sink is None else (dq, dk, dv, dsink)
     if audit:
         if record is None:
             raise ValueError("audit=True needs at least one query row and one key row")
-        return dq, dk, dv, record
-    return dq, dk, dv
+        return (*grads, record)
+    return grads

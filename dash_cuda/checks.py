@@ -258,3 +258,39 @@ def check_options(causal: bool, softmax_scale: float | None, schedule: str,
                                     or not isinstance(num_workers, Integral)
                                     or num_workers < 1):
         raise ValueError(f"num_workers must be a positive int or None, got {num_workers!r}")
+
+
+def check_softcap(softcap: float, exact: bool) -> float:
+    """``softcap`` as a float: a finite number >= 0 (0: none), refused with ``exact=True``
+    (the exact arithmetic has no model of the kernels' ``tanh``)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, Real) or not (
+            math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+    if softcap and exact:
+        raise ValueError("softcap is not supported with exact=True: the exact arithmetic has "
+                         "no bit-exact model of the kernels' tanh")
+    return float(softcap)
+
+
+#: the dtypes a learnable sink may have (FlashAttention-4's)
+SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_learnable_sink(learnable_sink: torch.Tensor | None, heads: int, exact: bool) -> None:
+    """``learnable_sink``: None, or one logit per query head, an fp32/bf16/fp16 ``(H,)``
+    tensor (FlashAttention-4's dtypes); refused with ``exact=True``. Its device is checked
+    with the other tensors' (:func:`check_devices`); its values are not read (no sync)."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be a torch.Tensor of shape ({heads},) or None, "
+                        f"got {type(learnable_sink).__name__}")
+    if learnable_sink.dtype not in SINK_DTYPES:
+        raise TypeError(f"learnable_sink must be float32, bfloat16 or float16, got "
+                        f"{learnable_sink.dtype}")
+    if tuple(learnable_sink.shape) != (heads,):
+        raise ValueError(f"learnable_sink must have shape ({heads},): one logit per query "
+                         f"head, got {tuple(learnable_sink.shape)}")
+    if exact:
+        raise ValueError("learnable_sink is not supported with exact=True: the exact "
+                         "arithmetic does not model the sinks' steps")

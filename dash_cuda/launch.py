@@ -31,7 +31,7 @@ from functools import lru_cache
 import torch
 
 from dash_ref import Mask, Problem, Schedule
-from dash_ref.arithmetic.steps import ARITHMETICS
+from dash_ref.arithmetic.steps import ARITHMETICS, sink_logit
 
 from .backends import Backend, Launch, device_properties
 from .options import Options, Packing
@@ -124,33 +124,52 @@ def _with_tiles(backend: Backend, shape: Problem) -> Problem:
 
 
 # -- forward / backward -------------------------------------------------------------------------
+def _features(options: Options, sink: torch.Tensor | None) -> dict:
+    """The optional features a backend's forward takes as keywords (only backends whose
+    ``features`` list them are handed any): ``softcap`` and ``sink2``, the sinks in base 2,
+    ``fp32(sink * log2 e)`` (:func:`dash_ref.arithmetic.steps.sink_logit`, on the device)."""
+    extra = {}
+    if options.softcap:
+        extra["softcap"] = options.softcap
+    if sink is not None:
+        extra["sink2"] = sink_logit(sink)
+    return extra
+
+
 def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                options: Options, poison: bool = False, packing: Packing | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                options: Options, poison: bool = False, packing: Packing | None = None,
+                sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views
-    (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``)."""
+    (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``; with ``sink``, the
+    learnable sinks ``(H,)``, LSE2 includes them)."""
     with torch.cuda.device(q.device):
+        extra = _features(options, sink)
         if packing is not None:
             return backend.forward_varlen(q, k, v, packing, options.mask,
-                                          options.softmax_scale, poison)
-        return backend.forward(q, k, v, options.mask, options.softmax_scale, poison)
+                                          options.softmax_scale, poison, **extra)
+        return backend.forward(q, k, v, options.mask, options.softmax_scale, poison, **extra)
 
 
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, options: Options,
                  schedule_name: str, audit: bool = False, poison: bool = False,
-                 packing: Packing | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BackwardAudit | None]:
-    """dQ, dK, dV (and the audit record) under the schedule named ``schedule_name``.
+                 packing: Packing | None = None, sink: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                            BackwardAudit | None]:
+    """dQ, dK, dV, dsink (None without ``sink``) and the audit record (None without
+    ``audit``) under the schedule named ``schedule_name``.
 
     Inputs are validated non-empty ``(B, S, H, d)`` views; ``lse2`` is fp32 ``(B, S_q, H)``
     (with ``packing``: packed ``(total, H, d)`` tensors and ``(total_q, H)``).
     ``schedule_name`` is resolved (``atomic`` or a deterministic name). ``poison`` fills
     outputs and scratch with NaN first, so an element a kernel fails to write shows.
+    ``options.softcap`` goes to the backend's kernel (:attr:`Launch.softcap`); with ``sink``
+    ``lse2`` is the forward's (it includes the sinks) and ``dsink`` is
+    :func:`dash_cuda.prepost.sink_grad` of ``LSE2`` and ``D``, in ``sink``'s dtype.
     """
     with torch.cuda.device(q.device):
         return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
-                             poison, packing)
+                             poison, packing, sink)
 
 
 def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
@@ -161,7 +180,7 @@ def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison,
-                  packing=None):
+                  packing=None, sink=None):
     from . import prepost  # Triton kernels: loaded on the first launch, not on import
 
     heads, head_dim = q.shape[-2:]
@@ -198,7 +217,8 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
         dk_out, dv_out = dk, dv
     launch = Launch(problem, q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, softmax_scale,
                     deterministic, audit, per_head, exact,
-                    int(num_workers) if num_workers is not None else sm_count(device))
+                    int(num_workers) if num_workers is not None else sm_count(device),
+                    softcap=options.softcap)
     if packed:  # the kernels read one int32 offset per sequence, contiguous
         launch.cu_seqlens_q = packing.cu_seqlens_q.contiguous()
         launch.cu_seqlens_k = packing.cu_seqlens_k.contiguous()
@@ -228,11 +248,15 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
     if per_head:
         prepost.finish_dk_dv(*(_batched(x, packed) for x in (dk_out, dv_out, dk, dv)),
                              softmax_scale)
+    dsink = None
+    if sink is not None:
+        dsink = prepost.sink_grad(_batched(lse2, packed), _batched(delta, packed),
+                                  sink_logit(sink)).to(sink.dtype)
     record = None
     if audit:
         record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),
                                backend.dq_acc_rows(dq_acc, problem), dk_out, dv_out, delta,
                                flush_subnormals=backend.dq_add_flushes_subnormals,
                                exact=exact, backend=backend.name, arithmetic=arithmetic)
-    return dq, dk, dv, record
+    return dq, dk, dv, dsink, record
 

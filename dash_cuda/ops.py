@@ -34,6 +34,7 @@ from functools import lru_cache
 import torch
 
 from dash_ref import Mask, resolve_name
+from dash_ref.arithmetic.steps import sink_logit
 
 from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
 from .launch import BackwardAudit, packed_problem_for, problem_for, run_backward, run_forward
@@ -50,12 +51,15 @@ def empty_problem(q: Tensor, k: Tensor) -> bool:
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
 
-def resolve_backend(q: Tensor, options: Options, packed: bool = False) -> Backend:
+def resolve_backend(q: Tensor, options: Options, packed: bool = False, sink: bool = False
+                    ) -> Backend:
     """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice
-    (``packed``: one that runs packed batches)."""
+    (``packed``: one that runs packed batches; ``sink``: one that computes learnable sinks;
+    a softcap comes with the options)."""
     return _backend_for(options.backend, Case(q.shape[-1], q.dtype, options.exact,
                                               options.deterministic, packed,
-                                              options.mask.kind == "window"))
+                                              options.mask.kind == "window",
+                                              options.softcap > 0, sink))
 
 
 @lru_cache(maxsize=256)
@@ -101,53 +105,71 @@ def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
 
 
 def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: bool = False,
-                  packing: Packing | None = None) -> tuple[Tensor, Tensor]:
+                  packing: Packing | None = None, sink: Tensor | None = None
+                  ) -> tuple[Tensor, Tensor]:
     """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``; with
-    ``packing``, on packed ``(total, H, d)`` tensors, LSE2 fp32 ``(total_q, H)``."""
+    ``packing``, on packed ``(total, H, d)`` tensors, LSE2 fp32 ``(total_q, H)``; ``sink``:
+    the validated learnable sinks ``(H,)`` (LSE2 includes them)."""
     if empty_problem(q, k):
-        return torch.zeros_like(q), _lse_like(q, -math.inf)
-    backend = resolve_backend(q, options, packing is not None)
-    return run_forward(backend, q, k, v, options, poison, packing)
+        lse = _lse_like(q, -math.inf)
+        if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
+            lse.copy_(sink_logit(sink).expand_as(lse))
+        return torch.zeros_like(q), lse
+    backend = resolve_backend(q, options, packing is not None, sink is not None)
+    return run_forward(backend, q, k, v, options, poison, packing, sink)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
                    options: Options, audit: bool = False, poison: bool = False,
-                   packing: Packing | None = None
-                   ) -> tuple[Tensor, Tensor, Tensor, BackwardAudit | None]:
+                   packing: Packing | None = None, sink: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, BackwardAudit | None]:
     """On validated ``(B, S, H, d)`` views (with ``packing``: packed ``(total, H, d)``
-    tensors, ``lse`` ``(total_q, H)``): ``(dQ, dK, dV, audit record or None)``."""
+    tensors, ``lse`` ``(total_q, H)``): ``(dQ, dK, dV, dsink, audit record or None)``,
+    ``dsink`` None without ``sink``."""
     if empty_problem(q, k):
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
-    backend = resolve_backend(q, options, packing is not None)
+        dsink = None if sink is None else torch.zeros_like(sink)  # D = 0 on every row
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsink, None
+    backend = resolve_backend(q, options, packing is not None, sink is not None)
     if packing is None:
         name = resolve_schedule(backend, q, k, options)
     else:
         name = resolve_packed_schedule(backend, q, k, packing, options)
-    return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing)
+    return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,
+                        sink)
 
 
-# The ops' signatures spell out the fields of Options, in order (torch.library infers the
-# schema from them; a test holds them equal to ``options.FIELDS``).
-def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool,
-                           softmax_scale: float, schedule: str, deterministic: bool,
-                           portable: bool, num_workers: int | None, exact: bool, backend: str,
-                           window_size: list[int]) -> tuple[Tensor, Tensor]:
+def _dsink_out(dsink: Tensor | None, q: Tensor) -> Tensor:
+    """A backward op's ``dsink`` output: the gradient, or an empty fp32 tensor without sinks
+    (an op returns tensors only; the registered autograd hands None on)."""
+    return q.new_empty((0,), dtype=torch.float32) if dsink is None else dsink
+
+
+# The ops' signatures: the tensors, the optional learnable sinks, then the fields of Options
+# in order (torch.library infers the schema from them; a test holds them equal to
+# ``options.FIELDS``).
+def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, learnable_sink: Tensor | None,
+                           causal: bool, softmax_scale: float, schedule: str,
+                           deterministic: bool, portable: bool, num_workers: int | None,
+                           exact: bool, backend: str, window_size: list[int], softcap: float
+                           ) -> tuple[Tensor, Tensor]:
     """``(O, LSE2)``; the options after ``softmax_scale`` are the backward's."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend, window_size)
-    return forward_views(q, k, v, options)
+                      exact, backend, window_size, softcap)
+    return forward_views(q, k, v, options, sink=learnable_sink)
 
 
 def attention_backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                            do: Tensor, causal: bool, softmax_scale: float, schedule: str,
-                            deterministic: bool, portable: bool, num_workers: int | None,
-                            exact: bool, backend: str, window_size: list[int]
-                            ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dQ, dK, dV)``; ``schedule`` and ``backend`` may be ``"auto"``."""
+                            do: Tensor, learnable_sink: Tensor | None, causal: bool,
+                            softmax_scale: float, schedule: str, deterministic: bool,
+                            portable: bool, num_workers: int | None, exact: bool, backend: str,
+                            window_size: list[int], softcap: float
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV, dsink)`` (``dsink`` empty without sinks); ``schedule`` and
+    ``backend`` may be ``"auto"``."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend, window_size)
-    dq, dk, dv, _ = backward_views(q, k, v, o, lse, do, options)
-    return dq, dk, dv
+                      exact, backend, window_size, softcap)
+    dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, do, options, sink=learnable_sink)
+    return dq, dk, dv, _dsink_out(dsink, q)
 
 
 attention_op = torch.library.custom_op("dash::attention", attention_forward_impl,
@@ -161,26 +183,32 @@ def _(q, k, v, *options):
     return torch.empty_like(q), _lse_like(q)
 
 
+def _fake_dsink(q: Tensor, sink: Tensor | None) -> Tensor:
+    return q.new_empty((0,), dtype=torch.float32) if sink is None else torch.empty_like(sink)
+
+
 @attention_backward_op.register_fake
-def _(q, k, v, o, lse, do, *options):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(q, k, v, o, lse, do, learnable_sink, *options):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            _fake_dsink(q, learnable_sink))
 
 
-def _save(ctx, q, k, v, o, lse, options: Options) -> None:
-    ctx.save_for_backward(q, k, v, o, lse)
+def _save(ctx, q, k, v, o, lse, sink, options: Options) -> None:
+    ctx.save_for_backward(q, k, v, o, lse, sink)
     ctx.options = options
     ctx.mark_non_differentiable(lse)  # the backward reads it; it has no gradient of its own
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *flat = inputs
-    _save(ctx, q, k, v, *output, Options(*flat))
+    q, k, v, sink, *flat = inputs
+    _save(ctx, q, k, v, *output, sink, Options(*flat))
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(q, k, v, o, lse, grad_o, *ctx.options.flat())
-    return dq, dk, dv, *(None for _ in ctx.options.flat())
+    q, k, v, o, lse, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = attention_backward_op(q, k, v, o, lse, grad_o, sink,
+                                              *ctx.options.flat())
+    return dq, dk, dv, None if sink is None else dsink, *(None for _ in ctx.options.flat())
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -191,25 +219,26 @@ class EagerAttention(torch.autograd.Function):
     options travel as the one value."""
 
     @staticmethod
-    def forward(ctx, q, k, v, options: Options):
-        o, lse = forward_views(q, k, v, options)
-        _save(ctx, q, k, v, o, lse, options)
+    def forward(ctx, q, k, v, sink, options: Options):
+        o, lse = forward_views(q, k, v, options, sink=sink)
+        _save(ctx, q, k, v, o, lse, sink, options)
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options)
-        return dq, dk, dv, None
+        q, k, v, o, lse, sink = ctx.saved_tensors
+        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options, sink=sink)
+        return dq, dk, dv, dsink, None
 
 
-def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options
-                   ) -> tuple[Tensor, Tensor]:
-    """``(O, LSE2)`` with autograd: the custom op under ``torch.compile``, else
-    :class:`EagerAttention` (the same functions, the same bits, less host time)."""
+def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options,
+                   sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)`` with autograd (``sink``'s gradient too): the custom op under
+    ``torch.compile``, else :class:`EagerAttention` (the same functions, the same bits,
+    less host time)."""
     if torch.compiler.is_compiling():
-        return attention_op(q, k, v, *options.flat())
-    return EagerAttention.apply(q, k, v, options)
+        return attention_op(q, k, v, sink, *options.flat())
+    return EagerAttention.apply(q, k, v, sink, options)
 
 
 # -- packed batches ---------------------------------------------------------------------------
@@ -217,32 +246,36 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options
 # fields of Options in order (a test holds them equal to ``options.FIELDS``).
 def attention_varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                                  causal: bool, softmax_scale: float, schedule: str,
-                                  deterministic: bool, portable: bool,
-                                  num_workers: int | None, exact: bool, backend: str,
-                                  window_size: list[int]) -> tuple[Tensor, Tensor]:
+                                  learnable_sink: Tensor | None, causal: bool,
+                                  softmax_scale: float, schedule: str, deterministic: bool,
+                                  portable: bool, num_workers: int | None, exact: bool,
+                                  backend: str, window_size: list[int], softcap: float
+                                  ) -> tuple[Tensor, Tensor]:
     """``(O, LSE2)`` of a packed batch; reads the offsets once (checked) before any kernel."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend, window_size)
+                      exact, backend, window_size, softcap)
     packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            q.shape[0], k.shape[0])
-    return forward_views(q, k, v, options, packing=packing)
+    return forward_views(q, k, v, options, packing=packing, sink=learnable_sink)
 
 
 def attention_varlen_backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                                    do: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                                   max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                   max_seqlen_q: int, max_seqlen_k: int,
+                                   learnable_sink: Tensor | None, causal: bool,
                                    softmax_scale: float, schedule: str, deterministic: bool,
                                    portable: bool, num_workers: int | None, exact: bool,
-                                   backend: str, window_size: list[int]
-                                   ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dQ, dK, dV)`` of a packed batch; reads the offsets once (checked) first."""
+                                   backend: str, window_size: list[int], softcap: float
+                                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV, dsink)`` of a packed batch (``dsink`` empty without sinks); reads the
+    offsets once (checked) first."""
     options = Options(causal, softmax_scale, schedule, deterministic, portable, num_workers,
-                      exact, backend, window_size)
+                      exact, backend, window_size, softcap)
     packing = Packing.read(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            q.shape[0], k.shape[0])
-    dq, dk, dv, _ = backward_views(q, k, v, o, lse, do, options, packing=packing)
-    return dq, dk, dv
+    dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, do, options, packing=packing,
+                                          sink=learnable_sink)
+    return dq, dk, dv, _dsink_out(dsink, q)
 
 
 attention_varlen_op = torch.library.custom_op("dash::attention_varlen",
@@ -258,24 +291,27 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options)
 
 
 @attention_varlen_backward_op.register_fake
-def _(q, k, v, o, lse, do, *offsets_and_options):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, learnable_sink, *options):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            _fake_dsink(q, learnable_sink))
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, *flat = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, sink, *flat = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, sink)
     ctx.options = Options(*flat)
     ctx.max_seqlens = (max_q, max_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_varlen_backward_op(q, k, v, o, lse, grad_o, cu_q, cu_k,
-                                              *ctx.max_seqlens, *ctx.options.flat())
-    return dq, dk, dv, None, None, None, None, *(None for _ in ctx.options.flat())
+    q, k, v, o, lse, cu_q, cu_k, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = attention_varlen_backward_op(q, k, v, o, lse, grad_o, cu_q, cu_k,
+                                                     *ctx.max_seqlens, sink,
+                                                     *ctx.options.flat())
+    return (dq, dk, dv, None, None, None, None, None if sink is None else dsink,
+            *(None for _ in ctx.options.flat()))
 
 
 attention_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -286,30 +322,30 @@ class EagerAttentionVarlen(torch.autograd.Function):
     entry, travel to the backward in the :class:`~dash_cuda.options.Packing`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, packing: Packing, options: Options):
-        o, lse = forward_views(q, k, v, options, packing=packing)
-        _save(ctx, q, k, v, o, lse, options)
+    def forward(ctx, q, k, v, sink, packing: Packing, options: Options):
+        o, lse = forward_views(q, k, v, options, packing=packing, sink=sink)
+        _save(ctx, q, k, v, o, lse, sink, options)
         ctx.packing = packing
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options,
-                                       packing=ctx.packing)
-        return dq, dk, dv, None, None
+        q, k, v, o, lse, sink = ctx.saved_tensors
+        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options,
+                                              packing=ctx.packing, sink=sink)
+        return dq, dk, dv, dsink, None, None
 
 
 def varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 max_seqlen_q: int, max_seqlen_k: int, options: Options,
-                packing: Packing | None) -> tuple[Tensor, Tensor]:
-    """``(O, LSE2)`` of a packed batch with autograd: the custom op under ``torch.compile``
-    (which reads the offsets itself; ``packing`` is None there), else
+                packing: Packing | None, sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(O, LSE2)`` of a packed batch with autograd (``sink``'s gradient too): the custom op
+    under ``torch.compile`` (which reads the offsets itself; ``packing`` is None there), else
     :class:`EagerAttentionVarlen` with the ``packing`` read at the entry."""
     if torch.compiler.is_compiling():
         return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, *options.flat())
-    return EagerAttentionVarlen.apply(q, k, v, packing, options)
+                                   max_seqlen_k, sink, *options.flat())
+    return EagerAttentionVarlen.apply(q, k, v, sink, packing, options)
 
 
 __all__ = ["EagerAttention", "EagerAttentionVarlen", "attention_backward_impl",

@@ -25,7 +25,7 @@ import torch
 from dash_ref import Mask
 from dash_ref.arithmetic.steps import resolve_scale
 
-from .checks import check_cu_seqlens_values, check_options
+from .checks import check_cu_seqlens_values, check_options, check_softcap
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Options:
     exact: bool = False
     backend: str = "auto"
     window_size: tuple[int, int] = (-1, -1)  # FlashAttention's; (-1, -1): no window
+    softcap: float = 0.0  # FlashAttention's logit softcap; 0: none
 
     def __post_init__(self) -> None:
         # the custom ops hand the window back as a list: one value, one hash
@@ -54,20 +55,23 @@ class Options:
                 schedule: str = "auto", deterministic: bool = True,
                 num_workers: int | None = None, exact: bool = False, backend: str = "auto",
                 portable: bool = False, packed: bool = False,
-                window_size: tuple[int, int] | None = (-1, -1)) -> Options:
+                window_size: tuple[int, int] | None = (-1, -1),
+                softcap: float = 0.0) -> Options:
         """The options of a public call, validated, with the default scale filled in
         (``packed``: a varlen call, which also takes the schedules of
         :data:`dash_ref.RAGGED`; a window also takes :data:`dash_ref.BANDED`) and the
-        window as FlashAttention reads it with ``causal`` (:meth:`dash_ref.Mask.of`)."""
+        window as FlashAttention reads it with ``causal`` (:meth:`dash_ref.Mask.of`);
+        ``softcap`` a finite number >= 0, refused with ``exact``."""
         mask = Mask.of(causal, window_size)  # one-line errors naming window_size
         check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
                       backend, portable, packed, mask.kind == "window")
+        cap = check_softcap(softcap, exact)
         # one value per rule: causal exactly where the rule sees no key right of the
         # diagonal (FlashAttention's (-1, 0) is the causal flag), a window only where the
         # rule has one
         return cls(mask.window_size[1] == 0, resolve_scale(softmax_scale, head_dim),
                    schedule, deterministic, portable, num_workers, exact, backend,
-                   mask.window_size if mask.kind == "window" else (-1, -1))
+                   mask.window_size if mask.kind == "window" else (-1, -1), cap)
 
     @cached_property
     def mask(self) -> Mask:

@@ -15,6 +15,9 @@ nothing), each with its launcher:
   dK/dV of a KV head from the per-query-head fp32 accumulators, summed in ascending query
   head from ``+0.0`` (when a KV head has several query heads), then ``dK = rnd(sum *
   scale)``, ``dV = rnd(sum)``.
+* :func:`sink_grad` (:func:`dash_sink_grad_kernel`) -- step ``sink_grad`` of learnable
+  sinks, ``dsink_h = -sum_r exp2(s2_h - LSE2_r) D_r`` over every query row of head ``h``,
+  in an order fixed by the kernel alone (its docstring), so the same on every run and GPU.
 
 Every program writes every element it owns, so outputs need no clearing beforehand.
 """
@@ -122,6 +125,33 @@ def dash_gqa_kernel(
                 dv.to(DV.dtype.element_ty), HEAD_DIM)
 
 
+@triton.jit(do_not_specialize=["B", "S_Q", "stride_lb", "stride_ls", "stride_lh"])
+def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_ls, stride_lh,
+                          BLOCK: tl.constexpr):
+    """[sink_grad] One program per query head: ``DSINK[h] = -sum_r P_sink,r D_r``.
+
+    Deterministic by construction, with no atomics and nothing that depends on the grid or
+    the device: lane ``t`` of a ``BLOCK``-wide fp32 vector adds the terms of rows ``t, t +
+    BLOCK, ...`` in batch-then-row order, and the lanes are then summed by ``tl.sum``,
+    whose reduction tree is fixed when the kernel is compiled (``BLOCK``, ``num_warps``).
+    ``P_sink = exp2(s2 - LSE2)`` is at most about 1 (``LSE2`` includes the sink), so it
+    neither overflows nor needs a guard; lanes past ``S_Q`` add 0.
+    """
+    h = tl.program_id(0)
+    sink2 = tl.load(SINK2 + h)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for b in range(B):
+        base = tl.cast(b, tl.int64) * stride_lb + h * stride_lh
+        for start in range(0, S_Q, BLOCK):
+            rows = start + offs
+            inside = rows < S_Q
+            lse2 = tl.load(LSE2 + base + rows * stride_ls, mask=inside, other=0.0)
+            delta = tl.load(DELTA + base + rows * stride_ls, mask=inside, other=0.0)
+            acc += tl.where(inside, tl.math.exp2(sink2 - lse2) * delta, 0.0)
+    tl.store(DSINK + h, -tl.sum(acc, 0))
+
+
 # -- launchers --------------------------------------------------------------------------------
 def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: bool = False
                      ) -> torch.Tensor:
@@ -167,3 +197,17 @@ def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tenso
         heads_kv, seqlen_k, softmax_scale,
         GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=4,
     )
+
+
+def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> torch.Tensor:
+    """``dsink`` fp32 ``(H,)`` of learnable sinks from the forward's ``LSE2`` and ``D``, fp32
+    ``(B, S_q, H)`` views with one set of strides, and the sinks in base 2 ``sink2``
+    (fp32 ``(H,)``, :func:`dash_ref.arithmetic.steps.sink_logit`); see
+    :func:`dash_sink_grad_kernel` for its fixed summation order."""
+    batch, seqlen_q, heads = lse2.shape
+    if lse2.stride() != delta.stride():
+        raise ValueError("sink_grad reads LSE2 and D with one set of strides")
+    dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
+    dash_sink_grad_kernel[(heads,)](lse2, delta, sink2.contiguous(), dsink, batch, seqlen_q,
+                                    *lse2.stride(), BLOCK=1024, num_warps=4)
+    return dsink

@@ -25,10 +25,11 @@ def test_both_ops_are_registered_with_their_options():
     fwd = str(torch.ops.dash.attention.default._schema)
     bwd = str(torch.ops.dash.attention_backward.default._schema)
     for arg in ("bool causal", "float softmax_scale", "str schedule", "bool deterministic",
-                "bool portable", "SymInt? num_workers", "bool exact", "str backend"):
+                "bool portable", "SymInt? num_workers", "bool exact", "str backend",
+                "SymInt[] window_size", "float softcap", "Tensor? learnable_sink"):
         assert arg in fwd and arg in bwd
     assert "-> (Tensor, Tensor)" in fwd
-    assert "-> (Tensor, Tensor, Tensor)" in bwd
+    assert "-> (Tensor, Tensor, Tensor, Tensor)" in bwd  # dQ, dK, dV, dsink
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
@@ -40,14 +41,15 @@ def test_fake_outputs_have_the_real_layouts(layout):
     else:  # SDPA's (B, H, S, d) tensors, which the op sees as (B, S, H, d) views
         q, k, v = (x.transpose(1, 2) for x in (meta(b, h, s, d), meta(b, hk, sk, d),
                                                meta(b, hk, sk, d)))
-    o, lse = attention_op(q, k, v, True, 0.125, "naive", True, False, None, False, "triton",
-                          [-1, -1])
+    o, lse = attention_op(q, k, v, None, True, 0.125, "naive", True, False, None, False,
+                          "triton", [-1, -1], 0.0)
     assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
     assert lse.shape == (b, s, h) and lse.dtype == torch.float32
     assert lse.stride() == (h * s, 1, s)
-    dq, dk, dv = torch.ops.dash.attention_backward(q, k, v, o, lse, meta(b, s, h, d), True,
-                                                   0.125, "naive", True, False, 66, False, "cute",
-                                                   [-1, -1])
+    dq, dk, dv, dsink = torch.ops.dash.attention_backward(
+        q, k, v, o, lse, meta(b, s, h, d), None, True, 0.125, "naive", True, False, 66, False,
+        "cute", [-1, -1], 0.0)
+    assert dsink.shape == (0,)  # no sinks: an empty gradient, which autograd drops
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
 
@@ -55,7 +57,8 @@ def test_fake_outputs_have_the_real_layouts(layout):
 def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
     q, k, v = meta(2, 40, 4, 64, grad=True), meta(2, 50, 2, 64, grad=True), meta(2, 50, 2, 64,
                                                                               grad=True)
-    o, lse = attention_op(q, k, v, False, 0.125, "auto", True, True, None, False, "auto", [-1, -1])
+    o, lse = attention_op(q, k, v, None, False, 0.125, "auto", True, True, None, False, "auto",
+                          [-1, -1], 0.0)
     assert o.requires_grad and not lse.requires_grad
     o.float().sum().backward()
     for x in (q, k, v):
@@ -90,8 +93,8 @@ def test_a_model_traces_into_one_graph_of_two_ops_with_the_options_as_written():
     (graph,) = graphs
     calls = [n.args for n in graph.graph.nodes if n.target is torch.ops.dash.attention.default]
     assert [c[3:] for c in calls] == [
-        (True, 0.125, "auto", True, True, None, False, "auto", (-1, -1)),
-        (False, 0.125, "shift", True, False, None, False, "auto", (-1, -1))]
+        (None, True, 0.125, "auto", True, True, None, False, "auto", (-1, -1), 0.0),
+        (None, False, 0.125, "shift", True, False, None, False, "auto", (-1, -1), 0.0)]
 
 
 def test_the_ops_resolve_auto_to_a_named_schedule():
@@ -118,7 +121,8 @@ def test_the_ops_take_the_options_fields_in_order():
 
     forward = list(inspect.signature(ops.attention_forward_impl).parameters)
     backward = list(inspect.signature(ops.attention_backward_impl).parameters)
-    assert tuple(forward[3:]) == FIELDS and tuple(backward[6:]) == FIELDS
+    assert forward[3] == backward[6] == "learnable_sink"  # the optional tensor, then options
+    assert tuple(forward[4:]) == FIELDS and tuple(backward[7:]) == FIELDS
     options = Options(True, 0.3, "spt", True, True, 7, False, "triton")
     assert Options(*options.flat()) == options
 
@@ -139,5 +143,5 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     q, k, v = (meta(1, 8, 2, 64) for _ in range(3))
     expected = "op" if compiling else "eager"
     assert ops.attention_call(q, k, v, options) == expected
-    carried = (*options.flat(),) if compiling else (options,)
+    carried = (None, *options.flat()) if compiling else (None, options)
     assert seen == [(expected, (q, k, v, *carried))]

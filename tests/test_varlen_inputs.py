@@ -227,7 +227,7 @@ def test_ragged_schedules_are_taken_by_varlen_calls_only():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("dropout_p", 0.1), ("softcap", 30.0),
+    ("dropout_p", 0.1),
     ("alibi_slopes", torch.ones(4)), ("return_attn_probs", True),
     ("block_table", torch.zeros(2, 2, dtype=torch.int32)),
 ])
@@ -240,9 +240,11 @@ def test_flash_attn_options_beyond_dash_are_refused_by_name(option, value):
 
 def test_flash_attn_names_every_unsupported_option_at_once():
     with pytest.raises(ValueError) as info:
-        dash_cuda.flash_attn_varlen_func(*call(), 0.1, None, True, (64, 64), 30.0)
+        dash_cuda.flash_attn_varlen_func(*call(), 0.1, None, True, (64, 64), 30.0, None, True,
+                                         True)
     text = one_line(info)
-    assert "dropout_p=0.1" in text and "softcap=30.0" in text and "window_size" not in text
+    assert "dropout_p=0.1" in text and "return_attn_probs=True" in text
+    assert "window_size" not in text and "softcap" not in text  # both taken (and passed on)
 
 
 def test_flash_attn_takes_its_own_argument_order():

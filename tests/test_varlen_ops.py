@@ -40,10 +40,10 @@ def test_both_ops_are_registered_with_offsets_then_options():
     for arg in ("Tensor cu_seqlens_q", "Tensor cu_seqlens_k", "SymInt max_seqlen_q",
                 "SymInt max_seqlen_k", "bool causal", "float softmax_scale", "str schedule",
                 "bool deterministic", "bool portable", "SymInt? num_workers", "bool exact",
-                "str backend"):
+                "str backend", "SymInt[] window_size", "float softcap", "Tensor? learnable_sink"):
         assert arg in fwd and arg in bwd
     assert "-> (Tensor, Tensor)" in fwd
-    assert "-> (Tensor, Tensor, Tensor)" in bwd
+    assert "-> (Tensor, Tensor, Tensor, Tensor)" in bwd  # dQ, dK, dV, dsink
 
 
 def test_the_ops_take_the_options_fields_in_order():
@@ -51,7 +51,8 @@ def test_the_ops_take_the_options_fields_in_order():
     backward = list(inspect.signature(ops.attention_varlen_backward_impl).parameters)
     assert forward[3:7] == ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
     assert backward[6:10] == forward[3:7]
-    assert tuple(forward[7:]) == FIELDS and tuple(backward[10:]) == FIELDS
+    assert forward[7] == backward[10] == "learnable_sink"  # the optional tensor, then options
+    assert tuple(forward[8:]) == FIELDS and tuple(backward[11:]) == FIELDS
 
 
 def test_fake_outputs_have_the_real_layouts():
@@ -60,18 +61,19 @@ def test_fake_outputs_have_the_real_layouts():
     like their inputs."""
     k, v = meta(TOTAL_K, HK, D), meta(TOTAL_K, HK, D)
     sliced = meta(TOTAL_Q, 3, H, D)[:, 0]
-    o, _ = attention_varlen_op(sliced, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True,
-                               True, None, False, "triton", [-1, -1])
+    o, _ = attention_varlen_op(sliced, k, v, *offsets(), 37, 20, None, True, 0.125, "lpt",
+                               True, True, None, False, "triton", [-1, -1], 0.0)
     assert o.shape == sliced.shape and o.is_contiguous()
     q = meta(TOTAL_Q, H, D)
-    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, True, 0.125, "lpt", True, True,
-                                 None, False, "triton", [-1, -1])
+    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, None, True, 0.125, "lpt", True,
+                                 True, None, False, "triton", [-1, -1], 0.0)
     assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
     assert lse.shape == (TOTAL_Q, H) and lse.dtype == torch.float32
     assert lse.stride() == (1, TOTAL_Q)
-    dq, dk, dv = attention_varlen_backward_op(q, k, v, o, lse, meta(TOTAL_Q, H, D), *offsets(),
-                                              37, 20, True, 0.125, "naive", True, False, 3,
-                                              True, "auto", [-1, -1])
+    dq, dk, dv, dsink = attention_varlen_backward_op(
+        q, k, v, o, lse, meta(TOTAL_Q, H, D), *offsets(), 37, 20, None, True, 0.125, "naive",
+        True, False, 3, True, "auto", [-1, -1], 0.0)
+    assert dsink.shape == (0,)  # no sinks: an empty gradient, which autograd drops
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and grad.dtype == x.dtype and grad.stride() == x.stride()
 
@@ -79,8 +81,8 @@ def test_fake_outputs_have_the_real_layouts():
 def test_autograd_runs_the_backward_op_and_lse_has_no_gradient():
     q = meta(TOTAL_Q, H, D, grad=True)
     k, v = meta(TOTAL_K, HK, D, grad=True), meta(TOTAL_K, HK, D, grad=True)
-    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, False, 0.125, "auto", True, True,
-                                 None, False, "auto", [-1, -1])
+    o, lse = attention_varlen_op(q, k, v, *offsets(), 37, 20, None, False, 0.125, "auto", True,
+                                 True, None, False, "auto", [-1, -1], 0.0)
     assert o.requires_grad and not lse.requires_grad
     o.float().sum().backward()
     for x in (q, k, v):
@@ -122,8 +124,8 @@ def test_a_packed_model_traces_into_one_graph_of_two_ops_with_the_options_as_wri
     calls = [n.args for n in graph.graph.nodes
              if n.target is torch.ops.dash.attention_varlen.default]
     assert [c[5:] for c in calls] == [
-        (37, 20, True, 0.125, "auto", True, True, None, False, "auto", (-1, -1)),
-        (37, 20, False, 0.5, "lpt", True, False, None, False, "auto", (-1, -1))]
+        (37, 20, None, True, 0.125, "auto", True, True, None, False, "auto", (-1, -1), 0.0),
+        (37, 20, None, False, 0.5, "lpt", True, False, None, False, "auto", (-1, -1), 0.0)]
 
 
 @pytest.mark.parametrize("compiling", [False, True])
@@ -144,7 +146,8 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     got = ops.varlen_call(q, k, k, cu_q, cu_k, 37, 20, options, packing)
     expected = "op" if compiling else "eager"
     assert got == expected
-    carried = ((cu_q, cu_k, 37, 20, *options.flat()) if compiling else (packing, options))
+    carried = ((cu_q, cu_k, 37, 20, None, *options.flat()) if compiling
+               else (None, packing, options))
     assert seen == [(expected, (q, k, k, *carried))]
 
 

@@ -13,7 +13,9 @@ What the interpreter needs to get there on CPU tensors is patched in that proces
   another, so a persistent backward runs on ``num_workers=1`` (a program that waited for
   another would spin forever);
 - two gaps of the interpreter (Triton 3.6, NumPy 2.4): a scalar loaded from memory is a
-  one-element array, which ``range`` cannot take, and ``libdevice.rint`` has no CPU body.
+  one-element array, which ``range`` cannot take, and ``libdevice.rint`` and
+  ``libdevice.tanh`` (the softcap's) have no CPU body: NumPy's ``rint`` and fp32 ``tanh``
+  stand in (``tanh`` within an ulp or so of the GPU's ``__nv_tanhf``, not its bits).
 
 ``hopper=True`` also gives the interpreter the GPU's rounding where the kernels' ``exact``
 arithmetic depends on it: ``tl.dot`` by :func:`dash_ref.arithmetic.tensorcore.mma_bits`
@@ -69,7 +71,12 @@ def _patch_interpreter() -> None:
         handle = interpreter.TensorHandle(np.rint(x.handle.data), x.handle.dtype.scalar)
         return tl.tensor(handle, x.type)
 
+    def tanh(x, **_):
+        handle = interpreter.TensorHandle(np.tanh(x.handle.data), x.handle.dtype.scalar)
+        return tl.tensor(handle, x.type)
+
     libdevice.rint = rint
+    libdevice.tanh = tanh
 
 
 def _patch_hopper() -> None:
@@ -140,8 +147,9 @@ def _call(c: dict) -> dict:
     """One call of a public function on CPU tensors; its outputs as a dict.
 
     ``"attention_varlen"`` / ``"attention"``: ``o`` and, with ``do`` given, the gradients by
-    autograd (``dq``, ``dk``, ``dv``). ``"passes_varlen"`` / ``"passes"``: the two passes
-    (``o``, ``lse``, ``dq``, ``dk``, ``dv`` and, with ``audit``, the record's ``partials``,
+    autograd (``dq``, ``dk``, ``dv``; ``dsink`` with a ``learnable_sink`` among the
+    keywords). ``"passes_varlen"`` / ``"passes"``: the two passes (``o``, ``lse``, ``dq``,
+    ``dk``, ``dv``, ``dsink`` with sinks, and, with ``audit``, the record's ``partials``,
     ``dq_acc``, ``dk_heads``, ``dv_heads``, ``delta``), outputs poisoned with NaN first.
     """
     import dash_cuda
@@ -152,25 +160,32 @@ def _call(c: dict) -> dict:
     packed = kind.endswith("varlen")
     offsets = (c["cu_seqlens_q"], c["cu_seqlens_k"], c["max_seqlen_q"], c["max_seqlen_k"]
                ) if packed else ()
+    sink = kw.get("learnable_sink")
     if kind in ("attention_varlen", "attention"):
         leaves = [x.detach().clone().requires_grad_(do is not None) for x in (q, k, v)]
+        if sink is not None:
+            kw["learnable_sink"] = sink = sink.detach().clone().requires_grad_(do is not None)
         fn = dash_cuda.attention_varlen if packed else dash_cuda.attention
         o = fn(*leaves, *offsets, **kw)
         out = {"o": o.detach()}
         if do is not None:
             o.backward(do)
             out.update(dq=leaves[0].grad, dk=leaves[1].grad, dv=leaves[2].grad)
+            if sink is not None:
+                out["dsink"] = sink.grad
         return out
-    fwd_kw = {n: kw[n] for n in ("causal", "window_size", "softmax_scale", "backend")
-              if n in kw}
+    fwd_kw = {n: kw[n] for n in ("causal", "window_size", "softmax_scale", "backend",
+                                 "softcap", "learnable_sink") if n in kw}
     forward = dash_cuda.attention_varlen_forward if packed else dash_cuda.attention_forward
     o, lse = forward(q, k, v, *offsets, **fwd_kw, _poison=True)
     backward = dash_cuda.attention_varlen_backward if packed else dash_cuda.attention_backward
     audit = c.get("audit", False)
     got = backward(q, k, v, o, lse, do, *offsets, **kw, audit=audit, _poison=True)
     out = dict(o=o, lse=lse.contiguous(), dq=got[0], dk=got[1], dv=got[2])
+    if sink is not None:
+        out["dsink"] = got[3]
     if audit:
-        record = got[3]
+        record = got[-1]
         out.update({n: getattr(record, n) for n in ("partials", "dq_acc", "dk_heads",
                                                       "dv_heads", "delta")},
                    fingerprint=record.schedule.fingerprint(), exact=record.exact,

@@ -7,7 +7,9 @@ pre- and post-processing kernels and the audit record. A backend imports only sh
 ``dash_cuda`` parts and ``dash_ref``; importing this package imports no kernel technology.
 
 ``backend="auto"`` takes the first backend of :data:`PREFERENCE` that is installed and
-supports the case.
+supports the case. The optional score features (``softcap``, learnable sinks) are refused
+here for every backend that does not list them in its ``features`` attribute (a set of
+:data:`FEATURES`; none by default), so a backend's own ``unsupported`` need not know them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dash_ref import Mask, Problem
 #: backends by name, in the order ``"auto"`` tries them: the fastest that can run a call
 PREFERENCE = ("cute", "triton")
 BACKENDS = ("triton", "cute")
+#: the optional score features a backend may compute (its ``features``), by :class:`Case` flag
+FEATURES = ("softcap", "sink")
 
 
 @lru_cache(maxsize=16)
@@ -62,6 +66,8 @@ class Case:
     deterministic: bool
     packed: bool = False  # a packed batch of variable lengths (``attention_varlen``)
     window: bool = False  # a sliding window (``window_size``; the mask kind ``"window"``)
+    softcap: bool = False  # a logit softcap (``softcap > 0``)
+    sink: bool = False  # learnable attention sinks (``learnable_sink`` given)
 
 
 @dataclass(frozen=True)
@@ -130,13 +136,14 @@ class Launch:
     partials: torch.Tensor | None = None
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
+    softcap: float = 0.0  # FlashAttention's logit softcap, 0: none (backends with "softcap")
 
     def variant(self) -> tuple:
         """What selects a compiled kernel: one residency answer per variant and device."""
         p = self.problem
         return (self.q.device, self.q.dtype, p.head_dim, p.block_m, p.block_n,
                 p.visibility.kind, self.deterministic, self.audit, self.per_head, self.exact,
-                p.is_packed)
+                p.is_packed, self.softcap > 0)
 
 
 class Backend(Protocol):
@@ -205,6 +212,16 @@ def get_backend(name: str) -> Backend:
     return importlib.import_module(f"{__name__}.{name}").BACKEND
 
 
+def _lacks_feature(backend: Backend, case: Case) -> str | None:
+    """The optional feature of ``case`` that ``backend`` does not compute, or None."""
+    has = getattr(backend, "features", frozenset())
+    for feature, wanted in (("softcap", case.softcap), ("sink", case.sink)):
+        if wanted and feature not in has:
+            return {"softcap": "softcap (no softcap in its kernels)",
+                    "sink": "learnable_sink (no sinks in its kernels)"}[feature]
+    return None
+
+
 def choose_backend(name: str, case: Case) -> Backend:
     """The backend that runs ``case``: ``name`` itself, or for ``"auto"`` the first that can.
 
@@ -213,14 +230,14 @@ def choose_backend(name: str, case: Case) -> Backend:
     """
     if name != "auto":
         backend = get_backend(name)
-        reason = backend.missing() or backend.unsupported(case)
+        reason = backend.missing() or _lacks_feature(backend, case) or backend.unsupported(case)
         if reason:
             raise ValueError(f"backend {name!r} cannot run this call: {reason}")
         return backend
     reasons = []
     for candidate in PREFERENCE:
         backend = get_backend(candidate)
-        reason = backend.missing() or backend.unsupported(case)
+        reason = backend.missing() or _lacks_feature(backend, case) or backend.unsupported(case)
         if reason is None:
             return backend
         reasons.append(f"{candidate}: {reason}")

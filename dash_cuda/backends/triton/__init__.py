@@ -18,7 +18,7 @@ import importlib.util
 
 import torch
 
-from ...backends import Case
+from ...backends import FEATURES, Case
 from .config import HEAD_DIMS, backward_config
 
 
@@ -31,6 +31,9 @@ class TritonBackend:
     #: its default forward (approximate division, ``tl.sum`` rows) and ``D`` are not
     #: reproduced on the CPU: only ``exact=True`` is (L2)
     default_arithmetic = None
+    #: the optional score features its kernels compute (softcap, learnable sinks; not
+    #: with ``exact=True``, which the options refuse)
+    features = frozenset(FEATURES)
 
     def missing(self) -> str | None:
         if importlib.util.find_spec("triton") is None:
@@ -52,15 +55,17 @@ class TritonBackend:
         """None: the default forward is not reproduced on the CPU (see default_arithmetic)."""
         return None
 
-    def forward(self, q, k, v, mask, softmax_scale, poison):
+    def forward(self, q, k, v, mask, softmax_scale, poison, softcap=0.0, sink2=None):
         from .launch import run_forward
 
-        return run_forward(q, k, v, mask, softmax_scale, poison)
+        return run_forward(q, k, v, mask, softmax_scale, poison, softcap, sink2)
 
-    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison):
+    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison, softcap=0.0,
+                       sink2=None):
         from .launch import run_forward_varlen
 
-        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison)
+        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison, softcap,
+                                  sink2)
 
     def new_dq_acc(self, problem, device):
         p = problem

@@ -53,6 +53,13 @@ likewise), and the semaphore of dQ tile ``(b, h, i)`` is number ``q_tile_base[b]
 n_q(b) + i`` (the schedule's table ``Q_TILE_BASE``; ``n_q(b)`` the sequence's Q tiles), as
 :meth:`dash_ref.Problem.q_tile_index` numbers them. Without it those pointers are None
 (Triton drops them) and the kernel is the rectangular one.
+
+``SOFTCAP`` (FlashAttention's logit softcap, a runtime fp32 value; None: none, and Triton
+drops it): the raw products are capped as in the forward (:mod:`.softcap`, ``scale_log2``
+then ``fp32(log2 e)``) and ``dS`` is multiplied by ``1 - t^2``, ``t`` the visit's own
+recomputed ``tanh``; the epilogue's ``softmax_scale`` is unchanged. Learnable sinks need
+nothing here: ``LSE2`` includes them, so ``P`` is already right, and ``dsink`` is computed
+after the kernel (:func:`dash_cuda.prepost.sink_grad`).
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
 
 from .exp2 import exp2_fma
 from .mask import visible
+from .softcap import softcap_scores
 
 
 @triton.jit
@@ -147,7 +155,7 @@ def dash_bwd_kernel(
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None, VARLEN: tl.constexpr = False,
-    WINDOW_LEFT=None, WINDOW_RIGHT=None,
+    WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -209,6 +217,8 @@ def dash_bwd_kernel(
             # Score tiles are transposed (keys as rows), so P^T and dS^T feed dV and dK
             # straight from registers; only dS for the partial needs a transpose.
             s_t = tl.dot(k, tl.trans(q))                                    # [qk]
+            if SOFTCAP is not None:  # scale_log2 is then fp32(log2 e)
+                s_t, t_t = softcap_scores(s_t, softmax_scale, SOFTCAP)      # [softcap]
             # the transposed score tile's elements (keys as rows) that exist and are unmasked
             seen = visible(rows[None, :], cols[:, None], seqlen_q, seqlen_k, causal_offset,
                            WINDOW_LEFT, WINDOW_RIGHT, MASK)
@@ -217,6 +227,8 @@ def dash_bwd_kernel(
             dv += tl.dot(p_op, do)                                          # [dv_step]
             dp_t = tl.dot(v, tl.trans(do))                                  # [dp]
             ds_t = p_t * (dp_t - delta[None, :])                            # [ds]
+            if SOFTCAP is not None:  # the gradient of the scaled scores: times 1 - tanh^2
+                ds_t = ds_t * (1.0 - t_t * t_t)                             # [softcap_grad]
             ds_op = ds_t.to(q.dtype)                                        # [round_operand]
             dk += tl.dot(ds_op, q)                                          # [dk_step]
             if DETERMINISTIC:  # read the visit's rank before the MMA hides the load

@@ -27,6 +27,13 @@ sequence). Everything else is the rectangular kernel on the sequence's rows, wit
 sequence's own ``S_q``, ``S_k`` and causal offset ``S_k - S_q``: the batch strides are 0,
 the row statistics a ``(total_q, H)`` view of an ``(H, total_q)`` buffer. Without it the
 offsets are None (Triton drops them) and the kernel is the rectangular one.
+
+Optional score features, each None unless asked for (Triton then drops it, and the kernel
+compiles as it did before the feature existed): ``SOFTCAP`` (FlashAttention's logit
+softcap, :mod:`.softcap`: the raw products are scaled by ``SOFTMAX_SCALE`` and capped, then
+``scale_log2`` is ``fp32(log2 e)``) and ``SINK2`` (learnable sinks, one base-2 logit per
+query head, fp32 ``(H,)``: folded after the last KV tile, so ``LSE2`` includes them and a
+row that sees no key gets ``O = 0``, ``LSE2 = sink2``).
 """
 
 from __future__ import annotations
@@ -37,13 +44,18 @@ import triton.language as tl
 from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
 
 from .mask import key_range, visible
+from .softcap import softcap_scores
 
 
 @triton.jit
 def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, WINDOW_LEFT,
-                  WINDOW_RIGHT, scale_log2, MASKED: tl.constexpr, MASK: tl.constexpr):
+                  WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE, MASKED: tl.constexpr,
+                  MASK: tl.constexpr):
     """Fold one KV tile into the running max ``m``, sum ``l`` and output ``acc``."""
-    s2 = tl.dot(q, tl.trans(k)) * scale_log2
+    s = tl.dot(q, tl.trans(k))
+    if SOFTCAP is not None:  # capped before the mask: masked elements stay -inf
+        s, _ = softcap_scores(s, SOFTMAX_SCALE, SOFTCAP)
+    s2 = s * scale_log2
     if MASKED:  # rows past S_q are never stored: no row bound
         seen = visible(rows[:, None], cols[None, :], None, S_K, CAUSAL_OFFSET, WINDOW_LEFT,
                        WINDOW_RIGHT, MASK)
@@ -56,6 +68,21 @@ def _softmax_step(acc, m, l, q, k, v, rows, cols, S_K, CAUSAL_OFFSET, WINDOW_LEF
     l = l * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l
+
+
+@triton.jit
+def _fold_sink(acc, m, l, sink2):
+    """[fwd_sink] After the last KV tile: a learnable sink, logit ``sink2`` in base 2, as one
+    more column of every row, with no value (:func:`dash_ref.arithmetic.steps.fwd_sink`).
+
+    A row that saw no key (``m = -inf``) gets ``m = sink2``, ``l = 1``, ``acc = 0``: ``O =
+    0`` and ``LSE2 = sink2``; a sink above the row's maximum rescales the row (``alpha <
+    1``) instead of overflowing its sum.
+    """
+    m_new = tl.maximum(m, sink2)
+    alpha = tl.math.exp2(m - m_new)
+    l = l * alpha + tl.math.exp2(sink2 - m_new)
+    return acc * alpha[:, None], m_new, l
 
 
 # the window's extents too: one compiled kernel serves every window size
@@ -71,7 +98,7 @@ def dash_fwd_kernel(
     H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
     BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, VARLEN: tl.constexpr = False,
-    WINDOW_LEFT=None, WINDOW_RIGHT=None,
+    WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None, SOFTMAX_SCALE=None, SINK2=None,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -110,19 +137,24 @@ def dash_fwd_kernel(
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
-                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, True, MASK)
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
+                                  True, MASK)
     for start in range(dense_lo, dense_hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
-                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, False, MASK)
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
+                                  False, MASK)
     for start in range(dense_hi, hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
         v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
-                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, True, MASK)
+                                  WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
+                                  True, MASK)
+    if SINK2 is not None:  # one logit per query head
+        acc, m, l = _fold_sink(acc, m, l, tl.load(SINK2 + h))
 
     seen = l > 0.0
     o = acc / tl.where(seen, l, 1.0)[:, None]

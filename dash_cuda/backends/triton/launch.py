@@ -27,10 +27,23 @@ def window_extents(mask: Mask) -> dict:
     return dict(WINDOW_LEFT=mask.left, WINDOW_RIGHT=mask.right)
 
 
+def score_features(softmax_scale: float, softcap: float = 0.0,
+                   sink2: torch.Tensor | None = None) -> tuple[float, dict]:
+    """The forward's ``scale_log2`` and its optional-feature keywords: without softcap
+    ``fp32(softmax_scale log2 e)``; with it ``fp32(log2 e)`` (the scale enters before the
+    cap, :mod:`.softcap`). Features not asked for are None, which Triton drops."""
+    if not softcap:
+        return scale_log2_value(softmax_scale), dict(SINK2=sink2)
+    return scale_log2_value(1.0), dict(SOFTCAP=softcap, SOFTMAX_SCALE=softmax_scale,
+                                       SINK2=sink2)
+
+
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
-                softmax_scale: float, poison: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` of shape ``(B, S_q, H)``."""
+                softmax_scale: float, poison: bool = False, softcap: float = 0.0,
+                sink2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` of shape ``(B, S_q, H)``; with
+    ``softcap`` (> 0) the scores capped, with ``sink2`` (fp32 ``(H,)``, base 2) the sinks
+    folded in (LSE2 includes them)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -40,6 +53,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         o.fill_(math.nan)
         lse2.fill_(math.nan)
     cfg = forward_config(head_dim)
+    scale_log2, features = score_features(softmax_scale, softcap, sink2)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
     dash_fwd_kernel[grid](
         q, k, v, o, lse2,
@@ -48,21 +62,22 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
-        heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
-        scale_log2_value(softmax_scale),
+        heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, scale_log2,
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-        **window_extents(mask), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **window_extents(mask), **features, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return o, lse2
 
 
 def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
-                       mask: Mask, softmax_scale: float, poison: bool = False
+                       mask: Mask, softmax_scale: float, poison: bool = False,
+                       softcap: float = 0.0, sink2: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``,
     ``(total_q, H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)``
     buffer. The grid covers ``max_seqlen_q`` rows of every sequence and head; a program
-    past its sequence's end returns at once."""
+    past its sequence's end returns at once. ``softcap``, ``sink2`` as in :func:`run_forward`."""
     total_q, heads, head_dim = q.shape
     heads_kv = k.shape[1]
     o = torch.empty_like(q)
@@ -71,6 +86,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         o.fill_(math.nan)
         lse2.fill_(math.nan)
     cfg = forward_config(head_dim)
+    scale_log2, features = score_features(softmax_scale, softcap, sink2)
     grid = (triton.cdiv(packing.max_seqlen_q, cfg.block_m), packing.batch * heads)
     if grid[0] == 0:
         return o, lse2
@@ -81,12 +97,11 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         0, v.stride(0), v.stride(1),
         0, o.stride(0), o.stride(1),
         0, lse2.stride(0), lse2.stride(1),
-        heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0,
-        scale_log2_value(softmax_scale),
+        heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0, scale_log2,
         BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
         CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
         CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True, **window_extents(mask),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **features, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse2
 
@@ -121,13 +136,14 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         *_strides(do, packed), *_strides(lse2, packed), *_strides(dk_out, packed),
         *_strides(dv_out, packed),
         p.heads, p.group, p.seqlen_q, p.seqlen_k, p.n_q, 0 if packed else p.causal_offset,
-        scale_log2_value(launch.softmax_scale), launch.softmax_scale,
+        # with softcap the scale enters before the cap: the softmax takes log2(e) alone
+        scale_log2_value(1.0 if launch.softcap else launch.softmax_scale), launch.softmax_scale,
     )
     mask = p.visibility  # the rule as a value: a window's kind and extents included
     options = dict(
         BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, MASK=mask.kind, **window_extents(mask),
         DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
-        PREFETCH=cfg.prefetch, EXACT=launch.exact,
+        PREFETCH=cfg.prefetch, EXACT=launch.exact, SOFTCAP=launch.softcap or None,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=not launch.exact,
     )
