@@ -59,9 +59,11 @@ def test_opcheck_accepts_both_ops(backend, causal):
     need(backend, 64)
     q, k, v, do = inputs((1, 2, 1, 200, 328), 64, torch.bfloat16, seed=33)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    args = (q, k, v, causal, 0.125, "naive", True, False, None, False, backend, [-1, -1])
+    args = (q, k, v, None, causal, 0.125, "naive", True, False, None, False, backend,
+            [-1, -1], 0.0)
     torch.library.opcheck(attention_op, args)
     o, lse = attention_op(*args)
     torch.library.opcheck(attention_backward_op,
-                          (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, causal,
-                           0.125, "naive", True, False, None, False, backend, [-1, -1]))
+                          (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, None,
+                           causal, 0.125, "naive", True, False, None, False, backend,
+                           [-1, -1], 0.0))

@@ -306,9 +306,11 @@ def test_opcheck_accepts_both_varlen_ops(causal):
     q, k, v, do = packed_inputs(SMALL_Q, SMALL_K, 2, 1, 64, torch.bfloat16, seed=51)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     cu = (offsets(SMALL_Q), offsets(SMALL_K), max(SMALL_Q), max(SMALL_K))
-    args = (q, k, v, *cu, causal, 0.125, "lpt", True, True, None, False, "triton", [-1, -1])
+    args = (q, k, v, *cu, None, causal, 0.125, "lpt", True, True, None, False, "triton",
+            [-1, -1], 0.0)
     torch.library.opcheck(attention_varlen_op, args)
     o, lse = attention_varlen_op(*args)
     torch.library.opcheck(attention_varlen_backward_op,
-                          (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, *cu, causal,
-                           0.125, "lpt", True, True, None, False, "triton", [-1, -1]))
+                          (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, *cu, None,
+                           causal, 0.125, "lpt", True, True, None, False, "triton", [-1, -1],
+                           0.0))
