@@ -15,8 +15,8 @@
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
 It runs head dims 64 and 128 in the fast arithmetic, every mask (full, causal, sliding
-windows: :mod:`.mask`). Importing this package imports no
-CuTe DSL; :data:`BACKEND` loads it on first use.
+windows: :mod:`.mask`), rectangular and packed batches (:data:`PACKED_BACKWARD`).
+Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first use.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ import torch
 from ...backends import Case, Launch
 
 HEAD_DIMS = (64, 128)
+
+#: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
+#: them (``backend="auto"`` then runs them on Triton): the one switch for packed calls
+PACKED_BACKWARD = True
 
 
 class CuteBackend:
@@ -53,10 +57,9 @@ class CuteBackend:
     def unsupported(self, case: Case) -> str | None:
         if case.exact:
             return "exact=True runs on the Triton backend only"
-        if case.packed:
-            # the packed forward exists (forward_varlen); calls need the backward too
+        if case.packed and not PACKED_BACKWARD:
             return ("packed batches (cu_seqlens) run on the Triton backend only: this "
-                    "backend has no packed backward yet")
+                    "backend's packed backward is switched off (PACKED_BACKWARD)")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
@@ -97,9 +100,12 @@ class CuteBackend:
         return dq_acc_rows(dq_acc, problem)
 
     def finish_dq(self, dq_acc, dq, problem, softmax_scale):
-        from .finish_dq import finish_dq_tiles
+        from .finish_dq import finish_dq_packed, finish_dq_tiles
 
-        finish_dq_tiles(dq_acc, dq, softmax_scale, problem.block_m)
+        if problem.is_packed:
+            finish_dq_packed(dq_acc, dq, softmax_scale, problem)
+        else:
+            finish_dq_tiles(dq_acc, dq, softmax_scale, problem.block_m)
 
     def new_partials(self, num_visits, problem, device):
         return torch.empty(num_visits, problem.block_m * problem.head_dim, device=device,

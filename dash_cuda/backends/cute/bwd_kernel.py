@@ -145,9 +145,10 @@ LAUNCH_ARGS = (
     ("lse_ptr", "f32"), ("delta_ptr", "f32"), ("dqacc_ptr", "f32"),
     ("dk_ptr", "output"), ("dv_ptr", "output"), ("sem_ptr", "i32"), ("partials_ptr", "f32"),
     *((f"{table}_ptr", "i32") for table in TABLE_NAMES),
+    ("cu_seqlens_q_ptr", "i32"), ("cu_seqlens_k_ptr", "i32"), ("q_tile_base_ptr", "i32"),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "n_q",
                            "num_chains", "num_visits", "num_workers", "window_left",
-                           "window_right")),
+                           "window_right", "num_q_tiles")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "do", "dk", "dv")),
     ("scale_log2", "float"), ("softmax_scale", "float"), ("stream", "stream"),
 )
@@ -195,9 +196,12 @@ class DashBackwardSm90:
     """
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: BackwardConfig,
-                 deterministic: bool, audit: bool, per_head: bool, probe: bool = False):
+                 deterministic: bool, audit: bool, per_head: bool, probe: bool = False,
+                 packed: bool = False):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
+        if probe and packed:
+            raise ValueError("the probe variant is rectangular")
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
@@ -211,6 +215,7 @@ class DashBackwardSm90:
         self.audit = audit
         self.per_head = per_head
         self.probe = probe
+        self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
@@ -255,28 +260,42 @@ class DashBackwardSm90:
         partials_ptr: cute.Pointer,
         worker_offsets_ptr: cute.Pointer, chain_bhj_ptr: cute.Pointer,
         chain_offsets_ptr: cute.Pointer, visit_q_ptr: cute.Pointer, visit_rank_ptr: cute.Pointer,
+        cu_seqlens_q_ptr: cute.Pointer, cu_seqlens_k_ptr: cute.Pointer,
+        q_tile_base_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         n_q: Int32, num_chains: Int32, num_visits: Int32, num_workers: Int32,
-        window_left: Int32, window_right: Int32,
+        window_left: Int32, window_right: Int32, num_q_tiles: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, do_strides: tuple,
         dk_strides: tuple, dv_strides: tuple,
         scale_log2: Float32, softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
-        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, batch, d, q_strides)
-        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, batch, d, do_strides)
-        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, batch, d, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, batch, d, v_strides)
+        # packed: seqlen_q / seqlen_k are the tensors' rows (total_q, total_k), one "batch"
+        # of them (batch strides 0); ``batch`` counts the sequences
+        views = 1 if const_expr(self.packed) else batch
+        mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, views, d, q_strides)
+        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, views, d, do_strides)
+        mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, views, d, k_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, d, v_strides)
         out_heads = heads if const_expr(self.per_head) else heads_kv
-        mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, batch, d, dk_strides)
-        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, batch, d, dv_strides)
-        rows_pad = n_q * bm
-        mLSE = cute.make_tensor(lse_ptr, cute.make_layout((rows_pad, batch * heads),
-                                                          stride=(1, rows_pad)))
-        mDelta = cute.make_tensor(delta_ptr, cute.make_layout((rows_pad, batch * heads),
+        mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, views, d, dk_strides)
+        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, views, d, dv_strides)
+        if const_expr(self.packed):
+            # LSE2 and D tile-major (the launcher gathers them): dQ tile t's BM rows at t * BM.
+            # A sequence's rows start anywhere in the packed (H, total_q) buffers, and a 1-D
+            # bulk copy needs a 16-byte aligned source inside the buffer.
+            num_tiles = num_q_tiles
+            mLSE = cute.make_tensor(lse_ptr, cute.make_layout((bm, num_tiles), stride=(1, bm)))
+            mDelta = cute.make_tensor(delta_ptr, cute.make_layout((bm, num_tiles),
+                                                                  stride=(1, bm)))
+        else:
+            rows_pad = n_q * bm
+            mLSE = cute.make_tensor(lse_ptr, cute.make_layout((rows_pad, batch * heads),
                                                               stride=(1, rows_pad)))
-        num_tiles = batch * heads * n_q
+            mDelta = cute.make_tensor(delta_ptr, cute.make_layout((rows_pad, batch * heads),
+                                                                  stride=(1, rows_pad)))
+            num_tiles = batch * heads * n_q
         mDQacc = cute.make_tensor(dqacc_ptr, cute.make_layout(
             (self.dq_tile_elems, num_tiles), stride=(1, self.dq_tile_elems)))
         mPartials = cute.make_tensor(partials_ptr, cute.make_layout(
@@ -328,12 +347,19 @@ class DashBackwardSm90:
 
         # a window's extents reach the kernel; the other kinds' kernels take no argument
         window = (window_left, window_right) if const_expr(self.mask == "window") else None
+        # likewise the sequences' offsets and where each one's dQ tiles start reach packed
+        # kernels only
+        packing = None
+        if const_expr(self.packed):
+            packing = (cute.make_tensor(cu_seqlens_q_ptr, cute.make_layout(batch + 1)),
+                       cute.make_tensor(cu_seqlens_k_ptr, cute.make_layout(batch + 1)),
+                       cute.make_tensor(q_tile_base_ptr, cute.make_layout(batch + 1)))
         self.kernel(
             tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, tdK, tdV, tma_dk, tma_dv,
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
             mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
             heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, window,
-            Storage,
+            packing, Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -350,7 +376,7 @@ class DashBackwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
-        scale_log2: Float32, softmax_scale: Float32, window,
+        scale_log2: Float32, softmax_scale: Float32, window, packing,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -413,15 +439,16 @@ class DashBackwardSm90:
             if warp == 0:
                 self.loader(tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
                             sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
-                            heads_kv, heads)
+                            heads_kv, heads, packing)
             if warp == 1:
-                self.dq_writer(s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q)
+                self.dq_writer(s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q,
+                               packing)
         else:
             cute.arch.setmaxregister_increase(MATH_REGS)
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                       heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
-                      (sEpi, tdK, tdV, tma_dk, tma_dv), window)
+                      (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing)
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -443,12 +470,32 @@ class DashBackwardSm90:
         w, _, _ = cute.arch.block_idx()
         return tables.worker_offsets[w], tables.worker_offsets[w + 1]
 
+    # -- packed batches ------------------------------------------------------------------------
+    @cute.jit
+    def sequence(self, packing, b):
+        """Packed: ``(first query row, S_q, first key row, S_k)`` of sequence ``b``, from the
+        int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k``."""
+        cu_q, cu_k = packing[0], packing[1]
+        q_first, k_first = cu_q[b], cu_k[b]
+        return q_first, cu_q[b + 1] - q_first, k_first, cu_k[b + 1] - k_first
+
+    @cute.jit
+    def packed_tile_base(self, packing, b, h, seqlen_q):
+        """Packed: the number of dQ tile ``(b, h, 0)``, ``q_tile_base[b] + h * n_q(b)``
+        (``dash_ref.Problem.q_tile_index``): its dQacc tile, semaphore and LSE2/D rows."""
+        return packing[2][b] + h * ((seqlen_q + self.bm - 1) // self.bm)
+
     # -- loader warp ---------------------------------------------------------------------------
     @cute.jit
     def loader(self, tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
                sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
-               heads_kv, heads):
-        """K_j, V_j once per chain, then Q_i/LSE2_i and dO_i/D_i for every visit, in order."""
+               heads_kv, heads, packing=None):
+        """K_j, V_j once per chain, then Q_i/LSE2_i and dO_i/D_i for every visit, in order.
+
+        Packed: the tiles count from the chain's sequence's first rows (TMA coordinates
+        shifted by ``domain_offset``): a last partial tile reads the next sequence's rows
+        (zeros past the tensor), which the mask hides; LSE2_i and D_i are the dQ tile's rows
+        of the tile-major buffers."""
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -458,15 +505,27 @@ class DashBackwardSm90:
         for c in cutlass.range(c_begin, c_end, unroll=1):
             b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
             h_kv = h // group
-            gK = cute.local_tile(tK[None, None, h_kv, b], (bn, d), (j, 0))
-            gV = cute.local_tile(tV[None, None, h_kv, b], (bn, d), (j, 0))
+            if const_expr(self.packed):
+                q_first, seqlen_q, k_first, _ = self.sequence(packing, b)
+                tQ_c = cute.domain_offset((q_first, None, None, None), tQ)
+                tdO_c = cute.domain_offset((q_first, None, None, None), tdO)
+                tK_c = cute.domain_offset((k_first, None, None, None), tK)
+                tV_c = cute.domain_offset((k_first, None, None, None), tV)
+                gK = cute.local_tile(tK_c[None, None, h_kv, 0], (bn, d), (j, 0))
+                gV = cute.local_tile(tV_c[None, None, h_kv, 0], (bn, d), (j, 0))
+                gQ = cute.local_tile(tQ_c[None, None, h, 0], (bm, d), (None, 0))
+                gdO = cute.local_tile(tdO_c[None, None, h, 0], (bm, d), (None, 0))
+                row_base = self.packed_tile_base(packing, b, h, seqlen_q)  # LSE2/D: tile-major
+            else:
+                gK = cute.local_tile(tK[None, None, h_kv, b], (bn, d), (j, 0))
+                gV = cute.local_tile(tV[None, None, h_kv, b], (bn, d), (j, 0))
+                gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
+                gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
+                row_base = (b * heads + h)
             sK_t, gK_t = tma_tiles(tma_k, sK, gK)
             sV_t, gV_t = tma_tiles(tma_v, sV, gV)
-            gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
-            gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
             sQ_t, gQ_t = tma_tiles(tma_q, sQ, gQ)
             sdO_t, gdO_t = tma_tiles(tma_do, sdO, gdO)
-            row_base = (b * heads + h)
             first = chain_offsets[c]
             for vis in cutlass.range(first, chain_offsets[c + 1], unroll=1):
                 i = visit_q[vis]
@@ -498,8 +557,10 @@ class DashBackwardSm90:
 
     # -- dQ writer warp ------------------------------------------------------------------------
     @cute.jit
-    def dq_writer(self, s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q):
-        """Adds staged partials into dQacc in table order; deterministic: in dQ order."""
+    def dq_writer(self, s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q,
+                  packing=None):
+        """Adds staged partials into dQacc in table order; deterministic: in dQ order.
+        Packed: dQ tile ``(b, h, i)`` is number :meth:`packed_tile_base` ``+ i``."""
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         visit_rank = tables.visit_rank
         lane = cute.arch.lane_idx()
@@ -507,7 +568,11 @@ class DashBackwardSm90:
         c_begin, c_end = self.chain_range(tables)
         for c in cutlass.range(c_begin, c_end, unroll=1):
             b, h = chain_bhj[0, c], chain_bhj[1, c]
-            tile_base = (b * heads + h) * n_q
+            if const_expr(self.packed):
+                cu_q = packing[0]
+                tile_base = self.packed_tile_base(packing, b, h, cu_q[b + 1] - cu_q[b])
+            else:
+                tile_base = (b * heads + h) * n_q
             for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
                 t = tile_base + visit_q[vis]
                 pipe_dq.consumer_wait(state)
@@ -561,7 +626,7 @@ class DashBackwardSm90:
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
              heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out,
-             window):
+             window, packing=None):
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -607,6 +672,10 @@ class DashBackwardSm90:
         for c in cutlass.range(c_begin, c_end, unroll=1):
             self.stamp(mProbe, self.chain_slot(tables, c, 0), lead)
             b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
+            k_first = 0
+            if const_expr(self.packed):  # the sequence's own lengths and diagonal
+                _, seqlen_q, k_first, seqlen_k = self.sequence(packing, b)
+                causal_offset = seqlen_k - seqlen_q
             acc_dk.fill(0.0)
             acc_dv.fill(0.0)
             has_visits = chain_offsets[c + 1] > chain_offsets[c]
@@ -692,7 +761,16 @@ class DashBackwardSm90:
                 q_state.advance()
                 self.stamp(mProbe, slot + 5, lead)
             self.stamp(mProbe, self.chain_slot(tables, c, 2), lead)
-            if const_expr(self.per_head):
+            if const_expr(self.packed):
+                # from registers, each row only inside the sequence (a TMA store of a last
+                # partial tile would write the next sequence's rows); sK, sV are not read
+                if has_visits:
+                    pipe_kv.consumer_release(kv_state)
+                    kv_state.advance()
+                h_out = h if const_expr(self.per_head) else h // group
+                self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h_out, j, seqlen_k,
+                                    k_first, softmax_scale)
+            elif const_expr(self.per_head):
                 if has_visits:
                     # through sK and sV, which go back to the loader after the stores
                     self.store_dkv_scratch(acc_dk, acc_dv, out, epi_bar, tid, b, h, j)
@@ -854,6 +932,34 @@ class DashBackwardSm90:
                     col = coords[e][1]
                     row_dk[col] = acc_dk[e]
                     row_dv[col] = acc_dv[e]
+
+
+    @cute.jit
+    def store_dkv_rows(self, acc_dk, acc_dv, coords, mdK, mdV, h, j, seqlen_k, k_first,
+                       softmax_scale):
+        """Packed [epilogue] of a chain, straight from registers, rows past the sequence's
+        ``S_k`` never written: per query head (GQA or audit) the fp32 accumulators,
+        unscaled, into the scratch (the GQA pass sums heads); otherwise ``rnd(dK_j *
+        scale)`` and ``rnd(dV_j)`` (:meth:`tile_to_smem`'s arithmetic) into the outputs.
+        Registers as :meth:`store_dkv`'s."""
+        if const_expr(self.per_head):
+            dk_vals, dv_vals = acc_dk, acc_dv
+        else:
+            dk_vals = cute.make_rmem_tensor_like(acc_dk, self.dtype)
+            dk_vals.store((acc_dk.load() * softmax_scale).to(self.dtype))
+            dv_vals = cute.make_rmem_tensor_like(acc_dv, self.dtype)
+            dv_vals.store(acc_dv.load().to(self.dtype))
+        per_row = cute.size(acc_dk) // 2
+        for half in cutlass.range_constexpr(2):
+            key = j * self.bn + coords[2 * half][0]
+            if key < seqlen_k:
+                row_dk = mdK[k_first + key, None, h, 0]
+                row_dv = mdV[k_first + key, None, h, 0]
+                for n in cutlass.range_constexpr(per_row):
+                    e = (n % 2) + 2 * half + 4 * (n // 2)
+                    col = coords[e][1]
+                    row_dk[col] = dk_vals[e]
+                    row_dv[col] = dv_vals[e]
 
 
 def shared_bytes(dtype, config: BackwardConfig, head_dim: int) -> int:

@@ -55,6 +55,22 @@ def dash_dq_tiles_kernel(
     store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
 
 
+def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
+                     problem) -> None:
+    """A packed batch's ``dQ = rnd(dQacc * scale)``: its tiles (numbered
+    ``problem.q_tile_index``) as packed ``(total_q, H, d)`` rows, then the row-wise epilogue
+    of the packed rows as one sequence (:func:`dash_cuda.prepost.finish_dq`: the same one
+    fp32 multiply and RNE cast per element as :func:`dash_dq_tiles_kernel`)."""
+    from dash_cuda.prepost import finish_dq
+
+    from .launch import dq_acc_rows
+
+    if problem.total_q == 0:
+        return
+    finish_dq(dq_acc_rows(dq_acc, problem).unsqueeze(0), dq.unsqueeze(0), softmax_scale,
+              problem.block_m)
+
+
 def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
                     block_m: int) -> None:
     """``dQ = rnd(dQacc * scale)`` from ``(B * H * n_q, BM * d)`` tiles in staging order.

@@ -198,7 +198,19 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
     # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
     stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
+    # packed: dK and dV leave from registers by stores predicated on the sequence's end (a
+    # TMA store of a last partial tile would write the next sequence's rows): BN * d / 256
+    # elements each per math thread, rounded (b16) or fp32 per head (b32); rectangular
+    # kernels write fp32 rows from registers only for per-head chains without visits
+    packed = getattr(v, "packed", False)
+    stores = 0 if packed else stores
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
+    per_thread = 2 * bn * d // 256
+    want = {"b16": per_thread if packed and not v.per_head else 0,
+            "b32": per_thread if v.per_head else 0}
+    for width, n in want.items():
+        got = len(re.findall(rf"st\.global\.{width}\b", ptx))
+        need(got == n, f"{got} st.global.{width} (dK/dV rows), expected {n}")
     return bad
 
 

@@ -14,6 +14,11 @@ Layouts the kernel reads (:mod:`.bwd_kernel` says why):
 * ``dQacc`` as fp32 ``(B * H * n_q, BM * d)``, each tile one contiguous chunk in staging
   order (:func:`dq_acc_rows` turns it into ``(B, S_q, H, d)``); audit partials likewise
   ``(V, BM * d)`` (:func:`tiles_to_rows`).
+
+Packed batches: ``dQacc`` is ``(num_q_tiles, BM * d)``, tile ``t`` the dQ tile numbered
+``problem.q_tile_index(b, h, i)`` (the semaphores' numbering); ``LSE2`` and ``D`` are
+gathered into the same tile-major order, ``(num_q_tiles, BM)`` (:func:`packed_tile_rows`
+says which packed row each slot holds; slots past a sequence's end are 0, masked).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def variant_of(launch: Launch) -> Variant:
     """The backward variant that runs ``launch`` (its mask's kind: a window's is its own)."""
     p = launch.problem
     return backward_variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
-                            launch.audit, launch.per_head)
+                            launch.audit, launch.per_head, packed=p.is_packed)
 
 
 def window_args(rule: Mask, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
@@ -156,10 +161,55 @@ def pad_row_stats(x: torch.Tensor, block_m: int) -> torch.Tensor:
 
 
 def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
-    """The zeroed fp32 accumulator: tile ``t = (b * H + h) * n_q + i`` is row ``t``."""
+    """The zeroed fp32 accumulator: tile ``t = (b * H + h) * n_q + i`` is row ``t`` (packed:
+    ``t = problem.q_tile_index(b, h, i)``)."""
     p = problem
-    return torch.zeros(p.batch * p.heads * p.n_q, p.block_m * p.head_dim, device=device,
-                       dtype=torch.float32)
+    tiles = p.num_q_tiles if p.is_packed else p.batch * p.heads * p.n_q
+    return torch.zeros(tiles, p.block_m * p.head_dim, device=device, dtype=torch.float32)
+
+
+_tile_rows: dict[tuple[Problem, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_TILE_ROWS_CACHE = 64
+
+
+def packed_tile_rows(problem: Problem, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which packed row each slot of the tile-major layout holds: int64 ``(rows, heads,
+    inside)``, each ``(num_q_tiles * BM,)``: slot ``r`` of dQ tile ``q_tile_index(b, h, i)``
+    holds row ``cu_seqlens_q[b] + i * BM + r`` of head ``h`` where ``inside`` (the row lies
+    in its sequence), nothing otherwise (``rows`` then 0). One table per problem and
+    device: the LSE2 / D gather and :func:`dq_acc_rows` both read it."""
+    key = (problem, str(device))
+    hit = _tile_rows.get(key)
+    if hit is not None:
+        return hit
+    p, bm = problem, problem.block_m
+    rows, heads, inside = [], [], []
+    for b in range(p.batch):
+        sq, n_q = p.seqlen_q_of(b), p.n_q_of(b)
+        local = torch.arange(n_q * bm, dtype=torch.int64)  # one head's slots, tile by tile
+        for h in range(p.heads):  # tiles q_tile_base(b) + h * n_q + i, in this order
+            rows.append(torch.where(local < sq, p.cu_seqlens_q[b] + local, 0))
+            heads.append(torch.full_like(local, h))
+            inside.append(local < sq)
+    empty = torch.zeros(0, dtype=torch.int64)
+    out = tuple(torch.cat(x).to(device) if x else empty.to(device)
+                for x in (rows, heads, inside))
+    out = (out[0], out[1], out[2].bool())
+    if len(_tile_rows) >= _TILE_ROWS_CACHE:
+        _tile_rows.clear()
+    _tile_rows[key] = out
+    return out
+
+
+def packed_row_stats(x: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """A packed ``(total_q, H)`` fp32 row statistic (``LSE2`` or ``D``) as the packed kernel
+    reads it: contiguous tile-major ``(num_q_tiles, BM)``, 0 past each sequence's end (those
+    rows are masked). A sequence's rows start anywhere in the ``(H, total_q)`` buffer, where
+    a tile's 1-D bulk copy would be misaligned or run past the buffer."""
+    rows, heads, inside = packed_tile_rows(problem, x.device)
+    out = torch.where(inside, x[rows, heads], 0.0) if rows.numel() else x.new_zeros(0)
+    return out.view(problem.num_q_tiles, problem.block_m)
 
 
 _staged: dict[tuple[int, int, str], torch.Tensor] = {}
@@ -188,8 +238,16 @@ def tiles_to_rows(tiles: torch.Tensor, block_m: int, head_dim: int) -> torch.Ten
 
 
 def dq_acc_rows(dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (rows past ``S_q`` dropped)."""
+    """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (rows past ``S_q`` dropped;
+    packed: ``(total_q, H, d)``, each sequence's rows from its own tiles)."""
     p = problem
+    if p.is_packed:
+        out = dq_acc.new_zeros(p.total_q, p.heads, p.head_dim)
+        rows, heads, inside = packed_tile_rows(p, dq_acc.device)
+        if rows.numel():
+            tiles = tiles_to_rows(dq_acc, p.block_m, p.head_dim).view(-1, p.head_dim)
+            out[rows[inside], heads[inside]] = tiles[inside]
+        return out
     rows = tiles_to_rows(dq_acc, p.block_m, p.head_dim).reshape(p.batch, p.heads, -1,
                                                                   p.head_dim)
     return rows[:, :, :p.seqlen_q].permute(0, 2, 1, 3).contiguous()
@@ -410,13 +468,26 @@ def run_schedule(launch: Launch) -> None:
     """Launch the persistent backward: one CTA per worker of the schedule's tables."""
     p = launch.problem
     q, k, v, do = launch.q, launch.k, launch.v, launch.do
-    _check_tma(q=q, k=k, v=v, do=do)
-    lse2 = pad_row_stats(launch.lse2, p.block_m)
-    delta = pad_row_stats(launch.delta, p.block_m)
+    if p.is_packed:
+        _check_tma(q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), do=do.unsqueeze(0))
+        lse2 = packed_row_stats(launch.lse2, p)
+        delta = packed_row_stats(launch.delta, p)
+    else:
+        _check_tma(q=q, k=k, v=v, do=do)
+        lse2 = pad_row_stats(launch.lse2, p.block_m)
+        delta = pad_row_stats(launch.delta, p.block_m)
     tables = launch.tables
     variant = variant_of(launch)
     partials = launch.partials
+    if p.is_packed and (p.total_q == 0 or p.total_k == 0):
+        # no scores at all: dK, dV are 0 (dQ has no rows or its accumulator stays 0); a
+        # tensor of no rows has no TMA descriptor
+        launch.dk_out.zero_()
+        launch.dv_out.zero_()
+        return
     stamps = getattr(_probe, "stamps", None)
+    if stamps is not None and p.is_packed:
+        raise ValueError("the probe variant is rectangular")
     if stamps is not None:
         need = (launch.tables["visit_q"].numel() * PROBE_VISIT_SLOTS
                 + (launch.tables["chain_offsets"].numel() - 1) * PROBE_CHAIN_SLOTS)
@@ -431,12 +502,34 @@ def run_schedule(launch: Launch) -> None:
         dv_ptr=launch.dv_out.data_ptr(), sem_ptr=launch.sem.data_ptr(),
         partials_ptr=partials.data_ptr(),
         **{f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES},
-        batch=p.batch, heads=p.heads, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q,
-        seqlen_k=p.seqlen_k, n_q=p.n_q, num_chains=tables["chain_offsets"].numel() - 1,
+        heads=p.heads, heads_kv=p.heads_kv, num_chains=tables["chain_offsets"].numel() - 1,
         num_visits=tables["visit_q"].numel(), num_workers=launch.num_workers,
-        **window_args(p.visibility, p.seqlen_q, p.seqlen_k),
-        q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
-        do_strides=_strides(do), dk_strides=_strides(launch.dk_out),
-        dv_strides=_strides(launch.dv_out),
+        **(_packed_backward_args(launch) if p.is_packed else dict(
+            cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, q_tile_base_ptr=0,  # packed kernels'
+            num_q_tiles=0, batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+            n_q=p.n_q, **window_args(p.visibility, p.seqlen_q, p.seqlen_k),
+            q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
+            do_strides=_strides(do), dk_strides=_strides(launch.dk_out),
+            dv_strides=_strides(launch.dv_out))),
         scale_log2=scale_log2_value(launch.softmax_scale),
         softmax_scale=float(launch.softmax_scale), stream=_stream(q))))
+
+
+def _packed_backward_args(launch: Launch) -> dict:
+    """The launch arguments of a packed backward that describe the batch (the rest are the
+    rectangular one's): ``seqlen_q`` / ``seqlen_k`` are the tensors' rows, ``batch`` the
+    sequences, the offsets and ``q_tile_base`` (where each sequence's dQ tiles start) the
+    kernel reads per chain, a window's extents those of the longest lengths (as the packed
+    forward's: an unbounded side then hides no key of any sequence); ``n_q`` is unused."""
+    p = launch.problem
+    max_q = max(p.seqlen_q_of(b) for b in range(p.batch))
+    max_k = max(p.seqlen_k_of(b) for b in range(p.batch))
+    return dict(
+        cu_seqlens_q_ptr=launch.cu_seqlens_q.data_ptr(),
+        cu_seqlens_k_ptr=launch.cu_seqlens_k.data_ptr(),
+        q_tile_base_ptr=launch.tables["q_tile_base"].data_ptr(), num_q_tiles=p.num_q_tiles,
+        batch=p.batch, seqlen_q=p.total_q, seqlen_k=p.total_k, n_q=0,
+        **window_args(p.visibility, max_q, max_k),
+        q_strides=_packed_strides(launch.q), k_strides=_packed_strides(launch.k),
+        v_strides=_packed_strides(launch.v), do_strides=_packed_strides(launch.do),
+        dk_strides=_packed_strides(launch.dk_out), dv_strides=_packed_strides(launch.dv_out))

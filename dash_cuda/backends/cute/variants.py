@@ -47,6 +47,7 @@ class Variant:
     per_head: bool
     config: BackwardConfig
     probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
+    packed: bool = False  # a packed batch of variable lengths (cu_seqlens)
 
     @property
     def name(self) -> str:
@@ -55,13 +56,14 @@ class Variant:
         flags += ["audit"] if self.audit else []
         flags += ["perhead"] if self.per_head else []
         flags += ["probe"] if self.probe else []
+        flags += ["varlen"] if self.packed else []
         return "_".join(["dash_bwd", *flags, self.config.name])
 
     def kernel_object(self) -> bwd_kernel.DashBackwardSm90:
         return bwd_kernel.DashBackwardSm90(
             DTYPES[self.dtype], self.head_dim, mask=self.mask, config=self.config,
             deterministic=self.deterministic, audit=self.audit, per_head=self.per_head,
-            probe=self.probe)
+            probe=self.probe, packed=self.packed)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -100,17 +102,18 @@ class ForwardVariant:
 
 
 def backward_variant(dtype: torch.dtype, head_dim: int, mask: str, deterministic: bool,
-                     audit: bool, per_head: bool, probe: bool = False) -> Variant:
+                     audit: bool, per_head: bool, probe: bool = False,
+                     packed: bool = False) -> Variant:
     """The backward variant of a call, with the configuration :func:`.config.backward_config`
-    chooses for it."""
+    chooses for it (a packed batch's is the rectangular one's: the tiles are the problem's)."""
     return Variant(dtype, head_dim, mask, deterministic, audit, per_head,
-                   backward_config(head_dim, mask, dtype), probe)
+                   backward_config(head_dim, mask, dtype), probe, packed)
 
 
 def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant | ForwardVariant]:
     """Every variant a call can run: the forwards (each configuration the forward's rule can
     pick; rectangular, then packed), then the backwards (deterministic and atomic; dK/dV
-    rounded, per-head for GQA, and per-head with audit)."""
+    rounded, per-head for GQA, and per-head with audit; rectangular, then packed)."""
     out: list[Variant | ForwardVariant] = [
         ForwardVariant(dtype, d, mask, config)
         for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
@@ -121,6 +124,8 @@ def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant 
         out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
                 backward_variant(dtype, d, mask, det, audit=False, per_head=True),
                 backward_variant(dtype, d, mask, det, audit=True, per_head=True)]
+    # packed batches: the same backwards, reading cu_seqlens and q_tile_base (run_schedule)
+    out += [replace(v, packed=True) for v in out if isinstance(v, Variant)]
     return out
 
 
