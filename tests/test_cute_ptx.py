@@ -44,6 +44,11 @@ VARIANTS = [
     # packed batches (cu_seqlens): O and LSE2 by predicated stores, the offsets read
     forward_variant(torch.bfloat16, 64, "causal", 192, packed=True),
     forward_variant(torch.float16, 128, "full", 128, packed=True),
+    # packed backwards: dK/dV by predicated register stores, offset loads; rounded outputs,
+    # and the per-head scratch with audit
+    backward_variant(torch.bfloat16, 64, "causal", True, audit=False, per_head=False,
+                     packed=True),
+    backward_variant(torch.float16, 128, "full", True, audit=True, per_head=True, packed=True),
 ]
 
 
@@ -504,7 +509,7 @@ def test_only_packed_forwards_read_offsets_and_store_o_without_tma(ptx_of):
     import re
     from dataclasses import replace
 
-    packed = VARIANTS[-1]
+    packed = VARIANTS[-3]
     rectangular = replace(packed, packed=False)
     assert rectangular in VARIANTS and packed.name == rectangular.name.replace(
         "_full_", "_full_varlen_")
@@ -514,3 +519,25 @@ def test_only_packed_forwards_read_offsets_and_store_o_without_tma(ptx_of):
                                                                         plain)
     assert inspect_ptx.check_forward_ptx(plain, packed) != []
     assert inspect_ptx.check_forward_ptx(ptx_of(packed), rectangular) != []
+
+
+@pytest.mark.parametrize("packed", VARIANTS[-2:], ids=lambda v: v.name)
+def test_only_packed_backwards_store_dk_dv_by_rows(packed, ptx_of):
+    """A packed backward writes dK and dV row by row from registers (no TMA store, which
+    would write the next sequence's rows past a sequence's end) and reads the sequences'
+    offsets per chain; its rectangular twin (compiled in this module) keeps its TMA stores
+    and reads fewer int32 values (the checks tell the two apart)."""
+    import re
+    from dataclasses import replace
+
+    rectangular = replace(packed, packed=False)
+    assert rectangular in VARIANTS
+    assert packed.name.endswith("_varlen_" + packed.config.name)
+    mine, plain = ptx_of(packed), ptx_of(rectangular)
+    assert inspect_ptx.check_ptx(mine, packed) == []
+    assert inspect_ptx.check_ptx(plain, packed) != []
+    assert inspect_ptx.check_ptx(mine, rectangular) != []
+    # the loader, the dQ writer and the math warps each read the chain's sequence's
+    # offsets (and q_tile_base): at least 11 int32 loads more than the tables' alone
+    loads = [len(re.findall(r"ld\.global\.b32", x)) for x in (mine, plain)]
+    assert loads[0] >= loads[1] + 11, loads

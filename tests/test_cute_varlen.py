@@ -1,9 +1,10 @@
-"""Host side of the CuTe backend's packed (varlen) forward, on any machine.
+"""Host side of the CuTe backend's packed (varlen) kernels, on any machine.
 
 The launch arguments that describe a packed batch, the tile list restated in Python (every
 sequence gets the longest one's Q tiles; the loader skips those past its sequence's end:
 what runs is exactly each sequence's own tiles), the packed variants' names and shipping,
-and the refusal of packed calls that stays until a packed backward exists.
+the one switch for packed calls (``PACKED_BACKWARD``), and the packed backward's host side
+(its launch arguments, the kernel's dQ tile numbers, the tile-major LSE2/D and dQacc).
 """
 
 from __future__ import annotations
@@ -119,8 +120,126 @@ def test_a_packed_call_picks_its_packed_forward():
     assert v.config == cute_launch.forward_variant(torch.bfloat16, 64, rule, 700).config
 
 
-def test_packed_calls_are_refused_until_a_packed_backward_exists():
-    reason = BACKEND.unsupported(Case(64, torch.bfloat16, False, True, packed=True))
-    assert reason is not None and "packed backward" in reason
+def test_packed_calls_follow_the_one_switch(monkeypatch):
+    """PACKED_BACKWARD is the one switch: on, packed calls run here (forward and backward);
+    off, they are refused with the reason, and ``backend="auto"`` runs them on Triton."""
+    import dash_cuda.backends.cute as cute_backend
+
+    case = Case(64, torch.bfloat16, False, True, packed=True)
+    monkeypatch.setattr(cute_backend, "PACKED_BACKWARD", False)
+    reason = BACKEND.unsupported(case)
+    assert reason is not None and "PACKED_BACKWARD" in reason
+    monkeypatch.setattr(cute_backend, "PACKED_BACKWARD", True)
+    assert BACKEND.unsupported(case) is None
     assert BACKEND.unsupported(Case(64, torch.bfloat16, False, True)) is None
     assert callable(BACKEND.forward_varlen)
+
+
+# -- the packed backward's host side ------------------------------------------------------------
+def packed_problem(heads=3, heads_kv=1, head_dim=64, mask="causal") -> Problem:
+    from dash_cuda.launch import packed_problem_for
+
+    return packed_problem_for(BACKEND, SEQLENS_Q, SEQLENS_K, heads, heads_kv, head_dim,
+                              Mask(mask))
+
+
+def test_every_backward_has_a_shipped_packed_twin():
+    from dataclasses import replace
+
+    from dash_cuda.backends.cute.variants import Variant
+
+    backwards = [v for v in shipped_variants() if isinstance(v, Variant)]
+    plain = {v for v in backwards if not v.packed}
+    packed = {v for v in backwards if v.packed}
+    assert {replace(v, packed=True) for v in plain} == packed
+    assert all("_varlen_" in v.name for v in packed)
+    assert not any("varlen" in v.name for v in plain)
+
+
+def cpu_launch(p: Problem, per_head: bool):
+    """A packed Launch on the CPU (pointers only: nothing runs), tables as the call makes."""
+    from dash_cuda.backends import Launch
+    from dash_cuda.tables import device_schedule
+
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.zeros(*shape, dtype=dtype)
+
+    q, k = t(p.total_q, p.heads, p.head_dim), t(p.total_k, p.heads_kv, p.head_dim)
+    out_heads = p.heads if per_head else p.heads_kv
+    dk = t(p.total_k, out_heads, p.head_dim, dtype=torch.float32 if per_head else q.dtype)
+    stats = t(p.heads, p.total_q, dtype=torch.float32).t()
+    launch = Launch(p, q, k, k.clone(), q.clone(), stats, stats.clone(),
+                    cute_launch.new_dq_acc(p, q.device), dk, dk.clone(), 0.125, True, False,
+                    per_head, False, 4)
+    launch.tables = device_schedule(p, "lpt", 4, q.device).tables
+    launch.cu_seqlens_q = torch.tensor(p.cu_seqlens_q, dtype=torch.int32)
+    launch.cu_seqlens_k = torch.tensor(p.cu_seqlens_k, dtype=torch.int32)
+    return launch
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_packed_backward_launch_names_every_argument(per_head):
+    """run_schedule's packed arguments and the ones every launch passes are the entry's,
+    once; the batch is described by its rows, its sequences and the longest lengths."""
+    from dash_cuda.backends.cute import bwd_kernel
+
+    p = packed_problem()
+    launch = cpu_launch(p, per_head)
+    args = cute_launch._packed_backward_args(launch)
+    rest = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr",
+                          "dqacc_ptr", "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr",
+                          "worker_offsets_ptr", "chain_bhj_ptr", "chain_offsets_ptr",
+                          "visit_q_ptr", "visit_rank_ptr", "heads", "heads_kv", "num_chains",
+                          "num_visits", "num_workers", "scale_log2", "softmax_scale",
+                          "stream"), 0)
+    assert set(args).isdisjoint(rest)
+    arguments.values(arguments.names(bwd_kernel.LAUNCH_ARGS), {**args, **rest})  # complete
+    assert (args["seqlen_q"], args["seqlen_k"]) == (sum(SEQLENS_Q), sum(SEQLENS_K))
+    assert args["batch"] == len(SEQLENS_Q) and args["num_q_tiles"] == p.num_q_tiles
+    assert args["q_strides"] == (0, *launch.q.stride()[:2])
+    assert cute_launch.variant_of(launch).packed
+    assert cute_launch.variant_of(launch) in shipped_variants()
+
+
+def test_the_kernels_tile_numbers_are_the_problems():
+    """The kernel's dQ tile (and semaphore, and LSE2/D rows) of visit (b, h, i),
+    ``q_tile_base[b] + h * ceil(S_q(b) / BM) + i`` from the uploaded table, is
+    ``Problem.q_tile_index``; every tile once."""
+    p = packed_problem()
+    base = cpu_launch(p, False).tables["q_tile_base"].tolist()
+    seen = []
+    for b in range(p.batch):
+        for h in range(p.heads):
+            for i in range(p.n_q_of(b)):
+                t = base[b] + h * -(-p.seqlen_q_of(b) // p.block_m) + i
+                assert t == p.q_tile_index(b, h, i)
+                seen.append(t)
+    assert sorted(seen) == list(range(p.num_q_tiles))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_tile_major_layout_round_trips(head_dim):
+    """LSE2/D gathered tile-major hold each tile's own rows (0 past its sequence's end),
+    and dq_acc_rows reads every packed row back from its tile (staging order): the one
+    table packed_tile_rows serves both."""
+    p = packed_problem(head_dim=head_dim)
+    bm, H = p.block_m, p.heads
+    gen = torch.Generator().manual_seed(0)
+    stats = torch.randn(H, p.total_q, generator=gen).t()  # (total_q, H) of (H, total_q)
+    tiles = cute_launch.packed_row_stats(stats, p)
+    assert tiles.shape == (p.num_q_tiles, bm) and tiles.is_contiguous()
+    rows = torch.randn(p.total_q, H, head_dim, generator=gen)
+    row_major = torch.full((p.num_q_tiles, bm, head_dim), float("nan"))
+    for b in range(p.batch):
+        first, sq = p.cu_seqlens_q[b], p.seqlen_q_of(b)
+        for h in range(H):
+            for i in range(p.n_q_of(b)):
+                t, n = p.q_tile_index(b, h, i), min(bm, sq - i * bm)
+                want = stats[first + i * bm:first + i * bm + n, h]
+                assert torch.equal(tiles[t, :n], want) and not tiles[t, n:].any()
+                row_major[t, :n] = rows[first + i * bm:first + i * bm + n, h]
+    index = cute_launch.staged_index(bm, head_dim, torch.device("cpu")).long()
+    staged = torch.empty(p.num_q_tiles, bm * head_dim)
+    staged[:, index] = row_major.reshape(p.num_q_tiles, -1)  # tiles_to_rows's inverse
+    assert torch.equal(cute_launch.dq_acc_rows(staged, p), rows)
+    assert cute_launch.new_dq_acc(p, torch.device("cpu")).shape == staged.shape

@@ -13,8 +13,9 @@ determinism, L1 and L2.
 - L2: with ``exact=True`` ``dash_ref.emulate.backward(..., arithmetic="exact")`` on the
   kernel's own ``O`` and ``LSE2`` reproduces ``D``, every partial, every accumulator and
   the gradients bit for bit;
-- the call path: ``backend="auto"`` runs packed calls on Triton and ``backend="cute"``
-  refuses them; ``torch.compile(fullgraph=True)`` gives the eager bits; ``opcheck`` takes
+- the call path: ``backend="auto"`` runs packed calls on CuTe while its ``PACKED_BACKWARD``
+  is on, otherwise on Triton (and ``backend="cute"`` refuses them); the other tests pin
+  ``backend="triton"``; ``torch.compile(fullgraph=True)`` gives the eager bits; ``opcheck`` takes
   both ops; FlashAttention's alias gives ``attention_varlen``'s bits.
 """
 
@@ -61,7 +62,9 @@ def packed_inputs(seqlens_q, seqlens_k, heads, heads_kv, d, dtype, seed):
 
 
 def grads(q, k, v, do, seqlens_q, seqlens_k, max_q=None, max_k=None, **kw):
-    """``O, dQ, dK, dV`` of one packed call through autograd."""
+    """``O, dQ, dK, dV`` of one packed call through autograd (on Triton, this file's
+    backend, unless ``backend`` says otherwise: auto may pick CuTe for packed calls)."""
+    kw.setdefault("backend", "triton")
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     o = dash_cuda.attention_varlen(*leaves, offsets(seqlens_q), offsets(seqlens_k),
                                    max_q or max(seqlens_q), max_k or max(seqlens_k), **kw)
@@ -101,6 +104,7 @@ def test_the_forward_writes_every_row_and_the_lse_of_rows_without_keys():
     q, k, v, _ = packed_inputs(SEQLENS_Q, SEQLENS_K, 4, 2, 64, torch.bfloat16, seed=42)
     o, lse = dash_cuda.attention_varlen_forward(q, k, v, offsets(SEQLENS_Q), offsets(SEQLENS_K),
                                                 max(SEQLENS_Q), max(SEQLENS_K), causal=True,
+                                                backend="triton",
                                                 _poison=True)
     assert lse.shape == (q.shape[0], 4) and lse.stride() == (1, q.shape[0])
     assert not o.isnan().any() and not lse.isnan().any()
@@ -173,8 +177,9 @@ def test_one_bit_pattern_in_100_runs(schedule, causal):
 def audited(tensors, seqlens_q, seqlens_k, causal, **kw):
     q, k, v, do = tensors
     cu = (offsets(seqlens_q), offsets(seqlens_k), max(seqlens_q), max(seqlens_k))
-    o, lse = dash_cuda.attention_varlen_forward(q, k, v, *cu, causal=causal)
+    o, lse = dash_cuda.attention_varlen_forward(q, k, v, *cu, causal=causal, backend="triton")
     return dash_cuda.attention_varlen_backward(q, k, v, o, lse, do, *cu, causal=causal,
+                                               backend="triton",
                                                _poison=True, **kw), (o, lse)
 
 
@@ -206,7 +211,8 @@ def test_packed_dq_accumulator_equals_replay(schedule, causal, heads, heads_kv, 
     o, lse = fwd
     cu = (offsets(SEQLENS_Q), offsets(SEQLENS_K), max(SEQLENS_Q), max(SEQLENS_K))
     plain = dash_cuda.attention_varlen_backward(q, k, v, o, lse, do, *cu, causal=causal,
-                                                schedule=schedule, num_workers=num_workers)
+                                                schedule=schedule, num_workers=num_workers,
+                                                backend="triton")
     for a, b in zip((dq, dk, dv), plain):
         assert torch.equal(a, b)
 
@@ -244,16 +250,22 @@ def test_emulation_reproduces_the_exact_packed_kernel(schedule, causal, heads, h
 
 
 # -- the call path --------------------------------------------------------------------------------
-def test_auto_runs_packed_calls_on_triton_and_cute_refuses_them():
+def test_auto_runs_packed_calls_where_the_cute_switch_says():
+    """``backend="auto"`` (CuTe first) runs packed calls on CuTe while its
+    ``PACKED_BACKWARD`` is on; off, on Triton, and ``backend="cute"`` refuses them."""
+    import dash_cuda.backends.cute as cute_backend
+
     tensors = packed_inputs(SMALL_Q, SMALL_K, 2, 2, 64, torch.bfloat16, seed=48)
-    auto = grads(*tensors, SMALL_Q, SMALL_K, causal=True)
-    triton = grads(*tensors, SMALL_Q, SMALL_K, causal=True, backend="triton")
-    for a, b in zip(auto, triton):
+    auto = grads(*tensors, SMALL_Q, SMALL_K, causal=True, backend="auto")
+    picked = "cute" if cute_backend.PACKED_BACKWARD else "triton"
+    same = grads(*tensors, SMALL_Q, SMALL_K, causal=True, backend=picked)
+    for a, b in zip(auto, same):
         assert torch.equal(a, b)
-    q, k, v, _ = tensors
-    with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
-        dash_cuda.attention_varlen(q, k, v, offsets(SMALL_Q), offsets(SMALL_K), max(SMALL_Q),
-                                   max(SMALL_K), backend="cute")
+    if not cute_backend.PACKED_BACKWARD:
+        q, k, v, _ = tensors
+        with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
+            dash_cuda.attention_varlen(q, k, v, offsets(SMALL_Q), offsets(SMALL_K),
+                                       max(SMALL_Q), max(SMALL_K), backend="cute")
 
 
 def test_flash_attn_alias_gives_the_same_bits():
@@ -264,7 +276,7 @@ def test_flash_attn_alias_gives_the_same_bits():
     o = dash_cuda.flash_attn_varlen_func(*leaves, *cu, 0.0, 0.1, True)
     o.backward(do)
     alias = [o.detach(), *(x.grad for x in leaves)]
-    direct = grads(*tensors, SMALL_Q, SMALL_K, causal=True, softmax_scale=0.1)
+    direct = grads(*tensors, SMALL_Q, SMALL_K, causal=True, softmax_scale=0.1, backend="auto")
     for a, b in zip(alias, direct):
         assert torch.equal(a, b)
 
