@@ -190,7 +190,8 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
     fwd = [v for v in windows if isinstance(v, ForwardVariant)]
     bwd = [v for v in windows if not isinstance(v, ForwardVariant)]
     assert all("_window_" in v.name for v in windows)
-    assert len(bwd) == 2 * 2 * 2 * 3
+    assert len(bwd) == 2 * 2 * 2 * 3 * 2  # rectangular and packed (cu_seqlens)
+    assert sum(v.packed for v in bwd) == len(bwd) // 2
     assert {(v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head) for v in bwd} == {
         (v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head)
         for v in shipped if getattr(v, "mask", None) == "causal" and v not in fwd
@@ -217,5 +218,9 @@ def test_auto_picks_cute_for_windows():
     case = Case(64, torch.bfloat16, exact=False, deterministic=True, window=True)
     assert get_backend("cute").unsupported(case) is None
     assert choose_backend("auto", case).name == "cute"
+    import dash_cuda.backends.cute as cute_backend
+
     packed = Case(64, torch.bfloat16, exact=False, deterministic=True, packed=True, window=True)
-    assert choose_backend("auto", packed).name == "triton"
+    # packed windows too, while the packed switch is on
+    want = "cute" if cute_backend.PACKED_BACKWARD else "triton"
+    assert choose_backend("auto", packed).name == want

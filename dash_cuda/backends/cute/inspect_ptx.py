@@ -208,7 +208,7 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     per_thread = 2 * bn * d // 256
     want = {"b16": per_thread if packed and not v.per_head else 0,
             "b32": per_thread if v.per_head else 0}
-    for width, n in want.items():
+    for width, n in want.items() if not v.probe else ():  # (the probe stores its stamps)
         got = len(re.findall(rf"st\.global\.{width}\b", ptx))
         need(got == n, f"{got} st.global.{width} (dK/dV rows), expected {n}")
     return bad
