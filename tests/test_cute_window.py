@@ -5,7 +5,7 @@
 The kernels evaluate these functions on DSL values while they are traced; here they run on
 Python ints and boolean tensors (the kernel methods through ``__wrapped__``, the plain
 function ``cute.jit`` wraps), so every tile of many shapes is checked. The GPU tests
-(``tests/gpu/test_cute_window.py``) hold the compiled kernels to ``dash_ref`` bit for bit.
+(``tests/gpu/test_cuda_cute_window.py``) hold the compiled kernels to ``dash_ref`` bit for bit.
 """
 
 from __future__ import annotations
