@@ -255,8 +255,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         softmax_scale, deterministic, num_workers, exact, backend, portable, window_size,
             softcap, learnable_sink: as in :func:`attention` (a window per sequence, on its
             own lengths; the sinks' gradient sums over every sequence's rows). Packed
-            calls run on the Triton backend (``backend="auto"`` picks it; the CuTe backend
-            has no varlen kernels yet and refuses them).
+            calls run on the CuTe backend (d 64 and 128, bf16/fp16, every mask;
+            ``backend="auto"`` picks it) or on Triton (every head dim, ``exact=True``,
+            softcap and sinks).
 
     Returns:
         The attention output, ``(total_q, H, d)`` like ``q``.
@@ -265,7 +266,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``dash_ref.PORTABLE`` or ``dash_ref.RAGGED``), a sequence's ``O``, ``dQ``, ``dK`` and
     ``dV`` are bitwise the same whatever else is packed with it, in whatever order, whatever
     ``max_seqlen_q`` / ``max_seqlen_k`` say, and equal to the same sequence run alone at
-    batch 1 (:func:`attention` on ``(1, S, H, d)`` views), on the Triton backend: each
+    batch 1 (:func:`attention` on ``(1, S, H, d)`` views) on the same backend: each
     sequence is tiled from its own first row, masked by its own lengths, and its visit and
     dQ orders are those of the batch-1 schedule. (The wave schedules, ``shift`` and
     ``symmetric_shift``, number their waves over the whole batch, so their bits depend on
