@@ -262,14 +262,25 @@ def test_flash_attn_takes_its_own_argument_order():
                                          False, None, schedule="lpt", portable=True)
 
 
-def test_cute_refuses_packed_calls_and_auto_picks_triton():
+def test_packed_calls_go_to_the_backend_that_runs_them():
+    """CuTe runs packed calls while its switch ``PACKED_BACKWARD`` is on (``auto`` then
+    picks it where CuTe DSL is installed), and refuses them in one line otherwise; packed
+    ``exact=True`` calls always go to Triton."""
     from dash_cuda.backends import Case, choose_backend, get_backend
+    from dash_cuda.backends.cute import PACKED_BACKWARD
 
     case = Case(64, torch.bfloat16, exact=False, deterministic=True, packed=True)
     reason = get_backend("cute").unsupported(case)
-    assert reason and "\n" not in reason and "packed" in reason
     assert get_backend("triton").unsupported(case) is None
+    if PACKED_BACKWARD:
+        assert reason is None
+    else:
+        assert reason and "\n" not in reason and "packed" in reason
+    exact = Case(64, torch.bfloat16, exact=True, deterministic=True, packed=True)
     if get_backend("triton").missing() is None:
-        assert choose_backend("auto", case).name == "triton"
-        with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
-            choose_backend("cute", case)
+        assert choose_backend("auto", exact).name == "triton"
+        cute_runs = PACKED_BACKWARD and get_backend("cute").missing() is None
+        assert choose_backend("auto", case).name == ("cute" if cute_runs else "triton")
+        if not PACKED_BACKWARD:
+            with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
+                choose_backend("cute", case)
