@@ -23,14 +23,14 @@ import math
 
 import pytest
 import torch
-from gpu_cases import bound, inputs, normwise
+from gpu_cases import inputs
 
 import dash_cuda
 from dash_ref import DETERMINISTIC, Mask
 from dash_ref.emulate import forward as emulated_forward
 from dash_ref.emulate import replay
 from verify.l2 import first_difference, record_steps
-from verify.reference import attention_f64
+from verify.reference import attention_f64, grad_checks
 
 # window, causal, (B, H, H_kv, S_q, S_k), d, dtype
 CASES = [
@@ -152,11 +152,12 @@ def test_the_window_is_within_the_float64_bound(window, causal, shape, d, dtype)
                                           backend="cute")
     dq, dk, dv = dash_cuda.attention_backward(q, k, v, o, lse2, do, causal=causal,
                                               window_size=window, backend="cute")
-    for name, x, exact in (("o", o, ref.o), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
-                           ("dv", dv, ref.dv)):
-        assert x.dtype == dtype and torch.isfinite(x).all(), name
-        err = normwise(x, exact)
-        assert err <= bound(dtype, name, shape, d), f"{name}: normwise error {err:.2e}"
+    # the bound scales with the operands' magnitudes, not the result's norm: with one key
+    # per row (window (0, 0)) the exact dQ is 0 and a relative error has no meaning
+    got = {"o": o, "dq": dq, "dk": dk, "dv": dv}
+    for name, check in grad_checks(got, ref, dtype).items():
+        assert got[name].dtype == dtype, name
+        assert check.ok, check
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[1]], ids=[IDS[0], IDS[1]])
