@@ -68,3 +68,30 @@ def test_auto_has_the_fingerprint_of_what_it_resolves_to(mask):
     resolved = auto_schedule(mask, 64, 256)
     assert build_schedule(p, "auto", 4).fingerprint() == \
         build_schedule(p, resolved, 4).fingerprint()
+
+
+def test_auto_takes_banded_for_windows_where_the_committed_measurement_says_so():
+    """On the backend of ``WINDOWS_MEASURED_ON`` a windowed problem resolves to ``banded``;
+    the committed H200 measurement has ``banded`` at least 0.98 of the table's choice's
+    speed on every window cell of that backend, and ahead on the windows of 1024 and more;
+    on the other backend, slower, the table still decides; without a window nothing
+    changes."""
+    from dash_ref import resolve_name
+    from dash_ref.schedules.schedule import WINDOWS_MEASURED_ON
+
+    band = Problem(1, 16, 16, 8192, 8192, 128, "causal", 64, 128, window_size=(1024, 0))
+    plain = Problem(1, 16, 16, 8192, 8192, 128, "causal", 64, 128)
+    assert resolve_name("auto", band, WINDOWS_MEASURED_ON) == "banded"
+    assert resolve_name("auto", band, WINDOWS_MEASURED_ON, portable=True) == "banded"
+    assert resolve_name("auto", plain, WINDOWS_MEASURED_ON) != "banded"
+    assert resolve_name("auto", band, "triton") == resolve_name("auto", plain, "triton")
+    report = json.loads((ROOT / "benchmarks/results/bench_features.json").read_text())
+    windows = [c for c in report["cells"] if c["kind"] == "window"]
+    assert windows
+    for cell in windows:
+        bwd = cell["median_ms"]["backward"]
+        speed = {b: bwd[f"{b}:auto"] / bwd[f"{b}:banded"] for b in ("cute", "triton")}
+        assert speed[WINDOWS_MEASURED_ON] >= 0.98, cell["window"]
+        if cell["window"] >= 1024:
+            assert speed[WINDOWS_MEASURED_ON] > 1.0, cell["window"]
+        assert speed["triton"] < 1.0  # why Triton keeps the table

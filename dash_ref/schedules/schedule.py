@@ -793,12 +793,20 @@ def default_schedule(mask: str, head_dim: int, seqlen: int = 4096,
     return auto_schedule(mask, head_dim, seqlen, backend, PORTABLE if portable else None)
 
 
+#: the backend on whose kernels ``auto`` takes ``banded`` for sliding windows: on the H200
+#: (``benchmarks/results/bench_features.md``, causal windows of 256 - 4096 at S = 8k, 16k,
+#: d = 128) it ran at 0.99 of the speed of the table's choice at 256, 1.02 - 1.04 at 1024
+#: and 1.26 - 1.33 at 4096; on the Triton kernels at 0.96 - 0.99, so Triton keeps the table
+WINDOWS_MEASURED_ON = "cute"
+
+
 def resolve_name(name: str, problem: Problem, backend: str | None = None,
                  portable: bool = False) -> str:
     """The schedule ``name`` stands for on ``problem``: itself, or what ``auto`` picks.
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
-    the two sequence lengths, with the entries measured on ``backend`` where there are).
+    the two sequence lengths, with the entries measured on ``backend`` where there are;
+    ``banded`` for a sliding window on the backend of :data:`WINDOWS_MEASURED_ON`).
     ``portable=True`` keeps to :data:`PORTABLE`, :data:`RAGGED` and :data:`BANDED` (the
     same bits for every ``num_workers``): ``auto`` picks the fastest measured portable
     schedule, and a named schedule outside the sets is refused. Unknown names raise a
@@ -809,6 +817,8 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
     if not isinstance(portable, bool):
         raise TypeError(f"portable must be a bool, got {portable!r}")
     if name == "auto":
+        if problem.is_windowed and backend == WINDOWS_MEASURED_ON:
+            return "banded"  # measured on this backend's kernels: see WINDOWS_MEASURED_ON
         return default_schedule(problem.mask, problem.head_dim,
                                 max(problem.seqlen_q, problem.seqlen_k), backend, portable)
     if not isinstance(name, str) or name not in BUILDERS:
