@@ -92,3 +92,33 @@ def test_a_record_of_the_fast_arithmetic_is_refused():
                                                        "dk_heads", "dv_heads")})
     with pytest.raises(ValueError, match="exact=True"):
         record_steps(record, inputs, (kernel["dq"], kernel["dk"], kernel["dv"]))
+
+
+def test_a_packed_schedule_reads_each_visit_on_its_own_sequences_rows():
+    """Packed sequences of 21, 5 and 40 query rows in 16-row tiles: every visit's padding
+    rows (past its own sequence's S_q, not the longest one's) are poisoned, and every step
+    still matches; the padding of the second sequence's only tile is 11 rows."""
+    seqlens_q, seqlens_k = (21, 5, 40), (30, 17, 33)
+    p = Problem.packed(seqlens_q, seqlens_k, 2, 1, 16, "causal", 16, 16)
+    gen = torch.Generator().manual_seed(11)
+    q, do = (torch.randn(p.total_q, 2, 16, generator=gen).to(torch.bfloat16) for _ in "qd")
+    k, v = (torch.randn(p.total_k, 1, 16, generator=gen).to(torch.bfloat16) for _ in "kv")
+    fwd = forward(q, k, v, True, None, 16, 16, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    sched = build_schedule(p, "descending", 3)
+    emu = backward(sched, q, k, v, fwd.o, fwd.lse2, do, return_partials=True,
+                   arithmetic="exact")
+    partials = emu.partials.clone()
+    tables = sched.to_tables()
+    padded = 0
+    for c in range(len(tables.chain_bhj)):  # the tables, read without verify.l2
+        b = int(tables.chain_bhj[c][0])
+        for vis in range(int(tables.chain_offsets[c]), int(tables.chain_offsets[c + 1])):
+            real = seqlens_q[b] - int(tables.visit_q[vis]) * 16
+            if real < 16:
+                partials[vis, real:] = float("nan")
+                padded += 1
+    assert padded > 0
+    kernel = dict(delta=delta(EXACT, fwd.o, do), partials=partials, dq_acc=emu.dq_acc,
+                  dk_heads=emu.dk_acc, dv_heads=emu.dv_acc, dq=emu.dq, dk=emu.dk, dv=emu.dv)
+    steps = l2_steps(sched, (q, k, v, fwd.o, fwd.lse2, do), kernel)
+    assert all(torch.equal(got, want) for _, got, want in steps)

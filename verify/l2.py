@@ -65,10 +65,11 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
 
 
 def visit_rows(schedule: Schedule) -> list[int]:
-    """The query rows each visit's partial holds, in table order (a tile's rows past ``S_q``
-    are padding: a kernel writes anything there)."""
+    """The query rows each visit's partial holds, in table order (a tile's rows past its
+    sequence's ``S_q`` are padding: a kernel writes anything there). A packed problem's
+    tiles are its sequences' own, so a visit's rows are counted on its chain's sequence."""
     p = schedule.problem
-    return [len(p.rows(i)) for i in schedule.to_tables().visit_q.tolist()]
+    return [len(p.rows(i, c.b)) for _, c in schedule.chains() for i in c.visits]
 
 
 def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
