@@ -155,3 +155,34 @@ def test_full_cli_registers_these_commands(capsys) -> None:
                                  "capture", "reproduce"]
     assert cli.main(["schedule", "--name", "naive", "--seqlen-q", "256", "--json"]) == 0
     assert "fingerprint" in json.loads(capsys.readouterr().out)["result"]
+
+
+def test_a_window_gives_the_schedule_of_the_windowed_problem(run) -> None:
+    """``--window-size`` builds the windowed problem: the fingerprint is that of
+    ``build_schedule`` on it, and differs from the causal problem's."""
+    rc, out, _ = run("schedule", "--name", "banded", "--mask", "causal", "--window-size", "16",
+                     "0", *SHAPE, "--json")
+    assert rc == 0
+    doc = json.loads(out)["result"]
+    band = Problem(2, 2, 2, 64, 48, 128, "causal", 16, 16, window_size=(16, 0))
+    assert doc["fingerprint"] == build_schedule(band, "banded", 3).fingerprint()
+    assert doc["fingerprint"] != build_schedule(problem("causal"), "banded", 3).fingerprint()
+    visited = {(b, h, i, j) for _, b, h, j, visits in doc["chains"] for i in visits}
+    assert visited == {(b, h, i, j) for b in range(2) for h in range(2)
+                       for i in range(band.n_q) for j in range(band.n_kv)
+                       if band.active(i, j, b)}
+
+
+def test_simulate_all_takes_banded_only_where_there_is_a_window(run) -> None:
+    rc, out, _ = run("simulate", "--mask", "causal", "--window-size", "16", "0", *SHAPE,
+                     "--json")
+    assert rc == 0 and "banded" in json.loads(out)["result"]
+    rc, out, _ = run("simulate", "--mask", "causal", *SHAPE, "--json")
+    assert rc == 0 and "banded" not in json.loads(out)["result"]
+
+
+@pytest.mark.parametrize("window", [["-3", "0"], ["4"], ["a", "0"]])
+def test_a_bad_window_is_one_line_and_exit_2(run, window) -> None:
+    rc, out, err = run("schedule", "--window-size", *window, *SHAPE)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "window" in err

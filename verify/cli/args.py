@@ -96,11 +96,13 @@ def output_file(text: str) -> Path:
 
 # -- shared flags ---------------------------------------------------------------------------
 def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
-                   impl_tiles: bool = False) -> None:
+                   impl_tiles: bool = False, windows: bool = False) -> None:
     """The problem-shape flags (and the worker count) shared by several subcommands.
 
     With ``impl_tiles`` (the checks), ``--block-m``/``--block-n`` default to None: the
-    implementation's own tiles; only ``emulator:NAME`` takes others.
+    implementation's own tiles; only ``emulator:NAME`` takes others. ``windows`` adds
+    ``--window-size LEFT RIGHT`` (the commands that run implementations do not take it:
+    they would run without the window).
     """
     tiles = 16 if impl_tiles else 128
     g = parser.add_argument_group("problem shape")
@@ -120,6 +122,11 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
     g.add_argument("--heads-kv", type=positive_int, default=None, metavar="H_KV",
                    help="key/value heads, a divisor of H (GQA; default: --heads)")
     g.add_argument("--head-dim", type=positive_int, default=128, metavar="D", help="head dim")
+    if windows:
+        g.add_argument("--window-size", type=int, nargs=2, default=None,
+                       metavar=("LEFT", "RIGHT"),
+                       help="FlashAttention's sliding window (-1: unbounded on that side; "
+                            "with --mask causal the window is (LEFT, 0))")
     if workers:
         g.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS, metavar="W",
                        help="persistent workers (SMs); pin it to reproduce the same orders")
@@ -139,6 +146,8 @@ def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16
         mask=args.mask,
         block_m=tiles[0] if args.block_m is None else args.block_m,
         block_n=tiles[1] if args.block_n is None else args.block_n,
+        window_size=None if getattr(args, "window_size", None) is None
+        else tuple(args.window_size),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from dash_ref.schedules.schedule import Schedule, build_schedule
+from dash_ref.schedules.schedule import BANDED, Schedule, build_schedule
 
 from . import budget
 from .args import EXIT_OK, SCHEDULES, Outcome, add_shape_args, problem_from_args
@@ -31,8 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "schedule", help="print a schedule: chains per worker and dQ orders",
         description="Build a schedule for one problem shape, validate it and print it.")
-    p.add_argument("--name", choices=SCHEDULES, default="auto", help="the schedule")
-    add_shape_args(p)
+    p.add_argument("--name", choices=(*SCHEDULES, *BANDED), default="auto",
+                   help="the schedule (banded: made for --window-size, valid for any mask)")
+    add_shape_args(p, windows=True)
     budget.add_allow_large(p)
     return p
 

@@ -14,7 +14,7 @@ from typing import TextIO
 from dash_ref.model.dag import MODELS, build_dag
 from dash_ref.model.gantt import save_gantt, text_timeline
 from dash_ref.model.simulator import simulate
-from dash_ref.schedules.schedule import NAMES, build_schedule
+from dash_ref.schedules.schedule import BANDED, NAMES, build_schedule
 
 from . import budget
 from .args import (
@@ -34,9 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "simulate", help="makespan and idle time of schedules in the DAG model",
         description="Simulate schedules on W workers with compute cost c and reduce cost r "
                     "per tile (docs/design.md section 4).")
-    p.add_argument("--name", choices=(*SCHEDULES, "all"), default="all",
-                   help="a schedule, or all of them")
-    add_shape_args(p)
+    p.add_argument("--name", choices=(*SCHEDULES, *BANDED, "all"), default="all",
+                   help="a schedule, or all of them (banded too where --window-size is given)")
+    add_shape_args(p, windows=True)
     p.add_argument("--cost-compute", type=cost, default=1.0, metavar="C",
                    help="cost of one tile's compute stage (finite, >= 0)")
     p.add_argument("--cost-reduce", type=cost, default=0.5, metavar="R",
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     if args.gantt is not None and importlib.util.find_spec("matplotlib") is None:
         raise RuntimeError("--gantt needs matplotlib (pip install 'dash-attention[plot]')")
     problem = problem_from_args(args)
-    names = NAMES if args.name == "all" else (args.name,)
+    # all: every schedule of NAMES, and banded where the problem has a window
+    everything = (*NAMES, *BANDED) if problem.is_windowed else NAMES
+    names = everything if args.name == "all" else (args.name,)
     budget.require(budget.schedule_cost(problem, args.workers, len(names), simulate=True), args)
     schedules = [build_schedule(problem, n, args.workers) for n in names]
     c, r = args.cost_compute, args.cost_reduce
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
 
     p = problem
     print(f"B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} S_k={p.seqlen_k} "
-          f"mask={p.mask} BM={p.block_m} BN={p.block_n} (n_q={p.n_q}, n_kv={p.n_kv}); "
+          f"mask={p.mask}{f' window={p.window_size}' if p.is_windowed else ''} "
+          f"BM={p.block_m} BN={p.block_n} (n_q={p.n_q}, n_kv={p.n_kv}); "
           f"W={args.workers} c={c:g} r={r:g} model={args.model}"
           f"{f' staging={args.staging}' if args.staging else ''}"
           f"{' partial' if args.partial else ''}", file=out)
