@@ -155,6 +155,9 @@ class Backend(Protocol):
     #: the ``dash_ref`` arithmetic that reproduces this backend's default (``exact=False``)
     #: forward and backward bit for bit, or None where none does
     default_arithmetic: str | None
+    #: the optional score features of :data:`FEATURES` its kernels compute; a call asking
+    #: for another is refused before :meth:`unsupported` is asked
+    features: frozenset[str]
 
     def missing(self) -> str | None:
         """What to install for this backend to run here, or None when it can."""
@@ -169,10 +172,12 @@ class Backend(Protocol):
     def forward_block_n(self, head_dim: int) -> int | None:
         """The forward's KV tile where ``default_arithmetic`` reproduces the forward."""
 
-    def forward(self, q, k, v, mask: Mask, softmax_scale: float, poison: bool
+    def forward(self, q, k, v, mask: Mask, softmax_scale: float, poison: bool, **features
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` for validated ``(B, S, H, d)`` views (see :mod:`dash_cuda.launch`)
-        under ``mask`` (a kind :meth:`unsupported` admits)."""
+        under ``mask`` (a kind :meth:`unsupported` admits); ``features`` (``softcap``,
+        ``sink2``) are passed only where the call asks for them, to a backend whose
+        :attr:`features` lists them."""
 
     def forward_varlen(self, q, k, v, packing, mask: Mask, softmax_scale: float,
                        poison: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,7 +219,7 @@ def get_backend(name: str) -> Backend:
 
 def _lacks_feature(backend: Backend, case: Case) -> str | None:
     """The optional feature of ``case`` that ``backend`` does not compute, or None."""
-    has = getattr(backend, "features", frozenset())
+    has = backend.features
     for feature, wanted in (("softcap", case.softcap), ("sink", case.sink)):
         if wanted and feature not in has:
             return {"softcap": "softcap (no softcap in its kernels)",

@@ -43,6 +43,7 @@ class CuteBackend:
     #: its default arithmetic is reproduced by ``dash_ref``'s ``FAST`` (MUFU models, pairwise
     #: ``D``, dQ adds that keep subnormals): the L2 level holds for default runs
     default_arithmetic = "fast"
+    features: frozenset[str] = frozenset()  # no softcap, no sinks in its kernels
 
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
