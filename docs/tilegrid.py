@@ -83,7 +83,8 @@ def draw_schedule_grids(schedules: list[Schedule], path: Path, per_row: int = 2)
             draw_grid(ax, s, b, h)
             ax.set_title(f"{s.name}, head {h}" + (f" (b={b})" if p.batch > 1 else ""),
                          fontsize=8, loc="left")
-    fig.suptitle(f"{p.mask} mask, n_q = n_kv = {p.n_q}, {p.heads} heads, "
+    rule = f"window {p.window_size}" if p.is_windowed else f"{p.mask} mask"
+    fig.suptitle(f"{rule}, n_q = n_kv = {p.n_q}, {p.heads} heads, "
                  f"{schedules[0].num_workers} workers.\nCell (i, j): w<worker>:<step in that "
                  "worker's program>, and r<rank of j in the dQ order of row i> (r? = arrival "
                  "order)", fontsize=9)
