@@ -2,8 +2,9 @@
 
 ``attention`` is a drop-in autograd function; ``attention_forward`` / ``attention_backward``
 expose the two passes (the backward with an ``audit`` mode that returns every fp32 dQ
-partial). ``attention_varlen`` (and FlashAttention's name for it, ``flash_attn_varlen_func``)
-takes packed batches of variable lengths, with ``attention_varlen_forward`` /
+partial); ``flash_attn_func`` is ``attention`` under FlashAttention's name.
+``attention_varlen`` (and FlashAttention's name for it, ``flash_attn_varlen_func``) takes
+packed batches of variable lengths, with ``attention_varlen_forward`` /
 ``attention_varlen_backward`` as its passes. Importing this package needs neither CUDA nor a
 kernel compiler: kernels load on first use.
 
@@ -24,6 +25,7 @@ from .api import (
     attention_varlen_backward,
     attention_varlen_forward,
     backward_problem,
+    flash_attn_func,
     flash_attn_varlen_func,
 )
 from .backends import BACKENDS
@@ -33,4 +35,4 @@ from .launch import BackwardAudit
 __all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",
            "attention_backward", "attention_forward", "attention_varlen",
            "attention_varlen_backward", "attention_varlen_forward", "backward_problem",
-           "flash_attn_varlen_func"]
+           "flash_attn_func", "flash_attn_varlen_func"]

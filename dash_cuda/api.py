@@ -30,7 +30,7 @@ from .options import Options, Packing
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "attention_varlen", "attention_varlen_backward", "attention_varlen_forward",
-           "backward_problem", "flash_attn_varlen_func"]
+           "backward_problem", "flash_attn_func", "flash_attn_varlen_func"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -293,6 +293,48 @@ _FLASH_DEFAULTS = {"dropout_p": 0.0, "alibi_slopes": None, "return_attn_probs": 
                    "block_table": None}
 
 
+def _refuse_flash_options(caller: str, **given) -> None:
+    """``ValueError`` naming every FlashAttention option of ``given`` that is not at its
+    default (:data:`_FLASH_DEFAULTS`): dash_cuda computes none of them."""
+    unsupported = []
+    for name, value in given.items():
+        default = _FLASH_DEFAULTS[name]
+        changed = value is not None if default is None else value != default
+        if changed:
+            shown = (f"<tensor of shape {tuple(value.shape)}>"
+                     if isinstance(value, torch.Tensor) else repr(value))
+            unsupported.append(f"{name}={shown}")
+    if unsupported:
+        raise ValueError(f"{caller}: {', '.join(unsupported)} is not supported by dash_cuda "
+                         "(no dropout, ALiBi, attention probabilities or paged KV); leave "
+                         "them at their defaults")
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None, deterministic: bool = True,
+                    return_attn_probs: bool = False, *, schedule: str = "auto",
+                    num_workers: int | None = None, exact: bool = False,
+                    backend: str = "auto", portable: bool = False,
+                    learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`attention` under FlashAttention's name, argument names and order
+    (``flash_attn.flash_attn_func``, ``(B, S, H, d)`` tensors), for a drop-in replacement.
+
+    ``window_size`` and ``softcap`` are :func:`attention`'s; ``dropout_p``,
+    ``alibi_slopes`` and ``return_attn_probs`` are taken at their defaults only (any other
+    value raises ``ValueError`` naming them). ``deterministic=True`` (here the default)
+    runs a deterministic schedule, ``False`` the atomic peer. ``learnable_sink``
+    (FlashAttention-4's) and DASH's own options are keyword-only. Returns ``O``.
+    """
+    _refuse_flash_options("flash_attn_func", dropout_p=dropout_p, alibi_slopes=alibi_slopes,
+                          return_attn_probs=return_attn_probs)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
+                     deterministic=deterministic, num_workers=num_workers, exact=exact,
+                     backend=backend, portable=portable, window_size=window_size,
+                     softcap=softcap, learnable_sink=learnable_sink)
+
+
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
@@ -316,20 +358,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     atomic peer. DASH's own options (``schedule``, ``num_workers``, ``exact``, ``backend``,
     ``portable``) are keyword-only. Returns ``O``, ``(total_q, H, d)``.
     """
-    given = {"dropout_p": dropout_p, "alibi_slopes": alibi_slopes,
-             "return_attn_probs": return_attn_probs, "block_table": block_table}
-    unsupported = []
-    for name, value in given.items():
-        default = _FLASH_DEFAULTS[name]
-        changed = value is not None if default is None else value != default
-        if changed:
-            shown = (f"<tensor of shape {tuple(value.shape)}>"
-                     if isinstance(value, torch.Tensor) else repr(value))
-            unsupported.append(f"{name}={shown}")
-    if unsupported:
-        raise ValueError(f"flash_attn_varlen_func: {', '.join(unsupported)} is not supported "
-                         "by dash_cuda (no dropout, ALiBi, attention probabilities or paged "
-                         "KV); leave them at their defaults")
+    _refuse_flash_options("flash_attn_varlen_func", dropout_p=dropout_p,
+                          alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
+                          block_table=block_table)
     return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             causal=causal, softmax_scale=softmax_scale, schedule=schedule,
                             deterministic=deterministic, num_workers=num_workers, exact=exact,
