@@ -41,3 +41,21 @@ def broken_tail(q, k, v, do, causal, softmax_scale):
     o, dq, dk, dv = reference_cast(q, k[:, :-1], v[:, :-1], do, causal, softmax_scale)
     pad = torch.zeros_like(k[:, -1:])
     return o, dq, torch.cat([dk, pad], 1), torch.cat([dv, pad], 1)
+
+
+def windowed_reference(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
+    """Correct: takes a sliding window, float64 gradients under it rounded to the input
+    dtype."""
+    g = attention_f64(q, k, v, do, causal, softmax_scale, window_size=window_size)
+    return tuple(x.to(q.dtype) for x in (g.o, g.dq, g.dk, g.dv))
+
+
+windowed_reference.takes_window = True
+
+
+def ignores_window(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
+    """Window bug: says it takes a sliding window, then attends to every key (causal only)."""
+    return reference_cast(q, k, v, do, causal, softmax_scale)
+
+
+ignores_window.takes_window = True

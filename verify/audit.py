@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 
@@ -86,7 +87,8 @@ class AuditReport:
         lines = [
             f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
-            f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask} dtype={self.dtype}",
+            f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask}"
+            f"{f' window={p.window_size}' if p.is_windowed else ''} dtype={self.dtype}",
             f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",
         ]
         if self.times_ms:  # at least one trial kept the contract
@@ -179,7 +181,9 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied.
 
     ``timeout`` bounds each call in seconds (a hang becomes a finding); ``tiles`` asks the
-    implementation to run ``(BM, BN)`` tiles (the emulator does; others refuse). Raises
+    implementation to run ``(BM, BN)`` tiles (the emulator does; others refuse). A
+    windowed ``problem`` passes its ``window_size`` to every call; an implementation that
+    takes no window (:attr:`~verify.impls.Impl.windows`) is refused. Raises
     :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
     ``ValueError``/``TypeError`` for bad arguments, before any trial runs. What the
     implementation does wrong on a call is a finding in the report (``failure``).
@@ -202,6 +206,9 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     timeout = timeout_seconds(timeout)
     if tiles is not None:
         impl = impl.with_tiles(*tiles)
+    impl.require_window(problem.window_size)
+    run = (impl if problem.window_size is None
+           else partial(impl, window_size=problem.window_size))
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
@@ -222,7 +229,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
             torch.cuda.synchronize(dev)
         start = time.perf_counter()
         try:
-            result = check_outputs(guard.call(impl, *args, causal, scale, timeout=timeout),
+            result = check_outputs(guard.call(run, *args, causal, scale, timeout=timeout),
                                    *args)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)

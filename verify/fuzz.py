@@ -18,6 +18,7 @@ at once (shrinking would call the hanging code again and again).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hypothesis import HealthCheck, given, seed, settings
 
@@ -69,6 +70,8 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     contract is a finding (``ok`` false, ``kind`` and the message say which); an
     implementation that cannot run here raises :class:`~verify.impls.Unavailable`
     instead. The emulator runs the case's tiles; other implementations choose their own.
+    A windowed case's ``window_size`` goes to the implementation and to the reference; one
+    that takes no window (:attr:`~verify.impls.Impl.windows`) is refused (``ValueError``).
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
     if not isinstance(impl, Impl):
@@ -79,17 +82,23 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     timeout = timeout_seconds(timeout)
     if impl.tiles is not None:
         impl = impl.with_tiles(case.problem.block_m, case.problem.block_n)
+    window = case.problem.window_size  # None: no window, and the six-argument call
+    impl.require_window(window)
     impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
+    run = impl if window is None else partial(impl, window_size=window)
+    bitwise = (impl.bitwise if window is None or impl.bitwise is None
+               else partial(impl.bitwise, window_size=window))
     try:
-        got = check_outputs(guard.call(impl, q, k, v, do, case.causal, scale,
+        got = check_outputs(guard.call(run, q, k, v, do, case.causal, scale,
                                        timeout=timeout), q, k, v, do)
-        problems = (guard.call(impl.bitwise, q, k, v, do, case.causal, scale,
-                               timeout=timeout) if impl.bitwise else [])
+        problems = (guard.call(bitwise, q, k, v, do, case.causal, scale,
+                               timeout=timeout) if bitwise else [])
     except Finding as found:
         return CheckResult(case, False, {}, str(found), _kind(found))
-    ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale)
+    ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale,
+                        window_size=window)
     errors = {}
     outputs = {name.lower(): x.detach().cpu() for name, x in zip(OUTPUTS, got)}
     for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
@@ -129,7 +138,9 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     ``max_elements`` bounds the numbers in ``q, k, v, dO`` together (at least
     :data:`MIN_ELEMENTS`, one small head); ``timeout`` bounds each call in seconds. An
     implementation that cannot run here raises :class:`~verify.impls.Unavailable` before
-    any case is drawn.
+    any case is drawn. ``windows=True`` (passed on to :func:`verify.strategies.problems`)
+    draws sliding windows too; an implementation that takes none is refused
+    (``ValueError``) before any case is drawn.
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
     if not isinstance(impl, Impl):
@@ -139,6 +150,8 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     integer("max_elements", max_elements, minimum=MIN_ELEMENTS)
     integer("rng_seed", rng_seed, minimum=0)
     timeout = timeout_seconds(timeout)
+    if case_kwargs.get("windows") and not impl.windows:
+        raise ValueError(impl.window_refusal("fuzzed with --windows"))
     impl.require()
     # the implementation fixes the schedule; record that one with every case
     kind, _, named = impl.name.partition(":")

@@ -1,32 +1,39 @@
 """Attention implementations under audit, behind one signature.
 
 An implementation is a callable ``fn(q, k, v, do, causal, softmax_scale) -> (o, dq, dk, dv)``
-over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-right).
-:func:`get_impl` resolves a name:
+over ``(B, S, H, d)`` tensors (``k``/``v`` with ``H_kv`` heads, causal bottom-right). One
+that takes FlashAttention's sliding window (:attr:`Impl.windows`) is also passed
+``window_size=(left, right)`` (``-1``: unbounded on that side; under ``causal`` it is
+``(left, 0)``) as a keyword, and only when the problem has a window, so a callable of six
+arguments keeps working; asked for a window, one that does not take it is refused
+(``ValueError``: ``dash-verify`` exits 2) rather than run without it.
+:func:`get_impl` resolves a name (the last column: whether it takes a window):
 
-=====================  =====================================================================
-name                   what runs
-=====================  =====================================================================
-``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME or ``auto`` (CPU,
-                       4 workers, 16 x 16 tiles unless ``get_impl(..., tiles=(BM, BN))``
-                       or ``Impl.with_tiles`` asks for others); with ``atomic``, each call
-                       draws a fresh arrival order, like real atomics (from a seeded
-                       stream, so a whole audit repeats)
-``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,
-                       ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs it under
-                       strict ``torch.use_deterministic_algorithms(True)`` (not warn-only:
-                       a backend without a deterministic kernel raises)
-``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its
-                       non-deterministic peer) on the backend ``auto`` picks; deterministic
-                       ones also carry an L1 check (audit mode against
-                       ``dash_ref.emulate.replay``); ``dash-triton:NAME`` and
-                       ``dash-cute:NAME`` pin the backend
-``dash-exact:NAME``    the same with ``exact=True``, checked at L1 and at L2 (the CPU
+=====================  ===============================================================  ======
+name                   what runs                                                        window
+=====================  ===============================================================  ======
+``emulator:NAME``      ``dash_ref`` tile emulation under schedule NAME (``banded``       yes
+                       too) or ``auto`` (CPU, 4 workers, 16 x 16 tiles unless
+                       ``get_impl(..., tiles=(BM, BN))`` or ``Impl.with_tiles`` asks
+                       for others); with ``atomic``, each call draws a fresh arrival
+                       order, like real atomics (from a seeded stream, so a whole audit
+                       repeats)
+``sdpa-BACKEND``       PyTorch SDPA forward + autograd backward, BACKEND in ``math``,   no
+                       ``efficient``, ``flash``, ``cudnn``; ``sdpa-BACKEND-det`` runs
+                       it under strict ``torch.use_deterministic_algorithms(True)``
+                       (not warn-only: a backend without a deterministic kernel raises)
+``dash:NAME``          ``dash_cuda.attention`` with schedule NAME (``dash:atomic``: its  yes
+                       non-deterministic peer; ``banded``: windows only) on the
+                       backend ``auto`` picks; deterministic ones also carry an L1
+                       check (audit mode against ``dash_ref.emulate.replay``);
+                       ``dash-triton:NAME`` and ``dash-cute:NAME`` pin the backend
+``dash-exact:NAME``    the same with ``exact=True``, checked at L1 and at L2 (the CPU   yes
                        emulation ``arithmetic="exact"`` against every output bit)
-``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with
-                       ``deterministic=True``
-``module:function``    any importable user callable with the signature above
-=====================  =====================================================================
+``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with      yes
+                       ``deterministic=True`` (its window: None for ``-1``)
+``module:function``    any importable user callable with the signature above; it takes  if set
+                       windows where it sets ``fn.takes_window = True``
+=====================  ===============================================================  ======
 
 :meth:`Impl.unavailable` says why an implementation cannot run on this machine (no CUDA
 device, a missing package); the audit, the fuzzer and the one-case check refuse to start
@@ -67,6 +74,8 @@ class Impl:
     needs: tuple[str, ...] = ()
     # the (BM, BN) tiles it runs where the caller picks them (the emulator), else None
     tiles: tuple[int, int] | None = None
+    # takes window_size=(left, right) as a keyword (FlashAttention's sliding window)
+    windows: bool = False
     _make: Callable[[int, int], AttentionFn] | None = None
 
     def with_tiles(self, block_m: int, block_n: int) -> Impl:
@@ -83,8 +92,27 @@ class Impl:
             return self
         return replace(self, fn=self._make(block_m, block_n), tiles=(block_m, block_n))
 
-    def __call__(self, q, k, v, do, causal: bool, softmax_scale: float) -> Outputs:
-        return self.fn(q, k, v, do, causal, softmax_scale)
+    def __call__(self, q, k, v, do, causal: bool, softmax_scale: float,
+                 window_size: tuple[int, int] | None = None) -> Outputs:
+        """Run the implementation; ``window_size`` only where the problem has a window
+        (None: none, and the call is the six-argument one)."""
+        if window_size is None:
+            return self.fn(q, k, v, do, causal, softmax_scale)
+        self.require_window(window_size)
+        return self.fn(q, k, v, do, causal, softmax_scale, window_size=tuple(window_size))
+
+    def require_window(self, window_size: tuple[int, int] | None) -> None:
+        """``ValueError`` when a window is asked for (not None) and this implementation
+        does not take one: it would run without it."""
+        if window_size is not None and not self.windows:
+            left, right = window_size
+            raise ValueError(self.window_refusal(f"held to --window-size {left} {right}"))
+
+    def window_refusal(self, asked: str) -> str:
+        """The one-line refusal of a window this implementation does not take."""
+        return (f"{self.name} takes no sliding window, so it cannot be {asked} (it would "
+                "run without it); emulator:NAME, dash:NAME, dash-exact:NAME, fa4[-det] and "
+                "a module:function with takes_window = True take one")
 
     def unavailable(self) -> str | None:
         """Why this implementation cannot run here, or None when it can."""
@@ -117,8 +145,8 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
 
     arrivals = random.Random(0)  # atomics: a fresh arrival order per call, the same per run
 
-    def run(q, k, v, do, causal, softmax_scale):
-        p = problem_of(q, k, causal, block_m, block_n)
+    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
+        p = problem_of(q, k, causal, block_m, block_n, window_size=window_size)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
         fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
@@ -159,12 +187,12 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
 def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> AttentionFn:
     import dash_cuda
 
-    def run(q, k, v, do, causal, softmax_scale):
+    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         o = dash_cuda.attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale,
                                 schedule="naive" if schedule == "atomic" else schedule,
                                 deterministic=schedule != "atomic", exact=exact,
-                                backend=backend)
+                                backend=backend, window_size=tuple(window_size))
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
 
@@ -181,12 +209,21 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
     from dash_ref.emulate import epilogue, replay
     from verify.l2 import forward_steps, record_steps
 
-    def checks(q, k, v, do, causal, softmax_scale) -> list[str]:
+    def checks(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)) -> list[str]:
+        window_size = tuple(window_size)
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                             backend=backend)
+                                             backend=backend, window_size=window_size)
         dq, dk, dv, rec = dash_cuda.attention_backward(
             q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
-            schedule=schedule, audit=True, exact=exact, backend=backend)
+            schedule=schedule, audit=True, exact=exact, backend=backend,
+            window_size=window_size)
+        # the replay runs the record's schedule: it must be that of the windowed problem
+        want = dash_cuda.backward_problem(q.shape[0], q.shape[2], k.shape[2], q.shape[1],
+                                          k.shape[1], q.shape[3], causal, rec.backend,
+                                          window_size=window_size)
+        if rec.schedule.problem.window_size != want.window_size:
+            return [f"L1: the kernel's record ran window {rec.schedule.problem.window_size}, "
+                    f"asked for {want.window_size}"]
         acc = replay(rec.schedule, rec.partials.cpu(), flush_subnormals=rec.flush_subnormals)
         found = []
         if not torch.equal(rec.dq_acc.cpu(), acc):
@@ -198,7 +235,7 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
             if rec.arithmetic == "fast":
                 steps = forward_steps((q.cpu(), k.cpu(), v.cpu()), o.cpu(), lse.cpu(), causal,
                                       softmax_scale, get_backend(rec.backend).forward_block_n(
-                                          q.shape[-1])) + steps
+                                          q.shape[-1]), window_size=window_size) + steps
             found += [f"L2: {name} differs from the CPU emulation"
                       for name, got, want in steps if not torch.equal(got, want)]
         return found
@@ -224,10 +261,13 @@ def _fa4(deterministic: bool) -> AttentionFn:
                           "flash-attn-4, or put it on PYTHONPATH (scripts/fa4_bundle.sh packs "
                           "it for the GPU machine)")
 
-    def run(q, k, v, do, causal, softmax_scale):
+    def run(q, k, v, do, causal, softmax_scale, window_size=None):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        # FlashAttention-4 spells an unbounded side None, not -1
+        window = {} if window_size is None else {
+            "window_size": tuple(None if x < 0 else x for x in window_size)}
         out = fa(qg, kg, vg, softmax_scale=softmax_scale, causal=causal,
-                 deterministic=deterministic)
+                 deterministic=deterministic, **window)
         o = out[0] if isinstance(out, tuple) else out
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
@@ -243,11 +283,11 @@ DASH_KINDS = {"dash": ("auto", False), "dash-triton": ("triton", False),
 
 
 def _schedule_name(name: str, schedule: str) -> str:
-    from dash_ref import NAMES
+    from dash_ref import BANDED, NAMES
 
-    if schedule != "auto" and schedule not in NAMES:
+    if schedule != "auto" and schedule not in (*NAMES, *BANDED):
         raise ValueError(f"unknown schedule {schedule!r} in implementation {name!r}; choose "
-                         f"from auto, {', '.join(NAMES)}")
+                         f"from auto, {', '.join((*NAMES, *BANDED))}")
     return schedule
 
 
@@ -265,7 +305,7 @@ def _resolve(name: str) -> Impl:
     if kind == "emulator":
         schedule = _schedule_name(name, arg)
         return Impl(name, _emulator(schedule, *EMULATOR_TILES), "cpu",
-                    "tile-level emulation on the CPU", tiles=EMULATOR_TILES,
+                    "tile-level emulation on the CPU", tiles=EMULATOR_TILES, windows=True,
                     _make=lambda bm, bn: _emulator(schedule, bm, bn))
     if kind in DASH_KINDS:
         backend, exact = DASH_KINDS[kind]
@@ -274,6 +314,7 @@ def _resolve(name: str) -> Impl:
             raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
         needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
         return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
+                    windows=True,
                     bitwise=None if schedule == "atomic"
                     else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):
@@ -286,7 +327,7 @@ def _resolve(name: str) -> Impl:
         note = "use_deterministic_algorithms(True), strict" if det else ""
         return Impl(name, _sdpa(backend, det), device, note)
     if name in ("fa4", "fa4-det"):
-        return Impl(name, _fa4(name == "fa4-det"), "cuda")
+        return Impl(name, _fa4(name == "fa4-det"), "cuda", windows=True)
     if colon and kind and arg:
         try:  # importing runs user code: it may raise, exit or print
             module = guard.call(importlib.import_module, kind)
@@ -296,5 +337,6 @@ def _resolve(name: str) -> Impl:
         fn = getattr(module, arg, None)
         if not callable(fn):
             raise ValueError(f"implementation {name!r}: module {kind!r} has no callable {arg!r}")
-        return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable")
+        return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable",
+                    windows=getattr(fn, "takes_window", False) is True)
     raise ValueError(f"unknown implementation {name!r}: use {KINDS}")

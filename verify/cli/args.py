@@ -101,8 +101,8 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
 
     With ``impl_tiles`` (the checks), ``--block-m``/``--block-n`` default to None: the
     implementation's own tiles; only ``emulator:NAME`` takes others. ``windows`` adds
-    ``--window-size LEFT RIGHT`` (the commands that run implementations do not take it:
-    they would run without the window).
+    ``--window-size LEFT RIGHT`` (the commands that run implementations refuse it for one
+    that takes no window, :attr:`verify.impls.Impl.windows`, rather than run it without).
     """
     tiles = 16 if impl_tiles else 128
     g = parser.add_argument_group("problem shape")

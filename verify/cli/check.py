@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from dash_ref import BANDED
+
 from . import budget
 from .args import (
     EXIT_FINDING,
@@ -25,11 +27,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "the bound of verify.highprec (and to L1/L2 where the implementation "
                     "has an audit mode), after holding them to the interface contract. Exit "
                     "0 if it passes, 1 if not or if the implementation crashed, exited, "
-                    "timed out or broke the contract.")
+                    "timed out or broke the contract. With --window-size the implementation "
+                    "and the reference run the window (one that takes none is refused, "
+                    "exit 2).")
     add_impl_args(p)
-    add_shape_args(p, workers=False, impl_tiles=True)
+    add_shape_args(p, workers=False, impl_tiles=True, windows=True)
     budget.add_allow_large(p)
-    p.add_argument("--schedule", choices=SCHEDULES, default="naive",
+    p.add_argument("--schedule", choices=(*SCHEDULES, *BANDED), default="naive",
                    help="recorded with the case only: the implementation name picks the "
                         "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
     return p
@@ -53,5 +57,7 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     data = {"ok": result.ok, "kind": result.kind, "errors": result.errors,
             "message": result.message, "case": result.case.flags(impl.tiles is not None),
             "tiles": impl.tiles}
+    if case.problem.is_windowed:
+        data["window_size"] = list(case.problem.window_size)
     return Outcome(EXIT_OK if result.ok else EXIT_FINDING,
                    f"{args.impl}: {verdict}{'' if result.ok else ': ' + result.message}", data)

@@ -25,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "where the implementation has an audit mode); on a failure, shrink it "
                     "and print a one-line reproducer. Exit 0 if every case passed, 1 if "
                     "one failed (a crash, an exit, a timeout or a broken interface "
-                    "contract included).")
+                    "contract included). With --windows the shapes get sliding windows too "
+                    "(an implementation that takes none is refused, exit 2).")
     p.add_argument("--impl", required=True,
                    help="emulator:NAME, dash:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
                         "fa4[-det] or module:function")
@@ -33,6 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-elements", type=at_least(MIN_ELEMENTS), default=20_000,
                    help="memory budget: numbers in q, k, v, dO together")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="hypothesis seed")
+    p.add_argument("--windows", action="store_true",
+                   help="draw sliding windows as well (one-sided, two-sided, zero-width, "
+                        "wider than the sequence); the reproducer gives --window-size")
     add_timeout_arg(p)
     return p
 
@@ -40,8 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import fuzz
 
+    # without --windows the strategy is called exactly as it always was
+    windows = {"windows": True} if args.windows else {}
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
-                  rng_seed=args.seed, timeout=args.timeout)
+                  rng_seed=args.seed, timeout=args.timeout, **windows)
     data = {"examples": result.examples, "ok": result.ok}
     if result.ok:
         print(f"PASS {args.impl}: {result.examples} cases, no failure", file=out)
