@@ -356,6 +356,39 @@ def no_cuda(tool: str) -> bool:
     return True
 
 
+# -- the DAG model's calibration (CPU-only tools) --------------------------------------------------
+CALIBRATION = Path("benchmarks/results/model_vs_measured.json")
+
+
+def model_calibration(path: Path, head_dim: int) -> tuple[float, float]:
+    """``(r / c, l / c)`` at ``head_dim`` from the committed model-vs-measured fit: its
+    ``rho`` and the median hand-off latency over S = 1k - 4k."""
+    fit = json.loads(path.read_text())
+    lat = [x["latency_over_c"] for x in fit["latency"]
+           if x["d"] == head_dim and 1024 <= x["S"] <= 4096]
+    return fit["rho"][str(head_dim)], statistics.median(lat)
+
+
+def model_main(tool: str, description: str, head_dim: int, run: Callable,
+               markdown: Callable, argv: list[str] | None) -> int:
+    """The ``main`` of a model tool that runs ``run(r / c, l / c, workers)`` at one head dim
+    and writes ``OUT/TOOL.json`` and ``OUT/TOOL.md`` (exit 2 without the calibration)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--calibration", type=Path, default=CALIBRATION)
+    ap.add_argument("--workers", type=int, default=132)
+    args = ap.parse_args(argv)
+    if not args.calibration.exists():
+        print(f"{tool}: no calibration at {args.calibration}", file=sys.stderr)
+        return 2
+    rho, latency = model_calibration(args.calibration, head_dim)
+    report = {"workers": args.workers, "calibration": str(args.calibration),
+              "r_over_c": rho, "l_over_c": latency,
+              "rows": run(rho, latency, args.workers)}
+    save_report(args.out, tool, report, markdown(report))
+    return 0
+
+
 # -- reports -----------------------------------------------------------------------------------
 def save_report(out: Path, stem: str, report: dict, table: str) -> None:
     """``OUT/STEM.json`` (every measurement) and ``OUT/STEM.md`` (the table); prints the table."""

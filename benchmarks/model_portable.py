@@ -13,13 +13,11 @@ relative to the best schedule of the cell, marking the portable ones
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from harness import HIDDEN, SEQLENS, TOKENS, save_report
+from harness import CALIBRATION, HIDDEN, SEQLENS, TOKENS, model_calibration, save_report
 
 from dash_ref import DETERMINISTIC, PORTABLE, Problem, build_schedule, simulate
 from dash_ref.cpu import one_thread
@@ -29,13 +27,7 @@ TILES = {64: (128, 128), 128: (64, 128)}  # the CuTe backward's
 
 def calibration(path: Path) -> dict[int, tuple[float, float]]:
     """``{d: (r / c, l / c)}`` from the committed model-vs-measured fit."""
-    fit = json.loads(path.read_text())
-    out = {}
-    for d in TILES:
-        lat = [x["latency_over_c"] for x in fit["latency"]
-               if x["d"] == d and 1024 <= x["S"] <= 4096]
-        out[d] = (fit["rho"][str(d)], statistics.median(lat))
-    return out
+    return {d: model_calibration(path, d) for d in TILES}
 
 
 def run(calib: dict[int, tuple[float, float]], workers: int) -> list[dict]:
@@ -87,8 +79,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--calibration", type=Path,
-                    default=Path("benchmarks/results/model_vs_measured.json"))
+    ap.add_argument("--calibration", type=Path, default=CALIBRATION)
     ap.add_argument("--workers", type=int, default=132)
     args = ap.parse_args(argv)
     if not args.calibration.exists():

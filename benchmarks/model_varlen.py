@@ -20,13 +20,11 @@ the total work over W workers and the longest chain. CPU only, a few minutes::
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import statistics
 import sys
 import time
-from pathlib import Path
+
+from harness import model_main
 
 from dash_ref import Problem, build_schedule, critical_path, simulate
 from dash_ref.cpu import one_thread
@@ -53,14 +51,6 @@ def lengths(mix: str, total: int, seed: int = SEED) -> list[int]:
             raise ValueError(f"unknown mix {mix!r}")
         out.append(min(s, total - sum(out)))
     return out
-
-
-def calibration(path: Path) -> tuple[float, float]:
-    """``(r / c, l / c)`` for d = 128 from the committed model-vs-measured fit."""
-    fit = json.loads(path.read_text())
-    lat = [x["latency_over_c"] for x in fit["latency"]
-           if x["d"] == HEAD_DIM and 1024 <= x["S"] <= 4096]
-    return fit["rho"][str(HEAD_DIM)], statistics.median(lat)
 
 
 def run(rho: float, latency: float, workers: int) -> list[dict]:
@@ -122,23 +112,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--calibration", type=Path,
-                    default=Path("benchmarks/results/model_vs_measured.json"))
-    ap.add_argument("--workers", type=int, default=132)
-    args = ap.parse_args(argv)
-    if not args.calibration.exists():
-        print(f"model_varlen: no calibration at {args.calibration}", file=sys.stderr)
-        return 2
-    rho, latency = calibration(args.calibration)
-    rows = run(rho, latency, args.workers)
-    report = {"workers": args.workers, "calibration": str(args.calibration),
-              "r_over_c": rho, "l_over_c": latency, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "model_varlen.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "model_varlen.md").write_text(markdown(report))
-    return 0
+    return model_main("model_varlen", __doc__.splitlines()[0], HEAD_DIM, run, markdown, argv)
 
 
 if __name__ == "__main__":
