@@ -13,10 +13,13 @@ Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedul
 schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
 with ``naive`` (the schedule's gain), and FlashAttention-4 with ``deterministic=True``
 (``fa4-det``) and without (``fa4``). Every row is timed by plain (eager) calls: a packed call
-reads its offsets to the host once, which a CUDA graph cannot hold, so no row is replayed.
-Each of ``--rounds`` rounds times every row once (``--reps`` calls, CUDA events, median), in
-an order that rotates; ratios are taken within a round and reported as medians with their
-range. Backward: the gradients of given ``O``; forward alone; step: both::
+reads its offsets to the host, which a CUDA graph cannot hold, so no row is replayed (the
+rows share one offsets tensor, as a model's layers do, so ``dash_cuda`` reads it once:
+``dash_cuda.options.host_offsets``). Each of ``--rounds`` rounds times every row once
+(``--reps`` calls, CUDA events, median), in an order that rotates; ratios are taken within a
+round and reported as medians with their range. Forward: the call on inputs that require
+gradients; backward: ``torch.autograd.grad`` of one forward's output, the graph kept, the
+same for every row (as a training step runs it)::
 
     python benchmarks/bench_features.py --out benchmarks/results
 
@@ -65,8 +68,18 @@ def _fa4_varlen():
     return flash_attn_func, flash_attn_varlen_func
 
 
+def grad_row(fwd, inputs: tuple, do) -> tuple:
+    """``(fwd, bwd)`` of one row: ``bwd`` is ``torch.autograd.grad`` of one forward's output
+    (its graph kept), as a training step reaches every implementation's backward."""
+    import torch
+
+    out = fwd()
+    return fwd, lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
+
+
 def closures(cell: dict, gen) -> dict[str, tuple]:
-    """``{row: (fwd, bwd)}`` of one cell, every row on the same inputs."""
+    """``{row: (fwd, bwd)}`` of one cell, every row on the same inputs, each on inputs of its
+    own that require gradients."""
     import torch
 
     import dash_cuda
@@ -75,6 +88,10 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
     dev, bf16 = "cuda", torch.bfloat16
     fa, fa_varlen = _fa4_varlen()
     rows: dict[str, tuple] = {}
+
+    def leaves(*xs):
+        return tuple(x.detach().requires_grad_() for x in xs)
+
     if cell["kind"] == "varlen":
         seqlens = lengths(cell["mix"], cell["total"])
         cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32,
@@ -88,30 +105,22 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
             why = get_backend(backend).unsupported(Case(HEAD_DIM, bf16, False, True, True))
             if why or get_backend(backend).missing():
                 continue
-            o, lse = dash_cuda.attention_varlen_forward(q, k, v, *offsets, causal=True,
-                                                        backend=backend)
             for schedule in ("auto", "lpt", "naive"):
-                rows[f"{backend}:{schedule}"] = (
-                    lambda b=backend: dash_cuda.attention_varlen_forward(
-                        q, k, v, *offsets, causal=True, backend=b),
-                    lambda b=backend, s=schedule, o=o, lse=lse:
-                        dash_cuda.attention_varlen_backward(q, k, v, o, lse, do, *offsets,
-                                                            causal=True, schedule=s,
-                                                            backend=b))
+                x = leaves(q, k, v)
+                rows[f"{backend}:{schedule}"] = grad_row(
+                    lambda b=backend, s=schedule, x=x: dash_cuda.attention_varlen(
+                        *x, *offsets, causal=True, schedule=s, backend=b), x, do)
         if fa_varlen is not None:
             for det in (True, False):
-                qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+                x = leaves(q, k, v)
 
-                def fwd(det=det, qg=qg, kg=kg, vg=vg):
-                    out = fa_varlen(qg, kg, vg, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                def fwd(det=det, x=x):
+                    out = fa_varlen(*x, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                     max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
                                     deterministic=det)
                     return out[0] if isinstance(out, tuple) else out
 
-                out = fwd()
-                rows["fa4-det" if det else "fa4"] = (
-                    fwd, lambda out=out, qg=qg, kg=kg, vg=vg: torch.autograd.grad(
-                        out, (qg, kg, vg), do, retain_graph=True))
+                rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
         return rows
     b, s, w = cell["batch"], cell["seqlen"], cell["window"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
@@ -122,27 +131,20 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
         if chosen.missing() or chosen.unsupported(Case(HEAD_DIM, bf16, False, True, False,
                                                        True)):
             continue
-        o, lse = dash_cuda.attention_forward(q, k, v, causal=True, window_size=window,
-                                             backend=backend)
         for schedule in ("auto", "banded", "naive"):
-            rows[f"{backend}:{schedule}"] = (
-                lambda bk=backend: dash_cuda.attention_forward(
-                    q, k, v, causal=True, window_size=window, backend=bk),
-                lambda bk=backend, sc=schedule, o=o, lse=lse: dash_cuda.attention_backward(
-                    q, k, v, o, lse, do, causal=True, window_size=window, schedule=sc,
-                    backend=bk))
+            x = leaves(q, k, v)
+            rows[f"{backend}:{schedule}"] = grad_row(
+                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
+                    *x, causal=True, window_size=window, schedule=sc, backend=bk), x, do)
     if fa is not None:
         for det in (True, False):
-            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+            x = leaves(q, k, v)
 
-            def fwd(det=det, qg=qg, kg=kg, vg=vg):
-                out = fa(qg, kg, vg, causal=True, window_size=(w, None), deterministic=det)
+            def fwd(det=det, x=x):
+                out = fa(*x, causal=True, window_size=(w, None), deterministic=det)
                 return out[0] if isinstance(out, tuple) else out
 
-            out = fwd()
-            rows["fa4-det" if det else "fa4"] = (
-                fwd, lambda out=out, qg=qg, kg=kg, vg=vg: torch.autograd.grad(
-                    out, (qg, kg, vg), do, retain_graph=True))
+            rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
     return rows
 
 
@@ -223,7 +225,9 @@ def markdown(report: dict) -> str:
         f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
         f"{env['torch']}, triton {env['triton']}. bf16, d = 128, 16 heads, causal. Every "
         "row timed by eager calls (a packed call reads its offsets to the host, which a CUDA "
-        f"graph cannot hold), {env['reps']} calls per round, interleaved rounds; ms are "
+        "graph cannot hold; the rows share one offsets tensor, as a model's layers do), "
+        "backward by `torch.autograd.grad` of one forward's output for every row, "
+        f"{env['reps']} calls per round, interleaved rounds; ms are "
         "medians over the rounds; ratios are the peer's time over ours within a round, "
         "median (range). `BACKEND:auto` is the schedule `dash_cuda` picks, `lpt` and "
         "`banded` the schedules made for packed batches and bands, `naive` the baseline "

@@ -243,8 +243,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``.
         cu_seqlens_q, cu_seqlens_k: int32 CUDA tensors of ``B + 1`` offsets each, from 0,
             non-decreasing, ending at ``total_q`` and ``total_k``; a sequence may be empty.
-            They are read to the host once per call (the schedule is built from the
-            lengths), so a call synchronizes with the device once.
+            The schedule is built from the lengths, so they are read to the host, which
+            waits for the device, once per offsets tensor: later calls with the same
+            tensor, unchanged in place (the layers of a model), read nothing
+            (:func:`dash_cuda.options.host_offsets`). Write new offsets into a new tensor
+            or by PyTorch operations, never behind its back (``.data``, DLPack).
         max_seqlen_q, max_seqlen_k: at least the longest sequence's query and key rows (the
             forward's grid; a larger value changes no bits).
         causal: the causal mask of each sequence, bottom-right aligned on its own lengths:

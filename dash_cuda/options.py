@@ -10,13 +10,16 @@ schedule) is resolved once per call inside the ops (``dash_cuda.ops``).
 A packed (varlen) call carries one more value beside them, its :class:`Packing`: the
 ``cu_seqlens`` offsets on the device, the ``max_seqlen`` values, and the sequences' lengths
 read to the host once (:meth:`Packing.read`, one device-to-host copy, where the offsets'
-values are checked), which the schedule is built from. The custom ops receive the offsets
+values are checked; a tensor read before, unchanged, is not read again:
+:func:`host_offsets`), which the schedule is built from. The custom ops receive the offsets
 and ``max_seqlen`` values as arguments and read the lengths inside, where tracing does not
 look.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, fields
 from functools import cached_property
 
@@ -108,16 +111,14 @@ class Packing:
     @classmethod
     def read(cls, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
              max_seqlen_k: int, total_q: int, total_k: int) -> Packing:
-        """The offsets read to the host in one copy, checked against the tensors' rows and
-        the ``max_seqlen`` values (``ValueError`` naming the argument), as a value.
+        """The offsets on the host (:func:`host_offsets`: at most one copy, none for
+        tensors read before), checked against the tensors' rows and the ``max_seqlen``
+        values (``ValueError`` naming the argument), as a value.
 
         The offsets' types, dtype and length are checked before
         (:func:`dash_cuda.checks.check_cu_seqlens`), and both lie on one device.
         """
-        if cu_seqlens_k is cu_seqlens_q:
-            offsets_q = offsets_k = cu_seqlens_q.tolist()
-        else:  # both in one device-to-host copy
-            offsets_q, offsets_k = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()
+        offsets_q, offsets_k = host_offsets(cu_seqlens_q, cu_seqlens_k)
         seqlens_q, seqlens_k = check_cu_seqlens_values(offsets_q, offsets_k, int(max_seqlen_q),
                                                        int(max_seqlen_k), total_q, total_k)
         return cls(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
@@ -129,4 +130,55 @@ class Packing:
         return len(self.seqlens_q)
 
 
-__all__ = ["FIELDS", "Options", "Packing"]
+# -- the offsets on the host ------------------------------------------------------------------
+#: id(tensor) -> (a weak reference to it, its version when read, its values)
+_host: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+_host_lock = threading.Lock()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, None where it has none (an inference-mode tensor)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _forget(key: int):
+    """The callback that drops a freed tensor's entry (its address may be reused)."""
+    return lambda _: _host.pop(key, None)
+
+
+def host_offsets(*tensors: torch.Tensor) -> list[list[int]]:
+    """Each offsets tensor's values on the host, read in at most one device-to-host copy
+    (which waits for the device).
+
+    A tensor read before, and not changed in place since (PyTorch's version counter),
+    is not read again: the layers of a model that share one ``cu_seqlens`` tensor
+    synchronise with the device once, at the first. Values written into a tensor behind
+    PyTorch's back (through ``.data``, DLPack or a kernel of one's own) are not seen, as
+    no version counter sees them; pass a new tensor instead. Tensors of equal length
+    (``B + 1`` each, checked before).
+    """
+    found: dict[int, list[int]] = {}
+    with _host_lock:
+        for t in tensors:
+            hit = _host.get(id(t))
+            if hit is not None and hit[0]() is t and hit[1] == _version(t):
+                found[id(t)] = hit[2]  # (only tensors with a version are kept)
+    todo = list({id(t): t for t in tensors if id(t) not in found}.values())
+    if len(todo) == 1:
+        read = [todo[0].tolist()]
+    elif todo:  # in one copy
+        read = torch.stack(todo).tolist()
+    for t, values in zip(todo, read if todo else ()):
+        found[id(t)] = values
+        version = _version(t)
+        if version is None:
+            continue
+        with _host_lock:
+            _host[id(t)] = (weakref.ref(t, _forget(id(t))), version, values)
+    return [found[id(t)] for t in tensors]
+
+
+__all__ = ["FIELDS", "Options", "Packing", "host_offsets"]

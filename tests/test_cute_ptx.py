@@ -502,10 +502,11 @@ def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, mo
     assert (second / f"{v.name}.o").stat().st_size > 0
 
 
-def test_only_packed_forwards_read_offsets_and_store_o_without_tma(ptx_of):
-    """A packed forward stores O and LSE2 row by row (no TMA store, which would write the
-    next sequence's rows past a sequence's end) and reads cu_seqlens; its rectangular twin
-    keeps the TMA store of O and reads no offsets (the checks tell the two apart)."""
+def test_only_packed_forwards_read_offsets_and_store_partial_rows_by_row(ptx_of):
+    """A packed forward stores O of a sequence's last, partial rows row by row (a TMA
+    store would write the next sequence's rows past its end), its other rows by TMA, and
+    reads cu_seqlens; its rectangular twin has the TMA store alone and reads no offsets
+    (the checks tell the two apart)."""
     import re
     from dataclasses import replace
 
@@ -523,10 +524,10 @@ def test_only_packed_forwards_read_offsets_and_store_o_without_tma(ptx_of):
 
 @pytest.mark.parametrize("packed", VARIANTS[-2:], ids=lambda v: v.name)
 def test_only_packed_backwards_store_dk_dv_by_rows(packed, ptx_of):
-    """A packed backward writes dK and dV row by row from registers (no TMA store, which
-    would write the next sequence's rows past a sequence's end) and reads the sequences'
-    offsets per chain; its rectangular twin (compiled in this module) keeps its TMA stores
-    and reads fewer int32 values (the checks tell the two apart)."""
+    """A packed backward writes dK and dV of a sequence's last, partial KV tile row by row
+    from registers (a TMA store would write the next sequence's rows past its end), and
+    reads the sequences' offsets per chain; its rectangular twin (compiled in this module)
+    has TMA stores alone and reads fewer int32 values (the checks tell the two apart)."""
     import re
     from dataclasses import replace
 

@@ -4,7 +4,9 @@ The launch arguments that describe a packed batch, the tile list restated in Pyt
 sequence gets the longest one's Q tiles; the loader skips those past its sequence's end:
 what runs is exactly each sequence's own tiles), the packed variants' names and shipping,
 the one switch for packed calls (``PACKED_BACKWARD``), and the packed backward's host side
-(its launch arguments, the kernel's dQ tile numbers, the tile-major LSE2/D and dQacc).
+(its launch arguments, the kernel's dQ tile numbers, the tile table that places them,
+the audit's dQacc read back); ``tests/test_packed_rows.py`` runs the kernels that use the
+table.
 """
 
 from __future__ import annotations
@@ -217,17 +219,29 @@ def test_the_kernels_tile_numbers_are_the_problems():
     assert sorted(seen) == list(range(p.num_q_tiles))
 
 
+def test_the_tile_table_places_every_tile_on_its_sequences_rows():
+    """Row ``q_tile_index(b, h, i)`` of the tile table is that tile's first packed row, its
+    rows (the last tile of a sequence is partial) and its head; every tile once."""
+    from dash_cuda.backends.cute.packed_rows import tile_table
+
+    p = packed_problem()
+    table = tile_table(p, torch.device("cpu")).tolist()
+    want = [None] * p.num_q_tiles
+    for b in range(p.batch):
+        for h in range(p.heads):
+            for i in range(p.n_q_of(b)):
+                rows = min(p.block_m, p.seqlen_q_of(b) - i * p.block_m)
+                want[p.q_tile_index(b, h, i)] = [p.cu_seqlens_q[b] + i * p.block_m, rows, h]
+    assert table == want
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_tile_major_layout_round_trips(head_dim):
-    """LSE2/D gathered tile-major hold each tile's own rows (0 past its sequence's end),
-    and dq_acc_rows reads every packed row back from its tile (staging order): the one
-    table packed_tile_rows serves both."""
+def test_an_audits_dq_acc_reads_every_packed_row_from_its_tile(head_dim):
+    """dq_acc_rows (the audit record's dQacc) reads every packed row back from its tile in
+    staging order, through the one tile table."""
     p = packed_problem(head_dim=head_dim)
     bm, H = p.block_m, p.heads
     gen = torch.Generator().manual_seed(0)
-    stats = torch.randn(H, p.total_q, generator=gen).t()  # (total_q, H) of (H, total_q)
-    tiles = cute_launch.packed_row_stats(stats, p)
-    assert tiles.shape == (p.num_q_tiles, bm) and tiles.is_contiguous()
     rows = torch.randn(p.total_q, H, head_dim, generator=gen)
     row_major = torch.full((p.num_q_tiles, bm, head_dim), float("nan"))
     for b in range(p.batch):
@@ -235,8 +249,6 @@ def test_the_tile_major_layout_round_trips(head_dim):
         for h in range(H):
             for i in range(p.n_q_of(b)):
                 t, n = p.q_tile_index(b, h, i), min(bm, sq - i * bm)
-                want = stats[first + i * bm:first + i * bm + n, h]
-                assert torch.equal(tiles[t, :n], want) and not tiles[t, n:].any()
                 row_major[t, :n] = rows[first + i * bm:first + i * bm + n, h]
     index = cute_launch.staged_index(bm, head_dim, torch.device("cpu")).long()
     staged = torch.empty(p.num_q_tiles, bm * head_dim)

@@ -165,6 +165,69 @@ def test_the_offsets_are_read_once_and_checked():
         Packing.read(cu_q, cu_k, 36, 20, 58, 48)
 
 
+def copies(monkeypatch) -> list[int]:
+    """Record every device-to-host read of ``host_offsets`` (``Tensor.tolist``): the
+    number of values of each."""
+    seen: list[int] = []
+    tolist = torch.Tensor.tolist
+
+    def counted(self):
+        seen.append(self.numel())
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    return seen
+
+
+def test_an_offsets_tensor_is_read_once_until_it_changes(monkeypatch):
+    """The layers of a model share one ``cu_seqlens`` tensor: the first call reads it, the
+    others read nothing; an in-place change (PyTorch's version counter) is read again, and
+    a new tensor is always read, however equal its values."""
+    from dash_cuda.options import host_offsets
+
+    seen = copies(monkeypatch)
+    cu_q = torch.tensor([0, 5, 5, 42, 58], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 12, 32, 48], dtype=torch.int32)
+    assert host_offsets(cu_q, cu_k) == [[0, 5, 5, 42, 58], [0, 9, 12, 32, 48]]
+    assert seen == [10]  # both in one copy
+    for _ in range(3):
+        assert Packing.read(cu_q, cu_k, 40, 20, 58, 48).seqlens_q == (5, 0, 37, 16)
+    assert seen == [10]
+    cu_q[1:3] = 6  # in place
+    assert Packing.read(cu_q, cu_k, 40, 20, 58, 48).seqlens_q == (6, 0, 36, 16)
+    assert seen == [10, 5]  # that tensor alone
+    fresh = cu_k.clone()
+    assert host_offsets(cu_q, fresh)[1] == [0, 9, 12, 32, 48]
+    assert seen == [10, 5, 5]
+
+
+def test_tensors_without_a_version_are_read_every_time(monkeypatch):
+    """An inference-mode tensor has no version counter, so nothing says it is unchanged."""
+    from dash_cuda.options import host_offsets
+
+    seen = copies(monkeypatch)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    for _ in range(2):
+        assert host_offsets(cu, cu) == [[0, 3, 7], [0, 3, 7]]
+    assert seen == [3, 3]
+
+
+def test_a_freed_offsets_tensor_is_forgotten():
+    """What was read of a tensor goes with it (a later tensor may reuse its address)."""
+    import gc
+
+    from dash_cuda import options
+
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    options.host_offsets(cu)
+    key = id(cu)
+    assert key in options._host
+    del cu
+    gc.collect()
+    assert key not in options._host
+
+
 def test_the_packed_schedule_is_resolved_on_the_packed_problem():
     """``auto`` resolves on the packed problem (by its longest sequence), ``portable=True``
     keeps to the portable names, and the problem carries the backend's tiles."""

@@ -762,14 +762,23 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 5, lead)
             self.stamp(mProbe, self.chain_slot(tables, c, 2), lead)
             if const_expr(self.packed):
-                # from registers, each row only inside the sequence (a TMA store of a last
-                # partial tile would write the next sequence's rows); sK, sV are not read
-                if has_visits:
+                if has_visits:  # sK, sV are not read by either store below
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
-                h_out = h if const_expr(self.per_head) else h // group
-                self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h_out, j, seqlen_k,
-                                    k_first, softmax_scale)
+                if const_expr(self.per_head):
+                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h, j, seqlen_k,
+                                        k_first, softmax_scale)
+                elif (j + 1) * bn <= seqlen_k:
+                    # a whole tile inside its sequence: through shared memory and TMA
+                    # stores, as in a rectangular batch, at the sequence's first key row
+                    self.store_dkv_tma(acc_dk, acc_dv, self.shifted_out(out, k_first),
+                                       epi_bar, tid, 0, h // group, j, softmax_scale,
+                                       q_state.index)
+                else:
+                    # the sequence's last, partial tile: from registers, each row only
+                    # inside the sequence (a TMA store would write the next one's rows)
+                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h // group, j,
+                                        seqlen_k, k_first, softmax_scale)
             elif const_expr(self.per_head):
                 if has_visits:
                     # through sK and sV, which go back to the loader after the stores
@@ -935,11 +944,20 @@ class DashBackwardSm90:
 
 
     @cute.jit
+    def shifted_out(self, out, k_first):
+        """Packed: the epilogue's TMA store tensors ``out`` with their rows counted from key
+        row ``k_first`` (``domain_offset``, as the loader's)."""
+        sEpi, tdK, tdV, tma_dk, tma_dv = out
+        return (sEpi, cute.domain_offset((k_first, None, None, None), tdK),
+                cute.domain_offset((k_first, None, None, None), tdV), tma_dk, tma_dv)
+
+    @cute.jit
     def store_dkv_rows(self, acc_dk, acc_dv, coords, mdK, mdV, h, j, seqlen_k, k_first,
                        softmax_scale):
         """Packed [epilogue] of a chain, straight from registers, rows past the sequence's
         ``S_k`` never written: per query head (GQA or audit) the fp32 accumulators,
-        unscaled, into the scratch (the GQA pass sums heads); otherwise ``rnd(dK_j *
+        unscaled, into the scratch (the GQA pass sums heads); otherwise, for a sequence's
+        last, partial KV tile (whole tiles take :meth:`store_dkv_tma`), ``rnd(dK_j *
         scale)`` and ``rnd(dV_j)`` (:meth:`tile_to_smem`'s arithmetic) into the outputs.
         Registers as :meth:`store_dkv`'s."""
         if const_expr(self.per_head):

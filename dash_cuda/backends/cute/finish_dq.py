@@ -3,7 +3,9 @@
 The CuTe backward keeps dQacc as fp32 tiles in the order its MMA threads stage them
 (:func:`dash_cuda.backends.cute.bwd_kernel.staging_coords`); :func:`finish_dq_tiles`
 (:func:`dash_dq_tiles_kernel`) rounds them into the row-major ``(B, S_q, H, d)`` dQ, step
-``epilogue``: one fp32 multiply, one RNE cast. Written in Triton (row-wise work where warp
+``epilogue``: one fp32 multiply, one RNE cast; :func:`finish_dq_packed`
+(:func:`dash_dq_packed_tiles_kernel`) does the same for a packed batch, each tile into the
+packed rows its sequence holds (:mod:`.packed_rows`). Written in Triton (row-wise work where warp
 specialization buys nothing), so this backend needs Triton as well as CuTe DSL. Every
 program writes every element it owns, so the output needs no clearing beforehand.
 """
@@ -16,6 +18,38 @@ import triton.language as tl
 
 from dash_cuda.tile_io import store_tile
 
+from .packed_rows import tile_place, tile_table
+
+
+@triton.jit
+def staged_to_rows(tile, BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A tile of ``BM * HEAD_DIM`` fp32 values in staging order as a row-major ``(BM,
+    HEAD_DIM)`` tile (:func:`dash_cuda.backends.cute.bwd_kernel.staging_coords`; ``(BM,
+    HEAD_DIM)`` is ``(128, 64)`` or ``(64, 128)``): a reshape and a permute, no index table.
+
+    Position p of a tile is p = 4096 w + 512 g + 4 tid + v: register 4 g + v (g < 8, v < 4)
+    of math thread tid < 128 of warpgroup w < 2. With tid = 32 warp + 4 lq + lr (lane = 4 lq
+    + lr) and v = 2 vh + vl, that is p = 4096 w + 512 g + 128 warp + 16 lq + 4 lr + 2 vh +
+    vl: the dims (w, g, warp, lq, lr, vh, vl) = (2, 8, 4, 8, 4, 2, 2), outermost first. The
+    wgmma m64n64 accumulator puts that register at row 16 warp + 8 vh + lq = (warp, vh, lq)
+    and column 8 g + 2 lr + vl = (g, lr, vl) of warpgroup w's 64 x 64 block, which is rows
+    64 w .. (BM = 128: row (w, warp, vh, lq)) or columns 64 w .. (BM = 64: column (w, g,
+    lr, vl)). Row-major order is those dims permuted.
+    """
+    tile = tl.reshape(tile, [2, 8, 4, 8, 4, 2, 2])
+    if BM == 128:  # (w, warp, vh, lq) x (g, lr, vl)
+        return tl.reshape(tl.permute(tile, [0, 2, 5, 3, 1, 4, 6]), [BM, HEAD_DIM])
+    # BM == 64: (warp, vh, lq) x (w, g, lr, vl)
+    return tl.reshape(tl.permute(tile, [2, 5, 3, 0, 1, 4, 6]), [BM, HEAD_DIM])
+
+
+@triton.jit
+def load_staged_tile(DQ_ACC, t, BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Tile ``t`` of the accumulator, row-major: contiguous (16-byte vector) loads, then
+    :func:`staged_to_rows` (Triton moves the values through shared memory)."""
+    tile = tl.load(DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM) + tl.arange(0, BM * HEAD_DIM))
+    return staged_to_rows(tile, BM, HEAD_DIM)
+
 
 @triton.jit(do_not_specialize=["H", "S_Q", "N_Q"])
 def dash_dq_tiles_kernel(
@@ -25,29 +59,10 @@ def dash_dq_tiles_kernel(
     BM: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """``dQ = rnd(dQacc * scale)`` from tiles in staging order: tile ``t = (b * H + h) * N_Q
-    + i`` is ``BM * HEAD_DIM`` contiguous fp32 values, placed as
-    :func:`dash_cuda.backends.cute.bwd_kernel.staging_coords` says (``(BM, HEAD_DIM)`` is
-    ``(128, 64)`` or ``(64, 128)``).
-
-    Program ``t`` reads tile ``t`` with contiguous (16-byte vector) loads and puts it in
-    row-major order by a reshape and a permute (no index table, no gather; Triton moves the
-    rounded values through shared memory); its bf16/fp16 writes are whole rows of dQ.
-    """
+    + i`` is ``BM * HEAD_DIM`` contiguous fp32 values (:func:`load_staged_tile`); program
+    ``t`` writes whole rows of dQ."""
     t = tl.program_id(0)
-    tile = tl.load(DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM) + tl.arange(0, BM * HEAD_DIM))
-    # Position p of a tile is p = 4096 w + 512 g + 4 tid + v: register 4 g + v (g < 8,
-    # v < 4) of math thread tid < 128 of warpgroup w < 2 (staging_coords). With tid = 32 warp
-    # + 4 lq + lr (lane = 4 lq + lr) and v = 2 vh + vl, that is p = 4096 w + 512 g + 128 warp
-    # + 16 lq + 4 lr + 2 vh + vl: the dims (w, g, warp, lq, lr, vh, vl) = (2, 8, 4, 8, 4, 2,
-    # 2), outermost first. The wgmma m64n64 accumulator puts that register at row 16 warp +
-    # 8 vh + lq = (warp, vh, lq) and column 8 g + 2 lr + vl = (g, lr, vl) of warpgroup w's
-    # 64 x 64 block, which is rows 64 w .. (BM = 128: row (w, warp, vh, lq)) or columns
-    # 64 w .. (BM = 64: column (w, g, lr, vl)). Row-major order is those dims permuted.
-    tile = tl.reshape(tile, [2, 8, 4, 8, 4, 2, 2])
-    if BM == 128:  # (w, warp, vh, lq) x (g, lr, vl)
-        tile = tl.reshape(tl.permute(tile, [0, 2, 5, 3, 1, 4, 6]), [BM, HEAD_DIM])
-    else:  # BM == 64: (warp, vh, lq) x (w, g, lr, vl)
-        tile = tl.reshape(tl.permute(tile, [2, 5, 3, 0, 1, 4, 6]), [BM, HEAD_DIM])
+    tile = load_staged_tile(DQ_ACC, t, BM, HEAD_DIM)
     bh = (t // N_Q).to(tl.int64)
     b, h = bh // H, bh % H
     rows = (t % N_Q) * BM + tl.arange(0, BM)
@@ -55,20 +70,40 @@ def dash_dq_tiles_kernel(
     store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
 
 
+@triton.jit(do_not_specialize=["stride_dqs", "stride_dqh"])
+def dash_dq_packed_tiles_kernel(
+    DQ_ACC, DQ, TILES,
+    stride_dqs, stride_dqh, softmax_scale,
+    BM: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """A packed batch's ``dQ = rnd(dQacc * scale)``: tile ``t`` (``Problem.q_tile_index``
+    numbering) into the packed rows :func:`.packed_rows.tile_table` places it at; rows
+    past its sequence's end land nowhere."""
+    t = tl.program_id(0)
+    tile = load_staged_tile(DQ_ACC, t, BM, HEAD_DIM)
+    first, count, head = tile_place(TILES, t)
+    rows = first + tl.arange(0, BM)
+    dq = (tile * softmax_scale).to(DQ.dtype.element_ty)  # one fp32 multiply, one RNE cast
+    store_tile(DQ + head * stride_dqh, rows, first + count, stride_dqs, dq, HEAD_DIM)
+
+
 def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
                      problem) -> None:
-    """A packed batch's ``dQ = rnd(dQacc * scale)``: its tiles (numbered
-    ``problem.q_tile_index``) as packed ``(total_q, H, d)`` rows, then the row-wise epilogue
-    of the packed rows as one sequence (:func:`dash_cuda.prepost.finish_dq`: the same one
-    fp32 multiply and RNE cast per element as :func:`dash_dq_tiles_kernel`)."""
-    from dash_cuda.prepost import finish_dq
-
-    from .launch import dq_acc_rows
-
-    if problem.total_q == 0:
+    """A packed batch's ``dQ = rnd(dQacc * scale)`` from its ``(num_q_tiles, BM * d)``
+    staged tiles into packed ``(total_q, H, d)`` rows (:func:`dash_dq_packed_tiles_kernel`:
+    the same one fp32 multiply and RNE cast per element as :func:`dash_dq_tiles_kernel`)."""
+    if problem.num_q_tiles == 0:
         return
-    finish_dq(dq_acc_rows(dq_acc, problem).unsqueeze(0), dq.unsqueeze(0), softmax_scale,
-              problem.block_m)
+    _check_tile_shape(problem.block_m, problem.head_dim)
+    dash_dq_packed_tiles_kernel[(problem.num_q_tiles,)](
+        dq_acc, dq, tile_table(problem, dq.device), dq.stride(0), dq.stride(1), softmax_scale,
+        BM=problem.block_m, HEAD_DIM=problem.head_dim,
+    )
+
+
+def _check_tile_shape(block_m: int, head_dim: int) -> None:
+    if (block_m, head_dim) not in ((128, 64), (64, 128)):
+        raise ValueError(f"staged dQ tiles are 128 x 64 or 64 x 128, not {block_m} x {head_dim}")
 
 
 def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
@@ -80,8 +115,7 @@ def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float
     written.
     """
     batch, seqlen_q, heads, head_dim = dq.shape
-    if (block_m, head_dim) not in ((128, 64), (64, 128)):
-        raise ValueError(f"staged dQ tiles are 128 x 64 or 64 x 128, not {block_m} x {head_dim}")
+    _check_tile_shape(block_m, head_dim)
     dash_dq_tiles_kernel[(dq_acc.shape[0],)](
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
         heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale,

@@ -740,9 +740,24 @@ class DashForwardSm90:
         vals = cute.make_rmem_tensor_like(acc_o, self.dtype)
         vals.store(acc_o.load().to(self.dtype))  # pairs: cvt.rn.bf16x2 / f16x2
         if const_expr(self.packed):
-            self.store_rows(vals, lse2, o_coords, packing[3], mLSE, i, h, seqlen_q, q_first,
-                            tid)
-            return
+            if (self.wgs * i + wg + 1) * 64 <= seqlen_q:
+                # the warpgroup's 64 rows lie inside the sequence: a TMA store at the
+                # sequence's first row, as in a rectangular batch
+                self.store_o_tma(vals, o_store, o_slots, sO,
+                                 cute.domain_offset((q_first, None, None, None), tO), tma_o,
+                                 o_ready, tid, wg, i, 0, h)
+                self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, h, q_first)
+            else:
+                self.store_rows(vals, lse2, o_coords, packing[3], mLSE, i, h, seqlen_q,
+                                q_first, tid)
+        else:
+            self.store_o_tma(vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h)
+            self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, b * heads + h, 0)
+
+    @cute.jit
+    def store_o_tma(self, vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h):
+        """The warpgroup's 64 rows of rnd(O) through shared memory and one TMA store (which
+        clips rows past the tensor's end)."""
         # the previous tile's store must have read the buffer before it is written again
         if tid % 128 < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -755,18 +770,22 @@ class DashForwardSm90:
             s_t, g_t = tma_tiles(tma_o, sO[None, None, wg], gO)
             cute.copy(tma_o, s_t, g_t)
             cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def store_lse(self, lse2, o_coords, mLSE, i, seqlen_q, tid, column, first):
+        """LSE2 of the thread's two rows below ``seqlen_q``, by the first thread of each row,
+        into column ``column`` of ``mLSE`` at row ``first`` + the row."""
         if tid % 4 == 0:
             for r in cutlass.range_constexpr(2):
                 row = i * self.bm + o_coords[2 * r][0]
                 if row < seqlen_q:
-                    mLSE[row, b * heads + h] = lse2[r]
-
+                    mLSE[first + row, column] = lse2[r]
 
     @cute.jit
     def store_rows(self, vals, lse2, o_coords, mO, mLSE, i, h, seqlen_q, q_first, tid):
-        """Packed [fwd_finish] stores: rnd(O) straight from registers and LSE2, each row only
-        if it lies inside its sequence (a TMA store of the last partial tile would write
-        the next sequence's rows). A thread holds two rows (registers 0 and 2 start them),
+        """Packed [fwd_finish] stores of a sequence's last, partial rows: rnd(O) straight from
+        registers and LSE2, each row only if it lies inside its sequence (a TMA store would
+        write the next sequence's rows). A thread holds two rows (registers 0 and 2 start them),
         d / 4 columns of each; addresses are formed per row."""
         per_row = cute.size(vals) // 2
         for half in cutlass.range_constexpr(2):

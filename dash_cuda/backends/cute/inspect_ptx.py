@@ -106,19 +106,21 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     n_load = count(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global")
     n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
     need(n_load == 3 * (d // 64), f"{n_load} TMA loads, expected {3 * (d // 64)}")
-    # packed: O leaves from registers by stores predicated on the sequence's end (a TMA
-    # store of a last partial tile would write the next sequence's rows), d / 2 per thread
-    # (two rows, bf16 / fp16 each), and LSE2 likewise (two rows); each of the loader and
-    # the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
+    # packed: a warpgroup's rows that lie inside the sequence leave by the TMA store, and
+    # those of a sequence's last, partial rows from registers by stores predicated on the
+    # sequence's end (a TMA store would write the next sequence's rows), d / 2 per thread
+    # (two rows, bf16 / fp16 each); LSE2 by two row stores on each path; each of the
+    # loader and the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
     packed = getattr(v, "packed", False)
-    want_store = 0 if packed else d // 64
-    need(n_store == want_store, f"{n_store} TMA stores, expected {want_store}")
+    need(n_store == d // 64, f"{n_store} TMA stores, expected {d // 64}")
     if packed:
         o_stores, lse_stores = count(r"st\.global\.b16"), count(r"st\.global\.b32")
         need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
-        need(lse_stores == 2, f"{lse_stores} st.global.b32 (LSE2), expected 2")
+        need(lse_stores == 4, f"{lse_stores} st.global.b32 (LSE2), expected 4")
         offsets = count(r"ld\.global\.b32")
         need(offsets == 8, f"{offsets} ld.global.b32 (cu_seqlens), expected 8")
+    else:  # O by the TMA store alone
+        need(count(r"st\.global\.b16") == 0, "st.global.b16 in a rectangular forward")
     bad += check_forward_mask(ptx, v)
     return bad
 
@@ -198,12 +200,14 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
     # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
     stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
-    # packed: dK and dV leave from registers by stores predicated on the sequence's end (a
-    # TMA store of a last partial tile would write the next sequence's rows): BN * d / 256
-    # elements each per math thread, rounded (b16) or fp32 per head (b32); rectangular
-    # kernels write fp32 rows from registers only for per-head chains without visits
+    # packed: the rounded dK and dV of a whole KV tile leave by the TMA stores; those of a
+    # sequence's last, partial tile, and per head every tile's fp32, from registers by
+    # stores predicated on the sequence's end (a TMA store would write the next sequence's
+    # rows): BN * d / 256 elements each per math thread, rounded (b16) or fp32 (b32);
+    # rectangular kernels write fp32 rows from registers only for per-head chains without
+    # visits
     packed = getattr(v, "packed", False)
-    stores = 0 if packed else stores
+    stores = 0 if packed and v.per_head else stores
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
     per_thread = 2 * bn * d // 256
     want = {"b16": per_thread if packed and not v.per_head else 0,

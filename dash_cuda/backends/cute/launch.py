@@ -17,8 +17,8 @@ Layouts the kernel reads (:mod:`.bwd_kernel` says why):
 
 Packed batches: ``dQacc`` is ``(num_q_tiles, BM * d)``, tile ``t`` the dQ tile numbered
 ``problem.q_tile_index(b, h, i)`` (the semaphores' numbering); ``LSE2`` and ``D`` are
-gathered into the same tile-major order, ``(num_q_tiles, BM)`` (:func:`packed_tile_rows`
-says which packed row each slot holds; slots past a sequence's end are 0, masked).
+gathered into the same tile-major order, ``(num_q_tiles, BM)`` (:mod:`.packed_rows`;
+slots past a sequence's end are 0, masked).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from . import arguments, bwd_kernel, fwd_kernel, mask  # noqa: E402
 from .bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS, staging_coords  # noqa: E402
 from .config import forward_config, tiling_mask  # noqa: E402
 from .layouts import NUM_THREADS  # noqa: E402
+from .packed_rows import tile_stats, tile_table  # noqa: E402
 from .variants import DTYPES, ForwardVariant, Variant, backward_variant  # noqa: E402
 
 #: registers per thread at launch (ptxas -v, every variant), before setmaxnreg rebalances
@@ -168,48 +169,19 @@ def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
     return torch.zeros(tiles, p.block_m * p.head_dim, device=device, dtype=torch.float32)
 
 
-_tile_rows: dict[tuple[Problem, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-_TILE_ROWS_CACHE = 64
-
-
 def packed_tile_rows(problem: Problem, device: torch.device
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Which packed row each slot of the tile-major layout holds: int64 ``(rows, heads,
-    inside)``, each ``(num_q_tiles * BM,)``: slot ``r`` of dQ tile ``q_tile_index(b, h, i)``
-    holds row ``cu_seqlens_q[b] + i * BM + r`` of head ``h`` where ``inside`` (the row lies
-    in its sequence), nothing otherwise (``rows`` then 0). One table per problem and
-    device: the LSE2 / D gather and :func:`dq_acc_rows` both read it."""
-    key = (problem, str(device))
-    hit = _tile_rows.get(key)
-    if hit is not None:
-        return hit
-    p, bm = problem, problem.block_m
-    rows, heads, inside = [], [], []
-    for b in range(p.batch):
-        sq, n_q = p.seqlen_q_of(b), p.n_q_of(b)
-        local = torch.arange(n_q * bm, dtype=torch.int64)  # one head's slots, tile by tile
-        for h in range(p.heads):  # tiles q_tile_base(b) + h * n_q + i, in this order
-            rows.append(torch.where(local < sq, p.cu_seqlens_q[b] + local, 0))
-            heads.append(torch.full_like(local, h))
-            inside.append(local < sq)
-    empty = torch.zeros(0, dtype=torch.int64)
-    out = tuple(torch.cat(x).to(device) if x else empty.to(device)
-                for x in (rows, heads, inside))
-    out = (out[0], out[1], out[2].bool())
-    if len(_tile_rows) >= _TILE_ROWS_CACHE:
-        _tile_rows.clear()
-    _tile_rows[key] = out
-    return out
-
-
-def packed_row_stats(x: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """A packed ``(total_q, H)`` fp32 row statistic (``LSE2`` or ``D``) as the packed kernel
-    reads it: contiguous tile-major ``(num_q_tiles, BM)``, 0 past each sequence's end (those
-    rows are masked). A sequence's rows start anywhere in the ``(H, total_q)`` buffer, where
-    a tile's 1-D bulk copy would be misaligned or run past the buffer."""
-    rows, heads, inside = packed_tile_rows(problem, x.device)
-    out = torch.where(inside, x[rows, heads], 0.0) if rows.numel() else x.new_zeros(0)
-    return out.view(problem.num_q_tiles, problem.block_m)
+    """Which packed row each slot of the tile-major layout holds, from
+    :func:`.packed_rows.tile_table`: int64 ``(rows, heads)`` and bool ``inside``, each
+    ``(num_q_tiles * BM,)``; slot ``r`` of tile ``t`` holds row ``first(t) + r`` of head
+    ``head(t)`` where ``inside`` (``rows`` 0 elsewhere). What :func:`dq_acc_rows` of an
+    audit reads."""
+    table = tile_table(problem, device).long()
+    slot = torch.arange(problem.block_m, device=device)
+    inside = slot[None, :] < table[:, 1:2]
+    rows = torch.where(inside, table[:, 0:1] + slot[None, :], 0)
+    heads = table[:, 2:3].expand_as(rows)
+    return rows.reshape(-1), heads.reshape(-1), inside.reshape(-1)
 
 
 _staged: dict[tuple[int, int, str], torch.Tensor] = {}
@@ -470,8 +442,7 @@ def run_schedule(launch: Launch) -> None:
     q, k, v, do = launch.q, launch.k, launch.v, launch.do
     if p.is_packed:
         _check_tma(q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), do=do.unsqueeze(0))
-        lse2 = packed_row_stats(launch.lse2, p)
-        delta = packed_row_stats(launch.delta, p)
+        lse2, delta = tile_stats(launch.lse2, launch.delta, p)
     else:
         _check_tma(q=q, k=k, v=v, do=do)
         lse2 = pad_row_stats(launch.lse2, p.block_m)
