@@ -746,13 +746,13 @@ class DashForwardSm90:
                 self.store_o_tma(vals, o_store, o_slots, sO,
                                  cute.domain_offset((q_first, None, None, None), tO), tma_o,
                                  o_ready, tid, wg, i, 0, h)
-                self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, h, q_first)
+                self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, 0, h, 0, q_first)
             else:
                 self.store_rows(vals, lse2, o_coords, packing[3], mLSE, i, h, seqlen_q,
                                 q_first, tid)
         else:
             self.store_o_tma(vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h)
-            self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, b * heads + h, 0)
+            self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, b, h, heads, 0)
 
     @cute.jit
     def store_o_tma(self, vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h):
@@ -772,14 +772,15 @@ class DashForwardSm90:
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
-    def store_lse(self, lse2, o_coords, mLSE, i, seqlen_q, tid, column, first):
+    def store_lse(self, lse2, o_coords, mLSE, i, seqlen_q, tid, b, h, heads, first):
         """LSE2 of the thread's two rows below ``seqlen_q``, by the first thread of each row,
-        into column ``column`` of ``mLSE`` at row ``first`` + the row."""
+        into column ``b * heads + h`` of ``mLSE`` at row ``first`` + the row (packed: ``b =
+        heads = 0``, ``first`` the sequence's first row)."""
         if tid % 4 == 0:
             for r in cutlass.range_constexpr(2):
                 row = i * self.bm + o_coords[2 * r][0]
                 if row < seqlen_q:
-                    mLSE[first + row, column] = lse2[r]
+                    mLSE[first + row, b * heads + h] = lse2[r]
 
     @cute.jit
     def store_rows(self, vals, lse2, o_coords, mO, mLSE, i, h, seqlen_q, q_first, tid):
