@@ -1,12 +1,21 @@
-"""Host time against GPU time of one ``dash_cuda.attention`` forward + backward call.
+"""Host time of one attention forward + backward call: ``dash_cuda`` beside its peers.
 
 A training step of a small model launches many short kernels; if the host needs longer to
 issue a call than the GPU needs to run it, the step is host-bound and kernel speed stops
-mattering. This times, at one shape, (1) a call loop with the GPU left to drain only at the
-end (host-issue time per call), (2) the same with a synchronize after every call, (3) where
-the host time goes: the host time spent inside the main steps of the call path (each
-wrapped in a timer, nested steps inside their callers), and ``cProfile``'s top functions
-by own time::
+mattering. At each shape (default: the two of the host-path issue, causal, bf16) every
+implementation runs the same call, ``out = f(q, k, v)`` on leaves that require gradients,
+then ``torch.autograd.grad(out, (q, k, v), dO)``, and is timed the same way, in interleaved
+rounds (the order rotates each round; medians over the rounds):
+
+* ``host``: a loop of calls with the GPU left to drain only at the end, per call: the
+  host's own time (the GPU work of these shapes is shorter);
+* ``synchronized``: the same with a synchronize after every call (host, launches and GPU).
+
+Implementations: ``dash`` (``dash_cuda.attention``, its ``auto`` backend and schedule),
+FlashAttention-4 with and without ``deterministic=True``, and PyTorch SDPA on cuDNN and on
+its flash backend (those present). Then, for ``dash`` alone, where its host time goes: the
+host time inside the main steps of its call path (each wrapped in a timer, nested steps
+inside their callers) and ``cProfile``'s top functions by own time::
 
     python benchmarks/host_overhead.py --out benchmarks/results
 
@@ -20,68 +29,108 @@ import cProfile
 import importlib
 import io
 import pstats
+import statistics
 import time
 from pathlib import Path
 
-from harness import no_cuda, provenance, save_report
+from harness import load_fa4, no_cuda, provenance, save_report
+
+#: the host-path issue's two shapes, (B, S, H, d), causal
+SHAPES = ((4, 1024, 16, 128), (1, 256, 8, 64))
+IMPLS = ("dash", "fa4", "fa4-det", "sdpa-cudnn", "sdpa-flash")
 
 
-def measure(shape: tuple[int, int, int, int], causal: bool, calls: int) -> dict:
+def forward_of(impl: str, fa):
+    """``impl``'s forward on ``(B, S, H, d)`` leaves, causal; None where it is absent."""
     import torch
 
     import dash_cuda
 
+    if impl == "dash":
+        return lambda q, k, v: dash_cuda.attention(q, k, v, causal=True)
+    if impl.startswith("fa4"):
+        if fa is None:
+            return None
+        det = impl == "fa4-det"
+
+        def fa4(q, k, v):
+            out = fa(q, k, v, causal=True, deterministic=det)
+            return out[0] if isinstance(out, tuple) else out
+        return fa4
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+              "sdpa-flash": SDPBackend.FLASH_ATTENTION}[impl]
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(chosen):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2)
+    return sdpa
+
+
+def calls(shape: tuple[int, int, int, int], fa) -> dict:
+    """``{impl: call}``: one forward and its ``autograd.grad``, on fresh inputs per impl."""
+    import torch
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(*shape, device="cuda", generator=gen).bfloat16().requires_grad_()
-               for _ in range(3))
-    do = torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+    out = {}
+    for impl in IMPLS:
+        fwd = forward_of(impl, fa)
+        if fwd is None:
+            continue
+        q, k, v = (torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+                   .requires_grad_() for _ in range(3))
+        do = torch.randn(*shape, device="cuda", generator=gen).bfloat16()
 
-    def call():
-        dash_cuda.attention(q, k, v, causal=causal).backward(do)
+        def call(fwd=fwd, q=q, k=k, v=v, do=do):
+            torch.autograd.grad(fwd(q, k, v), (q, k, v), do)
+        try:
+            for _ in range(3):
+                call()
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is left out
+            print(f"{impl}: left out ({type(exc).__name__}: {str(exc)[:120]})")
+            continue
+        out[impl] = call
+    return out
 
-    for _ in range(5):
-        call()
+
+def per_call_us(call, n: int, synchronized: bool) -> float:
+    import torch
+
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(calls):
+    for _ in range(n):
         call()
-    issued = time.perf_counter() - start
+        if synchronized:
+            torch.cuda.synchronize()
+    spent = time.perf_counter() - start
     torch.cuda.synchronize()
-    drained = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-        torch.cuda.synchronize()
-    synced = time.perf_counter() - start
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    events[0].record()
-    for _ in range(calls):
-        call()
-    events[1].record()
-    torch.cuda.synchronize()
-    steps = breakdown(call, calls)
-    torch.cuda.synchronize()
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(calls):
-        call()
-    profile.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
-    per = 1e6 / calls
-    return {"shape_bshd": list(shape), "causal": causal, "calls": calls,
-            "host_issue_us": issued * per, "host_and_gpu_us": drained * per,
-            "synchronized_us": synced * per,
-            "events_us": events[0].elapsed_time(events[1]) * 1e3 / calls,
-            "steps_us": steps,
-            "cprofile_top": text.getvalue()}
+    return spent * 1e6 / n
+
+
+def compare(shape, fa, n: int, rounds: int) -> dict:
+    """Median host and synchronized microseconds per call of every implementation."""
+    fns = calls(shape, fa)
+    keys = list(fns)
+    times = {k: {"host": [], "synchronized": []} for k in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            for mode in ("host", "synchronized"):
+                times[key][mode].append(per_call_us(fns[key], n, mode == "synchronized"))
+    return {"times_us": times, "median_us": {
+        k: {m: round(statistics.median(v), 1) for m, v in t.items()} for k, t in times.items()},
+        "dash_call": fns.get("dash")}
 
 
 #: (module, function): the steps of the call path whose host time the breakdown reports
-STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "attention_forward_impl"),
-         ("dash_cuda.backends.cute.launch", "run_forward"),
-         ("dash_cuda.ops", "attention_backward_impl"), ("dash_cuda.prepost", "preprocess_delta"),
+#: (where a step is looked up when called: ``ops`` calls the launch's functions by the names
+#: it imported)
+STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "forward_views"),
+         ("dash_cuda.ops", "run_forward"), ("dash_cuda.ops", "backward_views"),
+         ("dash_cuda.ops", "run_backward"), ("dash_cuda.launch", "device_schedule"),
+         ("dash_cuda.prepost", "preprocess_delta"),
          ("dash_cuda.backends.cute.launch", "run_schedule"),
          ("dash_cuda.backends.cute.launch", "pad_row_stats"),
          ("dash_cuda.backends.cute.finish_dq", "finish_dq_tiles")]
@@ -119,37 +168,71 @@ def breakdown(call, calls: int) -> dict[str, float]:
     return {label: seconds * 1e6 / calls for label, seconds in spent.items()}
 
 
+def profile_top(call, calls: int) -> str:
+    import torch
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(20)
+    return text.getvalue()
+
+
 def markdown(r: dict) -> str:
-    b, s, h, d = r["shape_bshd"]
-    return "\n".join([
-        f"# Host time of one forward + backward call (B={b}, S={s}, H={h}, d={d}, "
-        f"{'causal' if r['causal'] else 'full'}, bf16)", "",
-        f"`{r['command']}`; git {r['git_revision']}", "",
-        "| measure | us per call |", "|---|---|",
-        f"| host returns (GPU not awaited) | {r['host_issue_us']:.0f} |",
-        f"| host + GPU drained | {r['host_and_gpu_us']:.0f} |",
-        f"| synchronize after every call | {r['synchronized_us']:.0f} |",
-        f"| CUDA events around the loop | {r['events_us']:.0f} |", "",
-        "If the first row is close to the second, the loop is host-bound.", "",
-        "Host time inside the steps of one call (each includes the steps it calls; the "
-        "CuTe backend):", "",
-        "| step | us per call |", "|---|---|",
-        *[f"| `{name}` | {us:.0f} |" for name, us in r.get("steps_us", {}).items()], "",
-        "```", r["cprofile_top"].strip(), "```", ""])
+    lines = ["# Host time of one forward + backward call, beside the peers", "",
+             f"`{r['command']}` at `{r['git_revision']}`, {r['gpu']}, bf16, causal. One call: "
+             "the forward on leaves that require gradients, then `torch.autograd.grad` of "
+             "its output; every implementation timed the same way in one process, "
+             f"{r['calls']} calls per round, {r['rounds']} interleaved rounds, medians. "
+             "`host`: the loop with the GPU drained only at its end (the host's own time per "
+             "call); `synchronized`: a synchronize after every call. `peer / dash`: the "
+             "peer's host time over ours (above 1: ours costs the host less).", ""]
+    for cell in r["shapes"]:
+        b, s, h, d = cell["shape_bshd"]
+        med = cell["median_us"]
+        lines += [f"## (B, S, H, d) = ({b}, {s}, {h}, {d})", "",
+                  "| implementation | host us | synchronized us | peer / dash (host) |",
+                  "|---|---|---|---|"]
+        for impl, t in med.items():
+            ratio = (f"{t['host'] / med['dash']['host']:.2f}"
+                     if "dash" in med and impl != "dash" else "-")
+            lines.append(f"| {impl} | {t['host']:.0f} | {t['synchronized']:.0f} | {ratio} |")
+        lines += ["", "Host time inside the steps of `dash` (each includes the steps it "
+                  "calls):", "", "| step | us per call |", "|---|---|",
+                  *[f"| `{n}` | {us:.0f} |" for n, us in cell.get("steps_us", {}).items()], ""]
+    lines += ["`cProfile`, `dash` at the first shape, by own time:", "", "```",
+              r["cprofile_top"].strip(), "```", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--shape", type=int, nargs=4, default=[8, 2048, 12, 64],
-                    metavar=("B", "S", "H", "D"), help="(B, S, H, d): the training example's")
-    ap.add_argument("--full", action="store_true", help="full mask (default causal)")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     if no_cuda("host_overhead"):
         return 2
-    report = measure(tuple(args.shape), not args.full, args.calls)
-    report.update(provenance("host_overhead.py", argv))
+    import torch
+
+    fa = load_fa4()
+    report = {**provenance("host_overhead.py", argv), "gpu": torch.cuda.get_device_name(0),
+              "calls": args.calls, "rounds": args.rounds, "shapes": []}
+    for shape in SHAPES:
+        cell = compare(shape, fa, args.calls, args.rounds)
+        dash_call = cell.pop("dash_call")
+        cell["shape_bshd"] = list(shape)
+        if dash_call is not None:
+            cell["steps_us"] = breakdown(dash_call, args.calls)
+            if "cprofile_top" not in report:
+                report["cprofile_top"] = profile_top(dash_call, args.calls)
+        print(shape, cell["median_us"], flush=True)
+        report["shapes"].append(cell)
+    report.setdefault("cprofile_top", "")
     save_report(args.out, "host_overhead", report, markdown(report))
     return 0
 

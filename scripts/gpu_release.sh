@@ -36,13 +36,15 @@
 #                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
+#   scripts/gpu_release.sh hostpath OUT  # host time of one forward + backward call beside
+#                                        # FA4 and SDPA (benchmarks/host_overhead.py)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|l2|grid|determinism|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -198,6 +200,11 @@ versus)
         --tag versus_fa4_eager --time-budget 200
     [ -f "$LOG/versus_fa4.md" ] && cat "$LOG/versus_fa4.md"
     [ -f "$LOG/versus_fa4_eager.md" ] && cat "$LOG/versus_fa4_eager.md"
+    ;;
+hostpath)
+    fa4_unpack
+    step host 240 $PY benchmarks/host_overhead.py --out "$LOG"
+    [ -f "$LOG/host_overhead.md" ] && sed -n '1,40p' "$LOG/host_overhead.md"
     ;;
 profile)
     fa4_unpack
