@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -54,17 +54,31 @@ class Options:
         object.__setattr__(self, "window_size", tuple(self.window_size))
 
     @classmethod
-    def checked(cls, head_dim: int, *, causal: bool = False, softmax_scale: float | None = None,
-                schedule: str = "auto", deterministic: bool = True,
-                num_workers: int | None = None, exact: bool = False, backend: str = "auto",
-                portable: bool = False, packed: bool = False,
-                window_size: tuple[int, int] | None = (-1, -1),
-                softcap: float = 0.0) -> Options:
-        """The options of a public call, validated, with the default scale filled in
-        (``packed``: a varlen call, which also takes the schedules of
-        :data:`dash_ref.RAGGED`; a window also takes :data:`dash_ref.BANDED`) and the
-        window as FlashAttention reads it with ``causal`` (:meth:`dash_ref.Mask.of`);
-        ``softcap`` a finite number >= 0, refused with ``exact``."""
+    def checked(cls, head_dim: int, **given) -> Options:
+        """The options of a public call (the keywords of :meth:`_check`), validated, with
+        the default scale filled in (``packed``: a varlen call, which also takes the
+        schedules of :data:`dash_ref.RAGGED`; a window also takes :data:`dash_ref.BANDED`)
+        and the window as FlashAttention reads it with ``causal``
+        (:meth:`dash_ref.Mask.of`); ``softcap`` a finite number >= 0, refused with
+        ``exact``. Checked once per distinct set of values and types: a call with the
+        arguments of an earlier one gets its value back."""
+        key = _typed(head_dim, given)
+        hit = _checked.get(key) if key is not None else None
+        if hit is None:
+            hit = cls._check(head_dim, **given)
+            if key is not None:
+                if len(_checked) >= _CHECKED_CACHE:
+                    _checked.clear()
+                _checked[key] = hit
+        return hit
+
+    @classmethod
+    def _check(cls, head_dim: int, *, causal: bool = False, softmax_scale: float | None = None,
+               schedule: str = "auto", deterministic: bool = True,
+               num_workers: int | None = None, exact: bool = False, backend: str = "auto",
+               portable: bool = False, packed: bool = False,
+               window_size: tuple[int, int] | None = (-1, -1),
+               softcap: float = 0.0) -> Options:
         mask = Mask.of(causal, window_size)  # one-line errors naming window_size
         check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
                       backend, portable, packed, mask.kind == "window")
@@ -79,7 +93,7 @@ class Options:
     @cached_property
     def mask(self) -> Mask:
         """The mask as a value, with the one visibility rule (:class:`dash_ref.Mask`)."""
-        return Mask.of(self.causal, self.window_size)
+        return _mask_of(self.causal, self.window_size)
 
     def flat(self) -> tuple:
         """The fields in order: the custom ops' arguments after the tensors."""
@@ -87,6 +101,30 @@ class Options:
 
 
 FIELDS = tuple(f.name for f in fields(Options))
+
+_checked: dict[tuple, Options] = {}
+_CHECKED_CACHE = 256
+
+
+def _typed(head_dim: int, given: dict) -> tuple | None:
+    """The cache key of a call's options: the names, the values and their types (``1`` is
+    not ``True``, nor ``(1, 0)`` a list's ``[1, 0]`` or ``(1.0, 0)``), None where a value
+    is not hashable (then the options are checked and not kept)."""
+    window = given.get("window_size")
+    inner = tuple(map(type, window)) if isinstance(window, (tuple, list)) else ()
+    values = tuple(tuple(v) if v is window and inner else v for v in given.values())
+    key = (type(head_dim), head_dim, tuple(given), values, tuple(map(type, values)),
+           type(window), inner)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@lru_cache(maxsize=256)
+def _mask_of(causal: bool, window_size: tuple[int, int]) -> Mask:
+    return Mask.of(causal, window_size)
 
 
 @dataclass(frozen=True, eq=False)
