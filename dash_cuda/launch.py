@@ -23,6 +23,7 @@ epilogue and the GQA sum are row-wise, so they run on the packed rows as one seq
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass, replace
@@ -96,6 +97,14 @@ def max_workers(backend: Backend, launch: Launch) -> int:
     return hit
 
 
+def on_device(device: torch.device):
+    """``torch.cuda.device(device)``, or nothing to do where it is current already (most
+    calls: entering and leaving the context costs host time every call)."""
+    if device.type != "cuda" or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 # -- problems ---------------------------------------------------------------------------------
 @lru_cache(maxsize=1024)
 def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_q: int,
@@ -142,7 +151,7 @@ def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views
     (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``; with ``sink``, the
     learnable sinks ``(H,)``, LSE2 includes them)."""
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         extra = _features(options, sink)
         if packing is not None:
             return backend.forward_varlen(q, k, v, packing, options.mask,
@@ -167,7 +176,7 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     ``lse2`` is the forward's (it includes the sinks) and ``dsink`` is
     :func:`dash_cuda.prepost.sink_grad` of ``LSE2`` and ``D``, in ``sink``'s dtype.
     """
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
                              poison, packing, sink)
 

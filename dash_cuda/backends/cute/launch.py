@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import lru_cache
 
 import torch
 
@@ -63,8 +64,14 @@ _FORWARD_ARGS = arguments.names(fwd_kernel.LAUNCH_ARGS)
 def variant_of(launch: Launch) -> Variant:
     """The backward variant that runs ``launch`` (its mask's kind: a window's is its own)."""
     p = launch.problem
-    return backward_variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
-                            launch.audit, launch.per_head, packed=p.is_packed)
+    return _variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
+                    launch.audit, launch.per_head, p.is_packed)
+
+
+@lru_cache(maxsize=256)
+def _variant(dtype, head_dim, kind, deterministic, audit, per_head, packed) -> Variant:
+    return backward_variant(dtype, head_dim, kind, deterministic, audit, per_head,
+                            packed=packed)
 
 
 def window_args(rule: Mask, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
@@ -309,12 +316,9 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     :func:`.config.tiling_mask`."""
     if not isinstance(rule, Mask):
         rule = Mask("causal" if rule else "full")
-    causal = rule.kind == "causal"
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     _check_tma(q=q, k=k, v=v, o=o)
-    lse2 = new_row_stats(batch, seqlen_q, heads, q.device)
+    lse2 = new_row_stats(q.shape[0], q.shape[1], q.shape[2], q.device)
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
@@ -324,26 +328,42 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
         # zero scale makes every score 0 (Q = 0, scale 1)
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
-    variant = forward_variant(q.dtype, head_dim, rule, seqlen_q, block_m=block_m)
-    kernel = get_kernel(variant)
-    tiles = batch * heads * -(-seqlen_q // variant.block_m)
-    grid, heads_per_section, by_counter = forward_grid(
-        head_dim, causal, seqlen_q, tiles,
-        device_properties(q.device).multi_processor_count, k, batch * heads)
-    by_counter = by_counter if dynamic is None else dynamic
+    kernel, static, by_counter = _forward_plan(
+        q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
+        rule, softmax_scale, block_m, num_ctas, sections, dynamic)
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
     kernel(*arguments.values(_FORWARD_ARGS, dict(
-        q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
-        lse_ptr=lse2.data_ptr(), counter_ptr=counter.data_ptr() if by_counter else 0,
+        static, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(),
+        o_ptr=o.data_ptr(), lse_ptr=lse2.data_ptr(),
+        counter_ptr=counter.data_ptr() if by_counter else 0, stream=_stream(q))))
+    return o, lse2
+
+
+@lru_cache(maxsize=256)
+def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, dtype, device,
+                  rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic
+                  ) -> tuple[object, dict, bool]:
+    """What a forward launch of these shapes, strides and options needs beside its
+    pointers and stream, worked out once: ``(kernel, the other launch arguments, whether
+    tiles are taken from a counter)``."""
+    batch, seqlen_q, heads, head_dim = q_shape
+    seqlen_k, heads_kv = k_shape[1], k_shape[2]
+    variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m)
+    tiles = batch * heads * -(-seqlen_q // variant.block_m)
+    grid, heads_per_section, by_counter = forward_grid(
+        head_dim, rule.kind == "causal", seqlen_q, tiles,
+        device_properties(device).multi_processor_count,
+        torch.empty(k_shape, dtype=dtype, device="meta"), batch * heads)
+    by_counter = by_counter if dynamic is None else dynamic
+    static = dict(
         cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, max_seqlen_q=seqlen_q,  # packed kernels'
         batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         num_ctas=num_ctas or grid, l2_heads=sections or heads_per_section,
         dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
-        q_strides=_strides(q), k_strides=_strides(k),
-        v_strides=_strides(v), o_strides=_strides(o),
-        scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
-    return o, lse2
+        q_strides=q_strides[:3], k_strides=k_strides[:3], v_strides=v_strides[:3],
+        o_strides=o_strides[:3], scale_log2=scale_log2_value(softmax_scale))
+    return get_kernel(variant), static, by_counter
 
 
 def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: Mask,
@@ -475,15 +495,27 @@ def run_schedule(launch: Launch) -> None:
         **{f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES},
         heads=p.heads, heads_kv=p.heads_kv, num_chains=tables["chain_offsets"].numel() - 1,
         num_visits=tables["visit_q"].numel(), num_workers=launch.num_workers,
-        **(_packed_backward_args(launch) if p.is_packed else dict(
-            cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, q_tile_base_ptr=0,  # packed kernels'
-            num_q_tiles=0, batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
-            n_q=p.n_q, **window_args(p.visibility, p.seqlen_q, p.seqlen_k),
-            q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
-            do_strides=_strides(do), dk_strides=_strides(launch.dk_out),
-            dv_strides=_strides(launch.dv_out))),
-        scale_log2=scale_log2_value(launch.softmax_scale),
-        softmax_scale=float(launch.softmax_scale), stream=_stream(q))))
+        **(_packed_backward_args(launch) if p.is_packed else _rectangular_args(
+            p, tuple(map(_strides, (q, k, v, do, launch.dk_out, launch.dv_out))))),
+        **_scale_args(launch.softmax_scale), stream=_stream(q))))
+
+
+@lru_cache(maxsize=256)
+def _rectangular_args(p: Problem, strides: tuple) -> dict:
+    """The launch arguments of a rectangular backward that describe its shape, mask and the
+    ``(b, s, h)`` strides of Q, K, V, dO, dK, dV (once per problem and strides)."""
+    names = ("q_strides", "k_strides", "v_strides", "do_strides", "dk_strides", "dv_strides")
+    return dict(cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, q_tile_base_ptr=0,  # packed kernels'
+                num_q_tiles=0, batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                n_q=p.n_q, **window_args(p.visibility, p.seqlen_q, p.seqlen_k),
+                **dict(zip(names, strides)))
+
+
+@lru_cache(maxsize=64)
+def _scale_args(softmax_scale: float) -> dict:
+    """``scale_log2`` (step ``scale_log2``, :func:`dash_ref.arithmetic.steps.scale_log2_value`)
+    and ``softmax_scale``, as the backward takes them."""
+    return dict(scale_log2=scale_log2_value(softmax_scale), softmax_scale=float(softmax_scale))
 
 
 def _packed_backward_args(launch: Launch) -> dict:
