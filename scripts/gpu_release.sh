@@ -142,7 +142,7 @@ features)
     for f in $(ls tests/gpu/test_*varlen*.py tests/gpu/test_*window*.py \
                   tests/gpu/test_*softcap*.py 2>/dev/null) tests/gpu/test_compile.py; do
         name=$(basename "$f" .py)
-        timeout --kill-after=10 280 $PY -m pytest -q -rs -p no:cacheprovider \
+        timeout --kill-after=10 420 $PY -m pytest -q -rs -p no:cacheprovider \
             -o faulthandler_timeout=120 "$f" > "$LOG/$name.log" 2>&1 &
         pids+=("$!:$name")
     done
