@@ -62,6 +62,8 @@ class Options:
         (:meth:`dash_ref.Mask.of`); ``softcap`` a finite number >= 0, refused with
         ``exact``. Checked once per distinct set of values and types: a call with the
         arguments of an earlier one gets its value back."""
+        if torch.compiler.is_compiling():  # traced: the checks, not the cache
+            return cls._check(head_dim, **given)
         key = _typed(head_dim, given)
         hit = _checked.get(key) if key is not None else None
         if hit is None:
