@@ -30,7 +30,6 @@ import triton.language as tl
 
 from dash_cuda.backends import new_row_stats
 from dash_cuda.tile_io import load_tile, store_tile
-from dash_cuda.triton_launch import launch
 
 
 @triton.jit
@@ -164,7 +163,7 @@ def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: 
     """
     batch, seqlen_q, heads, head_dim = o.shape
     delta = new_row_stats(batch, seqlen_q, heads, o.device)
-    launch(dash_delta_kernel, (triton.cdiv(seqlen_q, block_m), batch * heads),
+    dash_delta_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
@@ -179,7 +178,7 @@ def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, bloc
               ) -> None:
     """``dQ = rnd(dQacc * scale)`` from a contiguous fp32 ``(B, S_q, H, d)`` accumulator."""
     batch, seqlen_q, heads, head_dim = dq.shape
-    launch(dash_dq_kernel, (triton.cdiv(seqlen_q, block_m), batch * heads),
+    dash_dq_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
         heads, seqlen_q, softmax_scale, BM=block_m, HEAD_DIM=head_dim,
     )
@@ -191,7 +190,7 @@ def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tenso
     batch, seqlen_k, heads_kv, head_dim = dk.shape
     # 64 rows, 4 warps: with 4 query heads per KV head at 16k tokens this pass takes 84 us
     # at d = 64 and 128 on an H200, where 8 warps took 112 us at d = 64 (docs/performance.md)
-    launch(dash_gqa_kernel, (triton.cdiv(seqlen_k, 64), batch * heads_kv),
+    dash_gqa_kernel[(triton.cdiv(seqlen_k, 64), batch * heads_kv)](
         dk_heads, dv_heads, dk, dv,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
@@ -209,6 +208,6 @@ def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> t
     if lse2.stride() != delta.stride():
         raise ValueError("sink_grad reads LSE2 and D with one set of strides")
     dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
-    launch(dash_sink_grad_kernel, (heads,), lse2, delta, sink2.contiguous(), dsink, batch, seqlen_q,
+    dash_sink_grad_kernel[(heads,)](lse2, delta, sink2.contiguous(), dsink, batch, seqlen_q,
                                     *lse2.stride(), BLOCK=1024, num_warps=4)
     return dsink

@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from dash_cuda.tile_io import store_tile
-from dash_cuda.triton_launch import launch
 
 from .packed_rows import tile_place, tile_table
 
@@ -96,7 +95,7 @@ def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: floa
     if problem.num_q_tiles == 0:
         return
     _check_tile_shape(problem.block_m, problem.head_dim)
-    launch(dash_dq_packed_tiles_kernel, (problem.num_q_tiles,),
+    dash_dq_packed_tiles_kernel[(problem.num_q_tiles,)](
         dq_acc, dq, tile_table(problem, dq.device), dq.stride(0), dq.stride(1), softmax_scale,
         BM=problem.block_m, HEAD_DIM=problem.head_dim,
     )
@@ -117,7 +116,7 @@ def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float
     """
     batch, seqlen_q, heads, head_dim = dq.shape
     _check_tile_shape(block_m, head_dim)
-    launch(dash_dq_tiles_kernel, (dq_acc.shape[0],),
+    dash_dq_tiles_kernel[(dq_acc.shape[0],)](
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
         heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale,
         BM=block_m, HEAD_DIM=head_dim,
