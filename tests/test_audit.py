@@ -70,6 +70,20 @@ def test_fuzz_passes_the_emulator():
     assert result.ok, result.failure and result.failure.message
 
 
+@pytest.mark.parametrize(("impl", "recorded"), [
+    ("emulator:shift", "shift"), ("dash:descending", "descending"), ("dash", "auto"),
+    ("dash-cute:symmetric_shift", "symmetric_shift"), ("dash-exact", "auto"),
+    ("dash-triton:banded", "banded"), ("fa4-det", "naive"), ("sdpa-cudnn", "naive")])
+def test_fuzz_records_the_schedule_the_implementation_runs(impl, recorded):
+    """Every case of an implementation that fixes its schedule carries that one (``auto``
+    where the name gives none), so its reproducer names it; the peers' cases carry
+    ``naive``. Each is a schedule a ``Case`` takes."""
+    from verify.fuzz import recorded_schedule
+
+    assert recorded_schedule(impl) == recorded
+    Case(Problem(1, 1, 1, 16, 16, 16, "full", 16, 16), "bf16", recorded, 0)
+
+
 def test_check_reports_errors_within_the_bound():
     case = Case(Problem(1, 2, 2, 33, 17, 16, "causal", 16, 16), "fp16", "naive", 3)
     result = check("emulator:descending", case)
