@@ -3,11 +3,21 @@ model makespans and emulator bits, as hashes, to hold packed-batch support to "a
 rectangular problem behaves exactly as before".
 
 ``tests/data/rectangular_baseline.json`` was written by this module run against the code
-of the commit before variable lengths (459e658), never by the code under test::
+of the commit before variable lengths (459e658), never by the code under test, with one
+change to that code: its fp32 ``torch.log2`` (the IEEE and exact forward's ``LSE2 = m +
+log2(l)``) correctly rounded, in float64 then to fp32, as ``dash_ref`` computes it since
+torch's fp32 ``log2`` was found to give other bits on AVX2 hosts than on AVX-512 ones (the
+step's contract says correctly rounded)::
 
     git worktree add /tmp/varlen_base 459e658
-    PYTHONPATH=/tmp/varlen_base python tests/rectangular_baseline.py \
-        tests/data/rectangular_baseline.json
+    cd /tmp/varlen_base && PYTHONPATH=/tmp/varlen_base python -c "
+    import runpy, sys, torch
+    log2 = torch.log2
+    torch.log2 = lambda x: log2(x.double()).float() if x.dtype == torch.float32 else log2(x)
+    sys.argv = ['', 'OUT.json']; runpy.run_path('PATH/TO/tests/rectangular_baseline.py',
+                                                run_name='__main__')"
+
+(run from the worktree, so that its ``dash_ref`` is the one imported).
 
 It uses only what that commit has; ``tests/test_varlen_problem.py`` measures the same
 things with the current code and compares.

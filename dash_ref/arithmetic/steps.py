@@ -410,7 +410,9 @@ def fwd_finish(a: Arithmetic, acc: torch.Tensor, m: torch.Tensor, ell: torch.Ten
         return acc * inv[:, None], lse2
     unseen = ell == 0
     o = torch.where(unseen[:, None], 0.0, acc / torch.where(unseen, 1.0, ell)[:, None])
-    lse2 = torch.where(unseen, torch.tensor(-math.inf), m + torch.log2(ell))
+    # correctly rounded: in float64, then to fp32 (torch's fp32 log2 is the CPU's vector
+    # routine, within an ulp, and its bits differ between AVX2 and AVX-512 hosts)
+    lse2 = torch.where(unseen, torch.tensor(-math.inf), m + torch.log2(ell.double()).to(F32))
     return o, lse2
 
 

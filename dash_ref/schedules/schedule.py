@@ -794,8 +794,9 @@ def default_schedule(mask: str, head_dim: int, seqlen: int = 4096,
 
 
 #: the backend on whose kernels ``auto`` takes ``banded`` for sliding windows: on the H200
-#: (``benchmarks/results/bench_features.md``, causal windows of 256 - 4096 at S = 8k, 16k,
-#: d = 128) it ran at 0.99 of the speed of the table's choice at 256, 1.02 - 1.04 at 1024
+#: (``benchmarks/results/experiments/windows_auto_a07479d.md``, causal windows of 256 -
+#: 4096 at S = 8k, 16k, d = 128) it ran at 0.99 of the speed of the table's choice at 256,
+#: 1.02 - 1.04 at 1024
 #: and 1.26 - 1.33 at 4096; on the Triton kernels at 0.96 - 0.99, so Triton keeps the table
 WINDOWS_MEASURED_ON = "cute"
 
