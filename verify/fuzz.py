@@ -26,7 +26,7 @@ from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
 from verify import guard
 from verify.contract import OUTPUTS, ContractViolation, Finding, check_outputs
-from verify.impls import DASH_KINDS, Impl, get_impl
+from verify.impls import Impl, get_impl
 from verify.options import timeout_seconds
 from verify.progress import progress_bar
 from verify.reference import attention_f64, grad_checks
@@ -131,14 +131,11 @@ class FuzzResult:
         return f"dash-verify check --impl {self.impl} {flags}"
 
 
-def recorded_schedule(impl_name: str) -> str:
-    """The schedule recorded with every case of a named implementation that fixes its own
-    (``emulator:NAME``, and ``dash:NAME`` in each backend form, ``auto`` where no name is
-    given), ``naive`` for the peers, whose orders are their own."""
-    kind, _, named = impl_name.partition(":")
-    if kind == "emulator" or kind in DASH_KINDS:
-        return named or "auto"
-    return "naive"
+def recorded_schedule(impl: Impl) -> str:
+    """The schedule recorded with every case of ``impl``: the one it runs
+    (:attr:`~verify.impls.Impl.schedule`), ``naive`` for the peers, whose orders are their
+    own."""
+    return impl.schedule or "naive"
 
 
 def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_seed: int = 0,
@@ -163,7 +160,7 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     if case_kwargs.get("windows") and not impl.windows:
         raise ValueError(impl.window_refusal("fuzzed with --windows"))
     impl.require()
-    case_kwargs.setdefault("schedules", (recorded_schedule(impl.name),))
+    case_kwargs.setdefault("schedules", (recorded_schedule(impl),))
     bar = progress_bar(budget, f"fuzz {impl.name}", progress, unit="cases")
     state = {"examples": 0, "last_failure": None}
 

@@ -76,6 +76,9 @@ class Impl:
     tiles: tuple[int, int] | None = None
     # takes window_size=(left, right) as a keyword (FlashAttention's sliding window)
     windows: bool = False
+    # the dash_ref schedule it runs (emulator:NAME, dash*:NAME; "auto" where the name gives
+    # none), None for the peers, whose summation orders are their own
+    schedule: str | None = None
     _make: Callable[[int, int], AttentionFn] | None = None
 
     def with_tiles(self, block_m: int, block_n: int) -> Impl:
@@ -306,7 +309,7 @@ def _resolve(name: str) -> Impl:
         schedule = _schedule_name(name, arg)
         return Impl(name, _emulator(schedule, *EMULATOR_TILES), "cpu",
                     "tile-level emulation on the CPU", tiles=EMULATOR_TILES, windows=True,
-                    _make=lambda bm, bn: _emulator(schedule, bm, bn))
+                    schedule=schedule, _make=lambda bm, bn: _emulator(schedule, bm, bn))
     if kind in DASH_KINDS:
         backend, exact = DASH_KINDS[kind]
         schedule = _schedule_name(name, arg or "auto")
@@ -314,7 +317,7 @@ def _resolve(name: str) -> Impl:
             raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
         needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
         return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
-                    windows=True,
+                    windows=True, schedule=schedule,
                     bitwise=None if schedule == "atomic"
                     else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):
