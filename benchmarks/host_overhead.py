@@ -110,9 +110,9 @@ def per_call_us(call, n: int, synchronized: bool) -> float:
     return spent * 1e6 / n
 
 
-def compare(shape, fa, n: int, rounds: int) -> dict:
-    """Median host and synchronized microseconds per call of every implementation."""
-    fns = calls(shape, fa)
+def compare(fns: dict, n: int, rounds: int) -> dict:
+    """Median host and synchronized microseconds per call of every implementation of
+    ``fns`` (:func:`calls`)."""
     keys = list(fns)
     times = {k: {"host": [], "synchronized": []} for k in keys}
     for r in range(rounds):
@@ -120,8 +120,7 @@ def compare(shape, fa, n: int, rounds: int) -> dict:
             for mode in ("host", "synchronized"):
                 times[key][mode].append(per_call_us(fns[key], n, mode == "synchronized"))
     return {"times_us": times, "median_us": {
-        k: {m: round(statistics.median(v), 1) for m, v in t.items()} for k, t in times.items()},
-        "dash_call": fns.get("dash")}
+        k: {m: round(statistics.median(v), 1) for m, v in t.items()} for k, t in times.items()}}
 
 
 #: (module, function): the steps of the call path whose host time the breakdown reports
@@ -223,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {**provenance("host_overhead.py", argv), "gpu": torch.cuda.get_device_name(0),
               "calls": args.calls, "rounds": args.rounds, "shapes": []}
     for shape in SHAPES:
-        cell = compare(shape, fa, args.calls, args.rounds)
-        dash_call = cell.pop("dash_call")
+        fns = calls(shape, fa)
+        cell = compare(fns, args.calls, args.rounds)
+        dash_call = fns.get("dash")
         cell["shape_bshd"] = list(shape)
         if dash_call is not None:
             cell["steps_us"] = breakdown(dash_call, args.calls)
