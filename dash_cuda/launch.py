@@ -181,6 +181,22 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                              poison, packing, sink)
 
 
+def new_workspace(backend: Backend, problem: Problem, deterministic: bool,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq_acc, sem, workspace)``: the fp32 dQ accumulator in ``backend``'s layout and
+    the int32 semaphores, one per dQ tile ``problem.q_tile_index(b, h, i)`` (the rank whose
+    partial goes in next; one unused where ``deterministic`` is False), as views of one
+    uninitialized fp32 ``workspace``, which the ``delta`` launch zeroes: one allocation and
+    no memset per backward. The semaphores start at a multiple of 256 bytes (kernels take
+    every pointer 16-byte aligned)."""
+    shape = backend.dq_acc_shape(problem)
+    size = -(-math.prod(shape) // 64) * 64
+    semaphores = problem.num_q_tiles if deterministic else 1
+    workspace = torch.empty(size + semaphores, device=device, dtype=F32)
+    return (workspace[:math.prod(shape)].view(shape), workspace[size:].view(torch.int32),
+            workspace)
+
+
 def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
     """A packed ``(total, ...)`` tensor as a batch of one sequence, ``(1, total, ...)``, for
     the row-wise kernels (``D``, the epilogues), which give each row the bits it gets alone;
@@ -211,13 +227,15 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
 
     arithmetic = "exact" if exact else backend.default_arithmetic
     pairwise = arithmetic is not None and ARITHMETICS[arithmetic].delta_order == "pairwise"
+    dq_acc, sem, workspace = new_workspace(backend, problem, deterministic, device)
+    if poison:  # the delta launch must clear it: a value it missed shows in dQ (or hangs)
+        workspace.fill_(math.nan)
     delta = prepost.preprocess_delta(_batched(o, packed), _batched(do, packed),
-                                     problem.block_m, pairwise)
+                                     problem.block_m, pairwise, clear=workspace)
     if packed:
         delta = delta[0]  # (total_q, H), strided like the packed LSE2
     if lse2.stride() != delta.stride():  # kernels read LSE2 and D with one set of strides
         lse2 = torch.empty_like(delta).copy_(lse2)
-    dq_acc = backend.new_dq_acc(problem, device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if per_head:
         dk_out = torch.empty((*k.shape[:-2], heads, head_dim), device=device, dtype=F32)
@@ -227,7 +245,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
     launch = Launch(problem, q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, softmax_scale,
                     deterministic, audit, per_head, exact,
                     int(num_workers) if num_workers is not None else sm_count(device),
-                    softcap=options.softcap)
+                    softcap=options.softcap, sem=sem)
     if packed:  # the kernels read one int32 offset per sequence, contiguous
         launch.cu_seqlens_q = packing.cu_seqlens_q.contiguous()
         launch.cu_seqlens_k = packing.cu_seqlens_k.contiguous()
@@ -241,9 +259,6 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
         )
     sched = device_schedule(problem, schedule_name, launch.num_workers, device)  # validated
     launch.tables = sched.tables
-    # one semaphore per dQ tile (b, h, i): the rank whose partial goes in next
-    launch.sem = torch.zeros(sched.num_tiles if deterministic else 1, device=device,
-                             dtype=torch.int32)
     launch.partials = (backend.new_partials(sched.num_visits, problem, device) if audit
                        else dq_acc)
     if poison:

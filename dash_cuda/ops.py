@@ -199,6 +199,12 @@ def _save(ctx, q, k, v, o, lse, sink, options: Options) -> None:
     ctx.mark_non_differentiable(lse)  # the backward reads it; it has no gradient of its own
 
 
+def _keep_missing_grads(ctx) -> None:
+    """An eager backward receives None for an output without a gradient (``LSE2``, always)
+    instead of a tensor of zeros that autograd would allocate and fill on every call."""
+    ctx.set_materialize_grads(False)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, sink, *flat = inputs
     _save(ctx, q, k, v, *output, sink, Options(*flat))
@@ -222,10 +228,13 @@ class EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sink, options: Options):
         o, lse = forward_views(q, k, v, options, sink=sink)
         _save(ctx, q, k, v, o, lse, sink, options)
+        _keep_missing_grads(ctx)
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:  # O took no part in what was differentiated
+            return None, None, None, None, None
         q, k, v, o, lse, sink = ctx.saved_tensors
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options, sink=sink)
         return dq, dk, dv, dsink, None
@@ -325,11 +334,14 @@ class EagerAttentionVarlen(torch.autograd.Function):
     def forward(ctx, q, k, v, sink, packing: Packing, options: Options):
         o, lse = forward_views(q, k, v, options, packing=packing, sink=sink)
         _save(ctx, q, k, v, o, lse, sink, options)
+        _keep_missing_grads(ctx)
         ctx.packing = packing
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:  # O took no part in what was differentiated
+            return None, None, None, None, None, None
         q, k, v, o, lse, sink = ctx.saved_tensors
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options,
                                               packing=ctx.packing, sink=sink)

@@ -31,6 +31,9 @@ import triton.language as tl
 from dash_cuda.backends import new_row_stats
 from dash_cuda.tile_io import load_tile, store_tile
 
+#: fp32 elements a program of :func:`dash_delta_kernel` zeroes per store of the workspace
+CLEAR_BLOCK = 1024
+
 
 @triton.jit
 def _halve(x):
@@ -54,17 +57,32 @@ def _rowsum_pairwise(x):
     return tl.reshape(x, [x.shape[0]])
 
 
-@triton.jit(do_not_specialize=["H", "S_Q", "stride_lb", "stride_lh"])
+@triton.jit
+def _clear_chunk(WORKSPACE, numel, chunk, program, CLEAR_BLOCK: tl.constexpr):
+    """Zero elements ``[program * chunk, (program + 1) * chunk)`` of a flat fp32 buffer of
+    ``numel`` elements (``chunk`` a multiple of ``CLEAR_BLOCK``)."""
+    first = program.to(tl.int64) * chunk
+    for start in range(0, chunk, CLEAR_BLOCK):
+        at = first + start + tl.arange(0, CLEAR_BLOCK)
+        tl.store(WORKSPACE + at, tl.zeros([CLEAR_BLOCK], dtype=tl.float32), mask=at < numel)
+
+
+@triton.jit(do_not_specialize=["H", "S_Q", "stride_lb", "stride_lh", "CLEAR_NUMEL",
+                               "CLEAR_CHUNK"])
 def dash_delta_kernel(
     O, DO, DELTA,
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     stride_lb, stride_ls, stride_lh,
-    H, S_Q,
+    H, S_Q, CLEAR, CLEAR_NUMEL, CLEAR_CHUNK,
     BM: tl.constexpr, HEAD_DIM: tl.constexpr, PAIRWISE: tl.constexpr,
+    CLEAR_BLOCK: tl.constexpr = 1024,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    if CLEAR is not None:  # the backward's zeroed workspace, a chunk per program
+        _clear_chunk(CLEAR, CLEAR_NUMEL, CLEAR_CHUNK, bh * tl.num_programs(0) + pid_m,
+                     CLEAR_BLOCK)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -153,23 +171,29 @@ def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_l
 
 
 # -- launchers --------------------------------------------------------------------------------
-def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: bool = False
-                     ) -> torch.Tensor:
+def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: bool = False,
+                     clear: torch.Tensor | None = None) -> torch.Tensor:
     """``D = rowsum(dO * O)`` in fp32, a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer.
 
     Laid out like the ``LSE2`` the backward reads with the same strides; with ``pairwise``
     in the pairwise order of :func:`dash_ref.arithmetic.steps.delta` (the ``exact`` and
     ``fast`` arithmetics), else by ``tl.sum`` (an order of its own, contractions allowed).
+    ``clear``: a contiguous fp32 buffer the same launch fills with zeros (the backward's
+    accumulator and semaphores: one launch where a memset would add another, and no host
+    work per buffer).
     """
     batch, seqlen_q, heads, head_dim = o.shape
     delta = new_row_stats(batch, seqlen_q, heads, o.device)
-    dash_delta_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    numel = 0 if clear is None else clear.numel()
+    chunk = triton.cdiv(triton.cdiv(numel, grid[0] * grid[1]), CLEAR_BLOCK) * CLEAR_BLOCK
+    dash_delta_kernel[grid](
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, BM=block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise,
-        enable_fp_fusion=not pairwise,
+        heads, seqlen_q, clear, numel, chunk, BM=block_m, HEAD_DIM=head_dim,
+        PAIRWISE=pairwise, CLEAR_BLOCK=CLEAR_BLOCK, enable_fp_fusion=not pairwise,
     )
     return delta
 

@@ -108,7 +108,7 @@ SHARED_STEPS: dict[str, Instruction] = {
 class Launch:
     """One backward launch: the operands a backend's schedule-driven kernel reads and writes.
 
-    ``tables``, ``sem`` and ``partials`` are None until the grid size is known
+    ``tables`` and ``partials`` are None until the grid size is known
     (:meth:`Backend.max_workers` sees them so); ``partials`` is ``dq_acc`` when not auditing.
     A packed batch (``problem.is_packed``) has ``(total, H, d)`` tensors, ``(total_q, H)``
     row statistics, its int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k`` on the device
@@ -132,7 +132,7 @@ class Launch:
     exact: bool
     num_workers: int
     tables: dict[str, torch.Tensor] | None = None
-    sem: torch.Tensor | None = None
+    sem: torch.Tensor | None = None  # int32, one per dQ tile, zeroed (dash_cuda.launch)
     partials: torch.Tensor | None = None
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -185,8 +185,9 @@ class Backend(Protocol):
         ``q``, ``(total_q, H, d)``, and LSE2 fp32 ``(total_q, H)``; only backends whose
         :meth:`unsupported` admits packed cases have it."""
 
-    def new_dq_acc(self, problem: Problem, device: torch.device) -> torch.Tensor:
-        """The zeroed fp32 dQ accumulator, in the layout this backend's kernel adds into."""
+    def dq_acc_shape(self, problem: Problem) -> tuple[int, ...]:
+        """The shape of the contiguous fp32 dQ accumulator in the layout this backend's
+        kernel adds into (the shared launch allocates and zeroes it)."""
 
     def dq_acc_rows(self, dq_acc: torch.Tensor, problem: Problem) -> torch.Tensor:
         """The accumulator as a contiguous fp32 ``(B, S_q, H, d)`` (packed: ``(total_q, H,

@@ -90,10 +90,10 @@ class CuteBackend:
 
         return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison)
 
-    def new_dq_acc(self, problem, device):
-        from .launch import new_dq_acc
+    def dq_acc_shape(self, problem):
+        from .launch import dq_acc_shape
 
-        return new_dq_acc(problem, device)
+        return dq_acc_shape(problem)
 
     def dq_acc_rows(self, dq_acc, problem):
         from .launch import dq_acc_rows

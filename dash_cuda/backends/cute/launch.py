@@ -168,12 +168,10 @@ def pad_row_stats(x: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.nn.functional.pad(rows, (0, pad)).view(batch * heads, seqlen_q + pad)
 
 
-def new_dq_acc(problem: Problem, device: torch.device) -> torch.Tensor:
-    """The zeroed fp32 accumulator: tile ``t = (b * H + h) * n_q + i`` is row ``t`` (packed:
-    ``t = problem.q_tile_index(b, h, i)``)."""
-    p = problem
-    tiles = p.num_q_tiles if p.is_packed else p.batch * p.heads * p.n_q
-    return torch.zeros(tiles, p.block_m * p.head_dim, device=device, dtype=torch.float32)
+def dq_acc_shape(problem: Problem) -> tuple[int, int]:
+    """The fp32 accumulator's shape: tile ``t = problem.q_tile_index(b, h, i)`` (rectangular:
+    ``(b * H + h) * n_q + i``) is row ``t``, its ``BM * d`` values in staging order."""
+    return problem.num_q_tiles, problem.block_m * problem.head_dim
 
 
 def packed_tile_rows(problem: Problem, device: torch.device

@@ -67,10 +67,10 @@ class TritonBackend:
         return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison, softcap,
                                   sink2)
 
-    def new_dq_acc(self, problem, device):
+    def dq_acc_shape(self, problem):
         p = problem
         rows = (p.total_q,) if p.is_packed else (p.batch, p.seqlen_q)
-        return torch.zeros((*rows, p.heads, p.head_dim), device=device, dtype=torch.float32)
+        return (*rows, p.heads, p.head_dim)
 
     def dq_acc_rows(self, dq_acc, problem):
         return dq_acc
