@@ -393,6 +393,21 @@ def test_launch_values_refuse_a_missing_or_unknown_argument():
         arguments.values(order, {"a": 1})
 
 
+def test_a_launch_template_fills_the_per_call_arguments_by_name():
+    from dash_cuda.backends.cute import arguments
+
+    order = ("a", "p", "b", "s")
+    made = arguments.template(order, {"b": 2, "a": 1}, ("s", "p"))
+    assert made.fill("stream", 0xABC) == [1, 0xABC, 2, "stream"]
+    assert made.fill(7, 8) == [1, 8, 2, 7]  # a copy each call: the template is unchanged
+    with pytest.raises(TypeError, match=r"missing \['b'\]"):
+        arguments.template(order, {"a": 1}, ("s", "p"))
+    with pytest.raises(TypeError, match="named twice"):
+        arguments.template(order, {"a": 1, "b": 2, "p": 3}, ("s", "p"))
+    with pytest.raises(ValueError):
+        made.fill(1)  # every per-call argument, no fewer
+
+
 def test_shared_memory_is_the_storage_structs():
     """The residency check's shared memory is the size of the struct the kernel allocates,
     and one CTA of every shipped backward fits the 227 KiB an sm_90 CTA may use."""

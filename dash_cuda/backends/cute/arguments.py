@@ -15,6 +15,8 @@ CUDA stream.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass import Float32, Int32
@@ -55,4 +57,31 @@ def values(order: tuple[str, ...], named: dict) -> list:
     raise TypeError(f"kernel arguments: missing {missing}, unknown {extra}")
 
 
-__all__ = ["KINDS", "names", "placeholders", "values"]
+@dataclass(frozen=True)
+class Template:
+    """A launch's arguments worked out once but for the few that change every call (the
+    pointers, the stream): :meth:`fill` places those, by the names given to
+    :func:`template`, into a copy of the rest."""
+
+    static: tuple
+    slots: tuple[int, ...]
+
+    def fill(self, *per_call) -> list:
+        """The arguments in order, ``per_call`` in the slots of :func:`template`'s names."""
+        args = list(self.static)
+        for slot, value in zip(self.slots, per_call, strict=True):
+            args[slot] = value
+        return args
+
+
+def template(order: tuple[str, ...], static: dict, per_call: tuple[str, ...]) -> Template:
+    """The :class:`Template` of a kernel's arguments (``order``, :func:`names` of a spec):
+    ``static`` names every argument but those of ``per_call``; a name missing from both,
+    named twice or unknown is an error, as in :func:`values`."""
+    if set(static) & set(per_call):
+        raise TypeError(f"kernel arguments named twice: {sorted(set(static) & set(per_call))}")
+    args = values(order, {**static, **dict.fromkeys(per_call)})
+    return Template(tuple(args), tuple(order.index(name) for name in per_call))
+
+
+__all__ = ["KINDS", "Template", "names", "placeholders", "template", "values"]

@@ -252,9 +252,15 @@ def max_workers(launch: Launch) -> int:
 
 def _check_tma(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
-        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+        if t.data_ptr() % 16 or not _tma_strides(t.stride()):
             raise ValueError(f"the CuTe backend needs {name} 16-byte aligned with strides that "
                              f"are multiples of 8 elements (TMA), got strides {t.stride()}")
+
+
+@lru_cache(maxsize=1024)
+def _tma_strides(strides: tuple[int, ...]) -> bool:
+    """The ``(b, s, h)`` strides a TMA descriptor takes: multiples of 8 elements (16 bytes)."""
+    return not any(s % 8 for s in strides[:3])
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -331,17 +337,19 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
         rule, softmax_scale, block_m, num_ctas, sections, dynamic)
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
-    kernel(*arguments.values(_FORWARD_ARGS, dict(
-        static, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(),
-        o_ptr=o.data_ptr(), lse_ptr=lse2.data_ptr(),
-        counter_ptr=counter.data_ptr() if by_counter else 0, stream=_stream(q))))
+    kernel(*static.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                        lse2.data_ptr(), counter.data_ptr() if by_counter else 0, _stream(q)))
     return o, lse2
+
+
+#: the forward's arguments that change every call, in the order ``fill`` takes them
+_FORWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr", "stream")
 
 
 @lru_cache(maxsize=256)
 def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, dtype, device,
                   rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic
-                  ) -> tuple[object, dict, bool]:
+                  ) -> tuple[object, arguments.Template, bool]:
     """What a forward launch of these shapes, strides and options needs beside its
     pointers and stream, worked out once: ``(kernel, the other launch arguments, whether
     tiles are taken from a counter)``."""
@@ -361,7 +369,8 @@ def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, 
         dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
         q_strides=q_strides[:3], k_strides=k_strides[:3], v_strides=v_strides[:3],
         o_strides=o_strides[:3], scale_log2=scale_log2_value(softmax_scale))
-    return get_kernel(variant), static, by_counter
+    return (get_kernel(variant), arguments.template(_FORWARD_ARGS, static, _FORWARD_PER_CALL),
+            by_counter)
 
 
 def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: Mask,
@@ -484,24 +493,49 @@ def run_schedule(launch: Launch) -> None:
             raise ValueError(f"probing needs audit=False and {need} stamps")
         variant, partials = replace(variant, probe=True), stamps
     kernel = get_kernel(variant)
-    kernel(*arguments.values(_BACKWARD_ARGS, dict(
-        q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), do_ptr=do.data_ptr(),
-        lse_ptr=lse2.data_ptr(), delta_ptr=delta.data_ptr(),
-        dqacc_ptr=launch.dq_acc.data_ptr(), dk_ptr=launch.dk_out.data_ptr(),
-        dv_ptr=launch.dv_out.data_ptr(), sem_ptr=launch.sem.data_ptr(),
-        partials_ptr=partials.data_ptr(),
-        **{f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES},
-        heads=p.heads, heads_kv=p.heads_kv, num_chains=tables["chain_offsets"].numel() - 1,
-        num_visits=tables["visit_q"].numel(), num_workers=launch.num_workers,
-        **(_packed_backward_args(launch) if p.is_packed else _rectangular_args(
-            p, tuple(map(_strides, (q, k, v, do, launch.dk_out, launch.dv_out))))),
-        **_scale_args(launch.softmax_scale), stream=_stream(q))))
+    if p.is_packed:
+        static = _backward_template(p, _packed_backward_args(launch), launch.num_workers,
+                                    launch.softmax_scale)
+    else:
+        static = _rectangular_template(p, tuple(map(_strides, (q, k, v, do, launch.dk_out,
+                                                              launch.dv_out))),
+                                       launch.num_workers, launch.softmax_scale)
+    kernel(*static.fill(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse2.data_ptr(),
+        delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
+        launch.dv_out.data_ptr(), launch.sem.data_ptr(), partials.data_ptr(),
+        *(tables[name].data_ptr() for name in TABLE_NAMES),
+        tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(), _stream(q)))
+
+
+#: the backward's arguments that change every call (pointers, the stream; the table sizes,
+#: which change with the schedule), in the order ``fill`` takes them
+_BACKWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr",
+                      "dqacc_ptr", "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr",
+                      *(f"{name}_ptr" for name in TABLE_NAMES), "num_chains", "num_visits",
+                      "stream")
+
+
+def _backward_template(p: Problem, shape_args: dict, num_workers: int,
+                       softmax_scale: float) -> arguments.Template:
+    """The backward's arguments but :data:`_BACKWARD_PER_CALL`: ``shape_args`` (the
+    rectangular or packed ones), the heads, the workers and the scales."""
+    return arguments.template(_BACKWARD_ARGS, dict(
+        heads=p.heads, heads_kv=p.heads_kv, num_workers=num_workers, **shape_args,
+        **_scale_args(softmax_scale)), _BACKWARD_PER_CALL)
 
 
 @lru_cache(maxsize=256)
+def _rectangular_template(p: Problem, strides: tuple, num_workers: int,
+                          softmax_scale: float) -> arguments.Template:
+    """:func:`_backward_template` of a rectangular backward, once per problem, strides,
+    workers and scale."""
+    return _backward_template(p, _rectangular_args(p, strides), num_workers, softmax_scale)
+
+
 def _rectangular_args(p: Problem, strides: tuple) -> dict:
     """The launch arguments of a rectangular backward that describe its shape, mask and the
-    ``(b, s, h)`` strides of Q, K, V, dO, dK, dV (once per problem and strides)."""
+    ``(b, s, h)`` strides of Q, K, V, dO, dK, dV."""
     names = ("q_strides", "k_strides", "v_strides", "do_strides", "dk_strides", "dv_strides")
     return dict(cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0, q_tile_base_ptr=0,  # packed kernels'
                 num_q_tiles=0, batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
