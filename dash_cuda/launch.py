@@ -189,12 +189,20 @@ def new_workspace(backend: Backend, problem: Problem, deterministic: bool,
     uninitialized fp32 ``workspace``, which the ``delta`` launch zeroes: one allocation and
     no memset per backward. The semaphores start at a multiple of 256 bytes (kernels take
     every pointer 16-byte aligned)."""
-    shape = backend.dq_acc_shape(problem)
-    size = -(-math.prod(shape) // 64) * 64
-    semaphores = problem.num_q_tiles if deterministic else 1
-    workspace = torch.empty(size + semaphores, device=device, dtype=F32)
-    return (workspace[:math.prod(shape)].view(shape), workspace[size:].view(torch.int32),
-            workspace)
+    shape, numel, at, size = _workspace_layout(backend, problem, deterministic)
+    workspace = torch.empty(size, device=device, dtype=F32)
+    return workspace[:numel].view(shape), workspace[at:].view(torch.int32), workspace
+
+
+@lru_cache(maxsize=1024)
+def _workspace_layout(backend: Backend, problem: Problem, deterministic: bool
+                      ) -> tuple[tuple[int, ...], int, int, int]:
+    """``(accumulator shape, its elements, where the semaphores start, workspace
+    elements)`` of :func:`new_workspace`."""
+    shape = tuple(backend.dq_acc_shape(problem))
+    numel = math.prod(shape)
+    at = -(-numel // 64) * 64
+    return shape, numel, at, at + (problem.num_q_tiles if deterministic else 1)
 
 
 def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
