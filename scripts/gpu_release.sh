@@ -37,7 +37,9 @@
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
 #   scripts/gpu_release.sh hostpath OUT  # host time of one forward + backward call beside
-#                                        # FA4 and SDPA (benchmarks/host_overhead.py)
+#                                        # FA4 and SDPA (benchmarks/host_overhead.py), the
+#                                        # primitives' (benchmarks/host_costs.py), then
+#                                        # benchmarks/bench_features.py (eager calls)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
@@ -203,8 +205,13 @@ versus)
     ;;
 hostpath)
     fa4_unpack
-    step host 240 $PY benchmarks/host_overhead.py --out "$LOG"
+    step host 200 $PY benchmarks/host_overhead.py --out "$LOG" --rounds 4
+    step costs 90 $PY benchmarks/host_costs.py --out "$LOG"
+    step features 300 $PY benchmarks/bench_features.py --out "$LOG" --rounds 3 \
+        --time-budget 170
     [ -f "$LOG/host_overhead.md" ] && sed -n '1,40p' "$LOG/host_overhead.md"
+    tail -n 45 "$LOG/costs.log"
+    [ -f "$LOG/bench_features.md" ] && sed -n '/^| cell/,/^$/p' "$LOG/bench_features.md"
     ;;
 profile)
     fa4_unpack

@@ -1,0 +1,135 @@
+"""Host microseconds of the primitives one forward + backward call is made of (a probe).
+
+Each primitive runs in a loop of ``--calls`` with the GPU drained only at the end, so the
+figure is the host's own time per call (the GPU work of these shapes is shorter)::
+
+    python benchmarks/host_costs.py --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from harness import load_fa4, no_cuda
+
+SHAPES = ((4, 1024, 16, 128), (1, 256, 8, 64))
+
+
+def per_call_us(fn, n: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    spent = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return spent * 1e6 / n
+
+
+def probes(shape, fa) -> dict:
+    import torch
+
+    import dash_cuda
+    from dash_cuda import ops, prepost
+    from dash_cuda.backends.cute import finish_dq as cute_finish
+    from dash_cuda.options import Options
+
+    b, s, h, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+                   for _ in range(4))
+    options = Options.checked(d, causal=True)
+    o, lse = ops.forward_views(q, k, v, options)
+    out = {}
+    out["empty_like bf16"] = lambda: torch.empty_like(q)
+    out["zeros fp32 dQacc"] = lambda: torch.zeros(b * h * (s // 64), 64 * d, device="cuda")
+    out["zeros int32 sem"] = lambda: torch.zeros(b * h * (s // 64), device="cuda",
+                                                 dtype=torch.int32)
+    out["delta (triton jit)"] = lambda: prepost.preprocess_delta(o, do, 64, True)
+    delta = prepost.preprocess_delta(o, do, 64, True)
+    acc = torch.zeros(b * h * (s // 64), 64 * d, device="cuda")
+    dq = torch.empty_like(q)
+    if d == 128:
+        out["finish_dq_tiles (triton jit)"] = lambda: cute_finish.finish_dq_tiles(
+            acc, dq, 0.1, 64)
+    compiled = prepost.dash_delta_kernel[(s // 64, b * h)](
+        o, do, delta, *o.stride()[:3], *do.stride()[:3], *delta.stride(), h, s, None, 0, 0,
+        BM=64, HEAD_DIM=d, PAIRWISE=True, CLEAR_BLOCK=1024, enable_fp_fusion=False)
+    args = (o, do, delta, *o.stride()[:3], *do.stride()[:3], *delta.stride(), h, s, None, 0,
+            0, 64, d, True, 1024)
+
+    def direct():
+        stream = torch.cuda.current_stream().cuda_stream
+        compiled.run(s // 64, b * h, 1, stream, compiled.function, compiled.packed_metadata,
+                     None, None, None, *args)
+    out["delta (triton compiled.run)"] = direct
+    out["forward_views"] = lambda: ops.forward_views(q, k, v, options)
+    out["backward_views"] = lambda: ops.backward_views(q, k, v, o, lse, do, options)
+    ql, kl, vl = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out["dash fwd+bwd (autograd)"] = lambda: torch.autograd.grad(
+        dash_cuda.attention(ql, kl, vl, causal=True), (ql, kl, vl), do)
+    out["dash forward (autograd, no grad taken)"] = lambda: dash_cuda.attention(
+        ql, kl, vl, causal=True)
+
+    class Trivial(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    out["trivial autograd.Function fwd+grad"] = lambda: torch.autograd.grad(
+        Trivial.apply(ql, kl, vl), (ql, kl, vl), do)
+    if fa is not None:
+        out["fa4 fwd+bwd"] = lambda: torch.autograd.grad(
+            fa(ql, kl, vl, causal=True)[0], (ql, kl, vl), do)
+        out["fa4-det fwd+bwd"] = lambda: torch.autograd.grad(
+            fa(ql, kl, vl, causal=True, deterministic=True)[0], (ql, kl, vl), do)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            y = torch.nn.functional.scaled_dot_product_attention(
+                ql.transpose(1, 2), kl.transpose(1, 2), vl.transpose(1, 2), is_causal=True)
+        torch.autograd.grad(y, (ql, kl, vl), do.transpose(1, 2))
+    out["sdpa-cudnn fwd+bwd"] = cudnn
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    if no_cuda("host_costs"):
+        return 2
+    fa = load_fa4()
+    report = {}
+    for shape in SHAPES:
+        fns = probes(shape, fa)
+        times = {name: [] for name in fns}
+        for _ in range(args.rounds):
+            for name, fn in fns.items():
+                times[name].append(per_call_us(fn, args.calls))
+        report[str(shape)] = {n: round(statistics.median(t), 1) for n, t in times.items()}
+        print(shape)
+        for n, t in report[str(shape)].items():
+            print(f"  {n:45s} {t:8.1f} us")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_costs.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
