@@ -187,13 +187,10 @@ def test_the_packed_backward_launch_names_every_argument(per_head):
 
     p = packed_problem()
     launch = cpu_launch(p, per_head)
-    args = cute_launch._packed_backward_args(launch)
-    rest = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr",
-                          "dqacc_ptr", "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr",
-                          "worker_offsets_ptr", "chain_bhj_ptr", "chain_offsets_ptr",
-                          "visit_q_ptr", "visit_rank_ptr", "heads", "heads_kv", "num_chains",
-                          "num_visits", "num_workers", "scale_log2", "softmax_scale",
-                          "stream"), 0)
+    operands = (launch.q, launch.k, launch.v, launch.do, launch.dk_out, launch.dv_out)
+    args = cute_launch._packed_args(p, tuple(map(cute_launch._packed_strides, operands)))
+    rest = dict.fromkeys(("heads", "heads_kv", "num_workers", "scale_log2", "softmax_scale",
+                          *cute_launch._BACKWARD_PER_CALL, *cute_launch._PACKED_PER_CALL), 0)
     assert set(args).isdisjoint(rest)
     arguments.values(arguments.names(bwd_kernel.LAUNCH_ARGS), {**args, **rest})  # complete
     assert (args["seqlen_q"], args["seqlen_k"]) == (sum(SEQLENS_Q), sum(SEQLENS_K))

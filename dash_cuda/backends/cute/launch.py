@@ -495,19 +495,23 @@ def run_schedule(launch: Launch) -> None:
             raise ValueError(f"probing needs audit=False and {need} stamps")
         variant, partials = replace(variant, probe=True), stamps
     kernel = get_kernel(variant)
+    operands = (q, k, v, do, launch.dk_out, launch.dv_out)
+    packed_pointers = ()
     if p.is_packed:
-        static = _backward_template(p, _packed_backward_args(launch), launch.num_workers,
-                                    launch.softmax_scale)
+        static = _packed_template(p, tuple(map(_packed_strides, operands)), launch.num_workers,
+                                  launch.softmax_scale)
+        packed_pointers = (launch.cu_seqlens_q.data_ptr(), launch.cu_seqlens_k.data_ptr(),
+                           tables["q_tile_base"].data_ptr())
     else:
-        static = _rectangular_template(p, tuple(map(_strides, (q, k, v, do, launch.dk_out,
-                                                              launch.dv_out))),
-                                       launch.num_workers, launch.softmax_scale)
+        static = _rectangular_template(p, tuple(map(_strides, operands)), launch.num_workers,
+                                       launch.softmax_scale)
     kernel(*static.fill(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse2.data_ptr(),
         delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
         launch.dv_out.data_ptr(), launch.sem.data_ptr(), partials.data_ptr(),
         *(tables[name].data_ptr() for name in TABLE_NAMES),
-        tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(), _stream(q)))
+        tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(), _stream(q),
+        *packed_pointers))
 
 
 #: the backward's arguments that change every call (pointers, the stream; the table sizes,
@@ -518,13 +522,27 @@ _BACKWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr
                       "stream")
 
 
+#: a packed backward's arguments that change every call beside those
+_PACKED_PER_CALL = ("cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "q_tile_base_ptr")
+
+
 def _backward_template(p: Problem, shape_args: dict, num_workers: int,
                        softmax_scale: float) -> arguments.Template:
-    """The backward's arguments but :data:`_BACKWARD_PER_CALL`: ``shape_args`` (the
-    rectangular or packed ones), the heads, the workers and the scales."""
+    """The backward's arguments but :data:`_BACKWARD_PER_CALL` (and, packed,
+    :data:`_PACKED_PER_CALL`): ``shape_args`` (the rectangular or packed ones), the heads,
+    the workers and the scales."""
+    per_call = _BACKWARD_PER_CALL + (_PACKED_PER_CALL if p.is_packed else ())
     return arguments.template(_BACKWARD_ARGS, dict(
         heads=p.heads, heads_kv=p.heads_kv, num_workers=num_workers, **shape_args,
-        **_scale_args(softmax_scale)), _BACKWARD_PER_CALL)
+        **_scale_args(softmax_scale)), per_call)
+
+
+@lru_cache(maxsize=256)
+def _packed_template(p: Problem, strides: tuple, num_workers: int,
+                     softmax_scale: float) -> arguments.Template:
+    """:func:`_backward_template` of a packed backward, once per problem (its lengths),
+    strides, workers and scale."""
+    return _backward_template(p, _packed_args(p, strides), num_workers, softmax_scale)
 
 
 @lru_cache(maxsize=256)
@@ -552,21 +570,17 @@ def _scale_args(softmax_scale: float) -> dict:
     return dict(scale_log2=scale_log2_value(softmax_scale), softmax_scale=float(softmax_scale))
 
 
-def _packed_backward_args(launch: Launch) -> dict:
+def _packed_args(p: Problem, strides: tuple) -> dict:
     """The launch arguments of a packed backward that describe the batch (the rest are the
-    rectangular one's): ``seqlen_q`` / ``seqlen_k`` are the tensors' rows, ``batch`` the
-    sequences, the offsets and ``q_tile_base`` (where each sequence's dQ tiles start) the
-    kernel reads per chain, a window's extents those of the longest lengths (as the packed
-    forward's: an unbounded side then hides no key of any sequence); ``n_q`` is unused."""
-    p = launch.problem
+    rectangular one's; the offsets and ``q_tile_base``, where each sequence's dQ tiles
+    start, are pointers the kernel reads per chain, :data:`_PACKED_PER_CALL`):
+    ``seqlen_q`` / ``seqlen_k`` are the tensors' rows, ``batch`` the sequences, a window's
+    extents those of the longest lengths (as the packed forward's: an unbounded side then
+    hides no key of any sequence); ``n_q`` is unused. ``strides``: the :func:`_packed_strides`
+    of Q, K, V, dO, dK, dV."""
     max_q = max(p.seqlen_q_of(b) for b in range(p.batch))
     max_k = max(p.seqlen_k_of(b) for b in range(p.batch))
-    return dict(
-        cu_seqlens_q_ptr=launch.cu_seqlens_q.data_ptr(),
-        cu_seqlens_k_ptr=launch.cu_seqlens_k.data_ptr(),
-        q_tile_base_ptr=launch.tables["q_tile_base"].data_ptr(), num_q_tiles=p.num_q_tiles,
-        batch=p.batch, seqlen_q=p.total_q, seqlen_k=p.total_k, n_q=0,
-        **window_args(p.visibility, max_q, max_k),
-        q_strides=_packed_strides(launch.q), k_strides=_packed_strides(launch.k),
-        v_strides=_packed_strides(launch.v), do_strides=_packed_strides(launch.do),
-        dk_strides=_packed_strides(launch.dk_out), dv_strides=_packed_strides(launch.dv_out))
+    names = ("q_strides", "k_strides", "v_strides", "do_strides", "dk_strides", "dv_strides")
+    return dict(num_q_tiles=p.num_q_tiles, batch=p.batch, seqlen_q=p.total_q,
+                seqlen_k=p.total_k, n_q=0, **window_args(p.visibility, max_q, max_k),
+                **dict(zip(names, strides)))
