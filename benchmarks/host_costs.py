@@ -11,26 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from harness import load_fa4, no_cuda
-
-SHAPES = ((4, 1024, 16, 128), (1, 256, 8, 64))
+from host_overhead import SHAPES
+from host_overhead import per_call_us as host_loop_us
 
 
 def per_call_us(fn, n: int) -> float:
-    import torch
-
+    """Host microseconds per call of ``fn`` after three untimed calls
+    (:func:`host_overhead.per_call_us`, the GPU drained only at the end)."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    spent = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return spent * 1e6 / n
+    return host_loop_us(fn, n, synchronized=False)
 
 
 def probes(shape, fa) -> dict:
