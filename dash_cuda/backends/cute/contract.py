@@ -74,7 +74,8 @@ _INSTRUCTIONS: dict[str, Instruction] = {
                           "`ld.acquire.gpu` spin, `fence.proxy.async.global`, the reduce, "
                           "`cp.async.bulk.wait_group 0` (completed, not `.read`), "
                           "`fence.proxy.async.global`, `st.release.gpu` (atomic peer: the "
-                          "same reduce, in arrival order); dQacc starts as +0 (memset)"),
+                          "same reduce, in arrival order); dQacc starts as +0 (stored by the "
+                          "`delta` launch)"),
     "epilogue": Instruction("dK, dV: `mul.f32` then `cvt.rn` in the kernel with one query head "
                             "per KV head, to shared memory and out by TMA stores (else the "
                             "shared `dash_gqa_kernel`); dQ: `mul.f32` "

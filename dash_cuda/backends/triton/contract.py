@@ -51,7 +51,7 @@ CONTRACT: dict[str, Instruction] = {
     "dq_add": Instruction("`red.global.add.f32` (REDG.E.ADD.F32.FTZ.RN: RNE, subnormal "
                           "inputs and results flushed), performed at the L2 cache, under the "
                           "tile's semaphore in rank order (atomic peer: the same, in arrival "
-                          "order); dQacc starts as +0 (memset)"),
+                          "order); dQacc starts as +0 (stored by the `delta` launch)"),
     **SHARED_STEPS,
     "epilogue": Instruction("`mul.f32` then `cvt.rn` (dQ in `dash_dq_kernel`; dK, dV in the "
                             "backward kernel with one query head per KV head, else in "

@@ -138,12 +138,14 @@ def compile_backward(v: Variant):
 def compile_delta(head_dim: int, pairwise: bool, dtype: str = "bf16"):
     """The ``D = rowsum(dO * O)`` preprocess kernel; ``pairwise``: its pairwise tree (the
     ``exact`` arithmetic and the CuTe default), built with fp fusion off as a launch does."""
-    from dash_cuda.prepost import dash_delta_kernel
+    from dash_cuda.prepost import CLEAR_BLOCK, dash_delta_kernel
 
     from .config import backward_config
 
-    pointers = {"O": f"*{dtype}", "DO": f"*{dtype}", "DELTA": "*fp32"}
-    constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise)
+    # CLEAR: the backward's workspace, zeroed by the same launch
+    pointers = {"O": f"*{dtype}", "DO": f"*{dtype}", "DELTA": "*fp32", "CLEAR": "*fp32"}
+    constants = dict(BM=backward_config(head_dim).block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise,
+                     CLEAR_BLOCK=CLEAR_BLOCK)
     return _compile(dash_delta_kernel, pointers, (), constants,
                     dict(num_warps=4, enable_fp_fusion=not pairwise))
 
