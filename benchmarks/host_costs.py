@@ -112,13 +112,20 @@ def main(argv=None) -> int:
     for shape in SHAPES:
         fns = probes(shape, fa)
         times = {name: [] for name in fns}
+        failed = {}
         for _ in range(args.rounds):
             for name, fn in fns.items():
-                times[name].append(per_call_us(fn, args.calls))
-        report[str(shape)] = {n: round(statistics.median(t), 1) for n, t in times.items()}
+                if name in failed:
+                    continue
+                try:
+                    times[name].append(per_call_us(fn, args.calls))
+                except Exception as exc:  # noqa: BLE001 - a probe that cannot run is reported
+                    failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        report[str(shape)] = {n: round(statistics.median(t), 1) if n not in failed
+                              else failed[n] for n, t in times.items()}
         print(shape)
         for n, t in report[str(shape)].items():
-            print(f"  {n:45s} {t:8.1f} us")
+            print(f"  {n:45s} {t:8.1f} us" if n not in failed else f"  {n:45s} failed: {t}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_costs.json").write_text(json.dumps(report, indent=1))
     return 0
