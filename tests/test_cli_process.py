@@ -18,8 +18,10 @@ CLI = [sys.executable, "-m", "verify.cli"]
 
 
 def test_ctrl_c_prints_one_line_and_exits_130():
+    # minutes of trials (under the CLI's size budget), so the signal lands inside them (50
+    # trials once ended within the 5 s below on a fast host, and the run exited 0)
     run = subprocess.Popen([*CLI, "audit", "--impl", "emulator:naive", "--seqlen-q", "512",
-                            "--trials", "50", "--json"], stdout=subprocess.PIPE,
+                            "--trials", "2000", "--json"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     time.sleep(5)  # past the imports, into the trials
     run.send_signal(signal.SIGINT)
