@@ -131,7 +131,7 @@ verify)
     fa4_unpack
     step warmup 120 $PY -m dash_cuda.warmup --processes "$NPROC" --dtypes bf16 fp16 \
         --head-dims 16 32 64 128 --audit --exact
-    step tests 420 $PY -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=120 \
+    step tests 540 $PY -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=120 \
         tests/gpu tests/test_cuda_inputs.py tests/test_exact_asm.py tests/test_cute_ptx.py
     grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -n 20
     tail -n 2 "$LOG/tests.log"
