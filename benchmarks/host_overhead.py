@@ -126,7 +126,7 @@ def compare(fns: dict, n: int, rounds: int) -> dict:
 #: (module, function): the steps of the call path whose host time the breakdown reports
 #: (where a step is looked up when called: ``ops`` calls the launch's functions by the names
 #: it imported)
-STEPS = [("dash_cuda.api", "check_tensors"), ("dash_cuda.ops", "forward_views"),
+STEPS = [("dash_cuda.api", "_checked"), ("dash_cuda.ops", "forward_views"),
          ("dash_cuda.ops", "run_forward"), ("dash_cuda.ops", "backward_views"),
          ("dash_cuda.ops", "run_backward"), ("dash_cuda.launch", "device_schedule"),
          ("dash_cuda.prepost", "preprocess_delta"),

@@ -9,6 +9,8 @@ Every input is checked (:mod:`.checks`) before a backend is chosen, and a backen
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .backends import get_backend
@@ -23,6 +25,9 @@ from .checks import (
     check_one_device,
     check_packed_tensors,
     check_tensors,
+    passed_before,
+    remember_passed,
+    tensors_key,
 )
 from .launch import problem_for
 from .ops import attention_call, backward_views, forward_views, varlen_call
@@ -88,13 +93,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     Returns:
         The attention output, shaped and laid out like ``q``.
     """
-    check_tensors({"q": q, "k": k, "v": v}, layout)
-    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              schedule=schedule, deterministic=deterministic,
-                              num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, window_size=window_size, softcap=softcap)
-    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], exact)
-    check_devices(_with_sink({"q": q, "k": k, "v": v}, learnable_sink))
+    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink, exact,
+                       lambda: Options.checked(
+                           q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                           schedule=schedule, deterministic=deterministic,
+                           num_workers=num_workers, exact=exact, backend=backend,
+                           portable=portable, window_size=window_size, softcap=softcap))
     o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options,
                           learnable_sink)
     return as_bshd(o, layout)
@@ -104,6 +108,25 @@ def _with_sink(named: dict[str, torch.Tensor], learnable_sink: torch.Tensor | No
                ) -> dict[str, torch.Tensor]:
     """The tensors whose device is checked: ``named``, and the sinks where given."""
     return named if learnable_sink is None else {**named, "learnable_sink": learnable_sink}
+
+
+def _checked(named: dict[str, torch.Tensor], layout: str,
+             learnable_sink: torch.Tensor | None, exact: bool,
+             options: Callable[[], Options]) -> Options:
+    """The checked options: the tensors' structure, then ``options()`` and the sinks, then
+    the devices, in that order (a mistake reads the same on a machine without CUDA). Inputs
+    whose shapes, strides, dtypes and devices passed before skip the tensor and device
+    checks (:func:`dash_cuda.checks.tensors_key`), which cost microseconds every call."""
+    key = tensors_key(_with_sink(named, learnable_sink), layout)
+    known = passed_before(key)
+    if not known:
+        check_tensors(named, layout)
+    checked = options()
+    check_learnable_sink(learnable_sink, as_bshd(named["q"], layout).shape[2], exact)
+    if not known:
+        check_devices(_with_sink(named, learnable_sink))
+        remember_passed(key)
+    return checked
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -120,11 +143,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     that sees no key has that logit as its ``LSE2``. ``_poison`` (tests) fills the outputs
     with NaN before the run. Other arguments as in :func:`attention`.
     """
-    check_tensors({"q": q, "k": k, "v": v}, layout)
-    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              backend=backend, window_size=window_size, softcap=softcap)
-    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], False)
-    check_devices(_with_sink({"q": q, "k": k, "v": v}, learnable_sink))
+    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink, False,
+                       lambda: Options.checked(
+                           q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                           backend=backend, window_size=window_size, softcap=softcap))
     qv, kv, vv = (as_bshd(x, layout) for x in (q, k, v))
     o, lse = forward_views(qv, kv, vv, options, _poison, sink=learnable_sink)
     return as_bshd(o, layout), (lse if layout == "bshd" else lse.transpose(1, 2))
@@ -151,13 +173,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     ``exact`` and ``portable`` included, as in :func:`attention`.
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
-    check_tensors(named, layout)
-    options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                              schedule=schedule, deterministic=deterministic,
-                              num_workers=num_workers, exact=exact, backend=backend,
-                              portable=portable, window_size=window_size, softcap=softcap)
-    check_learnable_sink(learnable_sink, as_bshd(q, layout).shape[2], exact)
-    check_devices(_with_sink(named, learnable_sink))
+    options = _checked(named, layout, learnable_sink, exact,
+                       lambda: Options.checked(
+                           q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                           schedule=schedule, deterministic=deterministic,
+                           num_workers=num_workers, exact=exact, backend=backend,
+                           portable=portable, window_size=window_size, softcap=softcap))
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     views = [as_bshd(x, layout) for x in (q, k, v, o)]

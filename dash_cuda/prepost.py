@@ -30,6 +30,7 @@ import triton.language as tl
 
 from dash_cuda.backends import new_row_stats
 from dash_cuda.tile_io import load_tile, store_tile
+from dash_cuda.triton_launch import launch
 
 #: fp32 elements a program of :func:`dash_delta_kernel` zeroes per store of the workspace
 CLEAR_BLOCK = 1024
@@ -187,14 +188,14 @@ def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: 
     grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
     numel = 0 if clear is None else clear.numel()
     chunk = triton.cdiv(triton.cdiv(numel, grid[0] * grid[1]), CLEAR_BLOCK) * CLEAR_BLOCK
-    dash_delta_kernel[grid](
+    launch(dash_delta_kernel, grid, (
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, clear, numel, chunk, BM=block_m, HEAD_DIM=head_dim,
-        PAIRWISE=pairwise, CLEAR_BLOCK=CLEAR_BLOCK, enable_fp_fusion=not pairwise,
-    )
+        heads, seqlen_q, clear, numel, chunk),
+        dict(BM=block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise, CLEAR_BLOCK=CLEAR_BLOCK),
+        enable_fp_fusion=not pairwise)
     return delta
 
 
@@ -202,10 +203,9 @@ def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, bloc
               ) -> None:
     """``dQ = rnd(dQacc * scale)`` from a contiguous fp32 ``(B, S_q, H, d)`` accumulator."""
     batch, seqlen_q, heads, head_dim = dq.shape
-    dash_dq_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads)](
+    launch(dash_dq_kernel, (triton.cdiv(seqlen_q, block_m), batch * heads), (
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
-        heads, seqlen_q, softmax_scale, BM=block_m, HEAD_DIM=head_dim,
-    )
+        heads, seqlen_q, softmax_scale), dict(BM=block_m, HEAD_DIM=head_dim))
 
 
 def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
@@ -214,13 +214,12 @@ def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tenso
     batch, seqlen_k, heads_kv, head_dim = dk.shape
     # 64 rows, 4 warps: with 4 query heads per KV head at 16k tokens this pass takes 84 us
     # at d = 64 and 128 on an H200, where 8 warps took 112 us at d = 64 (docs/performance.md)
-    dash_gqa_kernel[(triton.cdiv(seqlen_k, 64), batch * heads_kv)](
+    launch(dash_gqa_kernel, (triton.cdiv(seqlen_k, 64), batch * heads_kv), (
         dk_heads, dv_heads, dk, dv,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
-        heads_kv, seqlen_k, softmax_scale,
-        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim, num_warps=4,
-    )
+        heads_kv, seqlen_k, softmax_scale),
+        dict(GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim), num_warps=4)
 
 
 def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> torch.Tensor:

@@ -23,10 +23,12 @@ def test_breakdown_times_the_named_steps_and_restores_them():
     q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
 
     def call():  # a call that passes through one named step (the checks), on the CPU
-        importlib.import_module("dash_cuda.api").check_tensors({"q": q, "k": q, "v": q}, "bshd")
+        with pytest.raises(ValueError, match="needs CUDA tensors"):
+            importlib.import_module("dash_cuda.api")._checked(
+                {"q": q, "k": q, "v": q}, "bshd", None, False, lambda: None)
 
     steps = host_overhead.breakdown(call, calls=3)
-    assert set(steps) == {"check_tensors"} and steps["check_tensors"] > 0
+    assert set(steps) == {"_checked"} and steps["_checked"] > 0
     after = {(m, n): getattr(importlib.import_module(m), n) for m, n in host_overhead.STEPS}
     assert after == before
-    assert api.check_tensors is before[("dash_cuda.api", "check_tensors")]
+    assert api._checked is before[("dash_cuda.api", "_checked")]

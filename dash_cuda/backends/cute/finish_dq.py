@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from dash_cuda.tile_io import store_tile
+from dash_cuda.triton_launch import launch
 
 from .packed_rows import tile_place, tile_table
 
@@ -116,8 +117,7 @@ def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float
     """
     batch, seqlen_q, heads, head_dim = dq.shape
     _check_tile_shape(block_m, head_dim)
-    dash_dq_tiles_kernel[(dq_acc.shape[0],)](
+    launch(dash_dq_tiles_kernel, (dq_acc.shape[0],), (
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
-        heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale,
-        BM=block_m, HEAD_DIM=head_dim,
-    )
+        heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale),
+        dict(BM=block_m, HEAD_DIM=head_dim))
