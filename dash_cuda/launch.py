@@ -162,7 +162,8 @@ def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, options: Options,
                  schedule_name: str, audit: bool = False, poison: bool = False,
-                 packing: Packing | None = None, sink: torch.Tensor | None = None
+                 packing: Packing | None = None, sink: torch.Tensor | None = None,
+                 problem: Problem | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
                             BackwardAudit | None]:
     """dQ, dK, dV, dsink (None without ``sink``) and the audit record (None without
@@ -175,10 +176,11 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     ``options.softcap`` goes to the backend's kernel (:attr:`Launch.softcap`); with ``sink``
     ``lse2`` is the forward's (it includes the sinks) and ``dsink`` is
     :func:`dash_cuda.prepost.sink_grad` of ``LSE2`` and ``D``, in ``sink``'s dtype.
+    ``problem``: :func:`problem_for` of the call where the caller has it already.
     """
     with on_device(q.device):
         return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
-                             poison, packing, sink)
+                             poison, packing, sink, problem)
 
 
 def new_workspace(backend: Backend, problem: Problem, deterministic: bool,
@@ -213,7 +215,7 @@ def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison,
-                  packing=None, sink=None):
+                  packing=None, sink=None, problem=None):
     from . import prepost  # Triton kernels: loaded on the first launch, not on import
 
     heads, head_dim = q.shape[-2:]
@@ -225,7 +227,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
     if packed:
         problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, heads,
                                      heads_kv, head_dim, mask)
-    else:
+    elif problem is None:
         problem = problem_for(backend, q.shape[0], heads, heads_kv, q.shape[1], k.shape[1],
                               head_dim, mask)
     deterministic = schedule_name != "atomic"

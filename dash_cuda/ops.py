@@ -29,11 +29,12 @@ the backward.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from dash_ref import Mask, resolve_name
+from dash_ref import Mask, Problem, resolve_name
 from dash_ref.arithmetic.steps import sink_logit
 
 from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
@@ -56,15 +57,49 @@ def resolve_backend(q: Tensor, options: Options, packed: bool = False, sink: boo
     """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice
     (``packed``: one that runs packed batches; ``sink``: one that computes learnable sinks;
     a softcap comes with the options)."""
-    return _backend_for(options.backend, Case(q.shape[-1], q.dtype, options.exact,
-                                              options.deterministic, packed,
-                                              options.mask.kind == "window",
-                                              options.softcap > 0, sink))
+    return _backend_for(options.backend, _case(q.shape[-1], q.dtype, options, packed, sink))
+
+
+def _case(head_dim: int, dtype: torch.dtype, options: Options, packed: bool, sink: bool
+          ) -> Case:
+    """What a backend must support to run a call."""
+    return Case(head_dim, dtype, options.exact, options.deterministic, packed,
+                options.mask.kind == "window", options.softcap > 0, sink)
 
 
 @lru_cache(maxsize=256)
 def _backend_for(backend: str, case: Case) -> Backend:
     return choose_backend(backend, case)  # what is installed does not change in a process
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a rectangular call runs, resolved once per shapes, dtype and options: the
+    backend, the schedule of its backward (``atomic`` or a name) and the backend's
+    :class:`dash_ref.Problem` (its tiles)."""
+
+    backend: Backend
+    schedule: str
+    problem: Problem
+
+
+def plan_for(q: Tensor, k: Tensor, options: Options, sink: bool = False) -> Plan:
+    """The :class:`Plan` of a call on non-empty ``(B, S, H, d)`` views (``sink``: with
+    learnable sinks): :func:`resolve_backend` and :func:`resolve_schedule` at once, looked
+    up rather than worked out on every call."""
+    return _plan(q.shape, k.shape, q.dtype, options, sink)
+
+
+@lru_cache(maxsize=1024)
+def _plan(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, options: Options,
+          sink: bool) -> Plan:
+    backend = _backend_for(options.backend, _case(q_shape[-1], dtype, options, False, sink))
+    schedule = "atomic" if not options.deterministic else _schedule_for(
+        backend, tuple(q_shape), tuple(k_shape), options.mask, options.schedule,
+        options.portable)
+    problem = problem_for(backend, q_shape[0], q_shape[2], k_shape[2], q_shape[1],
+                          k_shape[1], q_shape[3], options.mask)
+    return Plan(backend, schedule, problem)
 
 
 def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, options: Options) -> str:
@@ -115,7 +150,10 @@ def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: boo
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
         return torch.zeros_like(q), lse
-    backend = resolve_backend(q, options, packing is not None, sink is not None)
+    if packing is None:
+        backend = plan_for(q, k, options, sink is not None).backend
+    else:
+        backend = resolve_backend(q, options, True, sink is not None)
     return run_forward(backend, q, k, v, options, poison, packing, sink)
 
 
@@ -129,11 +167,12 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
     if empty_problem(q, k):
         dsink = None if sink is None else torch.zeros_like(sink)  # D = 0 on every row
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsink, None
-    backend = resolve_backend(q, options, packing is not None, sink is not None)
     if packing is None:
-        name = resolve_schedule(backend, q, k, options)
-    else:
-        name = resolve_packed_schedule(backend, q, k, packing, options)
+        plan = plan_for(q, k, options, sink is not None)
+        return run_backward(plan.backend, q, k, v, o, lse, do, options, plan.schedule, audit,
+                            poison, sink=sink, problem=plan.problem)
+    backend = resolve_backend(q, options, True, sink is not None)
+    name = resolve_packed_schedule(backend, q, k, packing, options)
     return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,
                         sink)
 

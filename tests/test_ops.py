@@ -112,6 +112,25 @@ def test_the_ops_resolve_auto_to_a_named_schedule():
         assert resolved(deterministic=False) == "atomic"
 
 
+def test_a_plan_is_what_the_separate_resolutions_give():
+    """``plan_for`` (looked up once per shapes, dtype and options) names the backend,
+    schedule and problem that resolving them one by one names."""
+    from dash_cuda.launch import problem_for
+    from dash_cuda.ops import plan_for
+
+    q, k = meta(2, 1024, 8, 64), meta(2, 768, 2, 64)
+    for kw in (dict(causal=False), dict(causal=True), dict(causal=True, portable=True),
+               dict(causal=False, schedule="shift"), dict(causal=True, deterministic=False),
+               dict(causal=False, window_size=(128, 0))):
+        options = Options.checked(64, softmax_scale=0.125, backend="triton", **kw)
+        backend = resolve_backend(q, options)
+        plan = plan_for(q, k, options)
+        assert plan.backend is backend
+        assert plan.schedule == resolve_schedule(backend, q, k, options)
+        assert plan.problem == problem_for(backend, 2, 8, 2, 1024, 768, 64, options.mask)
+        assert plan_for(q, k, options) is plan
+
+
 def test_the_ops_take_the_options_fields_in_order():
     """The custom ops' arguments after the tensors are the fields of ``Options``, in order,
     so ``Options.flat()`` and ``Options(*args)`` carry a call through them unchanged."""
