@@ -231,6 +231,7 @@ def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> t
     if lse2.stride() != delta.stride():
         raise ValueError("sink_grad reads LSE2 and D with one set of strides")
     dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
-    dash_sink_grad_kernel[(heads,)](lse2, delta, sink2.contiguous(), dsink, batch, seqlen_q,
-                                    *lse2.stride(), BLOCK=1024, num_warps=4)
+    launch(dash_sink_grad_kernel, (heads,), (lse2, delta, sink2.contiguous(), dsink, batch,
+                                             seqlen_q, *lse2.stride()),
+           dict(BLOCK=1024), num_warps=4)
     return dsink

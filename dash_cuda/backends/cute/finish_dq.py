@@ -96,10 +96,9 @@ def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: floa
     if problem.num_q_tiles == 0:
         return
     _check_tile_shape(problem.block_m, problem.head_dim)
-    dash_dq_packed_tiles_kernel[(problem.num_q_tiles,)](
-        dq_acc, dq, tile_table(problem, dq.device), dq.stride(0), dq.stride(1), softmax_scale,
-        BM=problem.block_m, HEAD_DIM=problem.head_dim,
-    )
+    launch(dash_dq_packed_tiles_kernel, (problem.num_q_tiles,), (
+        dq_acc, dq, tile_table(problem, dq.device), dq.stride(0), dq.stride(1), softmax_scale),
+        dict(BM=problem.block_m, HEAD_DIM=problem.head_dim))
 
 
 def _check_tile_shape(block_m: int, head_dim: int) -> None:

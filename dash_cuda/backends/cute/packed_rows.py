@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dash_cuda.triton_launch import launch
 from dash_ref import Problem
 
 _tables: dict[tuple[Problem, str], torch.Tensor] = {}
@@ -90,7 +91,7 @@ def tile_stats(lse2: torch.Tensor, delta: torch.Tensor, problem: Problem
     lse2_tiles = torch.empty(shape, device=lse2.device, dtype=torch.float32)
     delta_tiles = torch.empty_like(lse2_tiles)
     if problem.num_q_tiles:
-        dash_tile_stats_kernel[(problem.num_q_tiles,)](
+        launch(dash_tile_stats_kernel, (problem.num_q_tiles,), (
             lse2, delta, lse2_tiles, delta_tiles, tile_table(problem, lse2.device),
-            lse2.stride(0), lse2.stride(1), BM=problem.block_m)
+            lse2.stride(0), lse2.stride(1)), dict(BM=problem.block_m))
     return lse2_tiles, delta_tiles
