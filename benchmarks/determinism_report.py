@@ -6,7 +6,10 @@ is importable here, on the paper's grid at S = 1k and 8k, and a long audit (1000
 default) of every dash_cuda schedule and of its atomic peer on one shape per mask and head
 dim (``--long-head-dims``; hidden 2048, S = 4096; the causal
 forward hands its tiles out from a counter: the order CTAs take tiles in varies from run to
-run, the bits must not). Writes
+run, the bits must not). ``--long-packed heavy:16384,...`` adds the long audit of packed
+batches (the mixes of ``model_varlen.lengths``, d = 128, 16 heads, causal): every packed
+schedule of the ``--backends``, the atomic peer and FlashAttention-4's varlen kernels with
+and without ``deterministic=True``. Writes
 ``determinism.json`` and ``determinism.md`` to ``--out``.
 
     PYTHONPATH=. python benchmarks/determinism_report.py --out benchmarks/results
@@ -23,6 +26,9 @@ from pathlib import Path
 
 import torch
 from harness import HEAD_DIMS, HIDDEN, TOKENS, git_revision, no_cuda
+from model_varlen import HEAD_DIM as VARLEN_HEAD_DIM
+from model_varlen import HEADS as VARLEN_HEADS
+from model_varlen import lengths as varlen_lengths
 
 from dash_ref import DETERMINISTIC, MASKS, Problem
 from verify.audit import audit
@@ -73,6 +79,21 @@ def run_audit(name: str, p: Problem, trials: int) -> dict:
     return out
 
 
+def packed_problem(mix: str, total: int) -> Problem:
+    """A packed batch of ``total`` tokens in ``model_varlen``'s ``mix``, its d, heads,
+    causal (the cells of ``bench_features.py``)."""
+    seqlens = varlen_lengths(mix, total)
+    return Problem.packed(seqlens, seqlens, VARLEN_HEADS, VARLEN_HEADS, VARLEN_HEAD_DIM,
+                          "causal")
+
+
+def _length(p: dict) -> str:
+    """A row's length: ``S``, or a packed batch's tokens and sequences."""
+    if p.get("seqlens_q"):
+        return f"{sum(p['seqlens_q'])} packed ({len(p['seqlens_q'])} seqs)"
+    return str(p["seqlen_q"])
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Determinism audit on {meta['gpu']}", "",
              f"Command: `{meta['command']}`  ", f"git {meta['git']}, torch {meta['torch']}, "
@@ -85,12 +106,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for r in rows:
         p = r["problem"]
         if "error" in r:
-            lines.append(f"| {r['impl']} | {p['head_dim']} | {p['seqlen_q']} | {p['mask']} | "
+            lines.append(f"| {r['impl']} | {p['head_dim']} | {_length(p)} | {p['mask']} | "
                          f"{r['trials']} | error | {r['error'][:60]} | |")
             continue
         o = r["outputs"]
         dist = "/".join(str(o[k]["distinct"]) for k in ("O", "dQ", "dK", "dV"))
-        lines.append(f"| {r['impl']} | {p['head_dim']} | {p['seqlen_q']} | {p['mask']} | "
+        lines.append(f"| {r['impl']} | {p['head_dim']} | {_length(p)} | {p['mask']} | "
                      f"{r['trials']} | {'yes' if r['deterministic'] else '**no**'} | {dist} | "
                      f"{o['dQ']['max_ulp_spread']} |")
     return "\n".join(lines) + "\n"
@@ -105,14 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="triton",
                     help="comma-separated dash_cuda backends of the long audit")
     ap.add_argument("--long-masks", default="full,causal",
-                    help="comma-separated masks of the long audit (one shape each)")
+                    help="comma-separated masks of the long audit (one shape each; "
+                         "empty: none)")
     ap.add_argument("--long-head-dims", default="64",
                     help="comma-separated head dims of the long audit (hidden 2048, S 4096)")
+    ap.add_argument("--long-packed", default="",
+                    help="comma-separated MIX:TOTAL packed batches of the long audit "
+                         "(MIX: equal, uniform, heavy), e.g. heavy:16384,uniform:65536")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="only the long audit of the dash_cuda schedules")
     ap.add_argument("--tag", default="determinism", help="file stem of the report")
     args = ap.parse_args(argv)
-    masks = args.long_masks.split(",")
+    masks = [m for m in args.long_masks.split(",") if m]  # "": no rectangular long audit
     if not set(masks) <= set(MASKS):
         print(f"--long-masks: unknown mask in {args.long_masks!r} ({', '.join(MASKS)})",
               file=sys.stderr)
@@ -123,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         head_dims = []
     if not head_dims or any(d <= 0 or HIDDEN % d for d in head_dims):
         print(f"--long-head-dims: expected divisors of {HIDDEN}, got {args.long_head_dims!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        packed = [packed_problem(mix, int(total)) for mix, total in
+                  (cell.split(":") for cell in args.long_packed.split(",") if cell)]
+    except ValueError as exc:
+        print(f"--long-packed: expected MIX:TOTAL cells, got {args.long_packed!r} ({exc})",
               file=sys.stderr)
         return 2
     if no_cuda("determinism_report"):
@@ -155,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in ours:
                 rows.append(run_audit(name, long_problem, args.long_trials))
                 save()
+    packed_impls = [f"dash-{be}:{n}" for be in args.backends.split(",")
+                    for n in ("auto", "lpt", "naive", "atomic")] + available(["fa4-det", "fa4"])
+    for p in packed:
+        for name in packed_impls:
+            rows.append(run_audit(name, p, args.long_trials))
+            save()
     peers = available(list(PEERS)) if args.grid else []
     if args.grid:
         print(f"grid audit, {args.trials} trials each:", flush=True)

@@ -27,6 +27,8 @@
 #                                        # tests/data/captures), the cost of the pairwise D
 #   scripts/gpu_release.sh determinism OUT  # the CuTe determinism report (1000 trials per
 #                                        # schedule, full and causal)
+#   scripts/gpu_release.sh determinism-varlen OUT  # the same for packed batches (the
+#                                        # bench_features mixes), with FA4's varlen kernels
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
 #                                        # call; the forward's launch options; kernels per
 #                                        # call and phases inside the CuTe backward
@@ -46,7 +48,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -183,6 +185,13 @@ determinism)
     step determinism 300 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
         --no-grid --long-trials 1000 --tag determinism_cute
     grep -E "repeatable" "$LOG/determinism.log" | tail -n 14
+    ;;
+determinism-varlen)
+    fa4_unpack
+    step determinism 540 $PY benchmarks/determinism_report.py --out "$LOG" --backends cute \
+        --no-grid --long-masks "" --long-packed heavy:16384,uniform:16384,heavy:65536 \
+        --long-trials 1000 --tag determinism_varlen
+    grep -E "repeatable" "$LOG/determinism.log" | tail -n 18
     ;;
 train)
     fa4_unpack

@@ -11,6 +11,7 @@ from dash_ref import Problem
 from verify.audit import audit
 from verify.cli import main
 from verify.fuzz import check, fuzz
+from verify.impls import Impl
 from verify.strategies import Case
 
 SMALL = Problem(1, 2, 1, 40, 40, 16, "full", 16, 16)
@@ -47,6 +48,44 @@ def test_audit_catches_a_planted_order_dependent_user_callable():
                    progress=False)
     assert report.outputs["dQ"].distinct > 1
     assert report.outputs["dK"].distinct == 1
+
+
+# lengths that are not tile multiples, one of length 1, S_q != S_k per sequence, GQA
+PACKED = Problem.packed((200, 1, 55), (180, 7, 55), 4, 2, 64, "causal", 16, 16)
+
+
+def test_a_packed_problem_is_audited_on_packed_inputs_with_its_offsets():
+    seen = []
+
+    def recorder(q, k, v, do, causal, softmax_scale, **packing):
+        seen.append((tuple(q.shape), tuple(k.shape), causal,
+                     {n: x.tolist() if torch.is_tensor(x) else x for n, x in packing.items()}))
+        return q.clone(), q.clone(), k.clone(), k.clone()
+
+    report = audit(Impl("recorder", recorder, packed=True), PACKED, trials=2, progress=False)
+    assert report.deterministic and len(seen) == 2
+    assert seen[0] == ((256, 4, 64), (242, 2, 64), True,
+                       dict(cu_seqlens_q=[0, 200, 201, 256], cu_seqlens_k=[0, 180, 187, 242],
+                            max_seqlen_q=200, max_seqlen_k=180))
+
+
+def test_audit_catches_emulated_atomics_in_a_packed_batch():
+    packed = Problem.packed((256, 130), (256, 130), 4, 4, 64, "full", 16, 16)
+    report = audit("emulator:atomic", packed, trials=4, dtype="fp16", progress=False)
+    assert report.outputs["dQ"].distinct > 1
+    assert all(report.outputs[n].distinct == 1 for n in ("O", "dK", "dV"))
+    assert audit("emulator:shift", packed, trials=3, dtype="fp16",
+                 progress=False).deterministic
+
+
+def test_a_packed_problem_is_refused_where_the_implementation_takes_no_packed_batch():
+    def rectangular(q, k, v, do, causal, softmax_scale):
+        raise AssertionError("never called")
+
+    for impl in ("sdpa-math", Impl("rectangular", rectangular)):
+        with pytest.raises(ValueError, match="takes no packed batches") as refused:
+            audit(impl, PACKED, trials=2, progress=False)
+        assert "\n" not in str(refused.value)
 
 
 def test_fuzz_finds_and_shrinks_a_planted_shape_bug():
@@ -102,6 +141,31 @@ def test_cli_audit_writes_json(tmp_path, capsys):
     assert data["exit_code"] == 0 and data["command"] == "audit"
     assert data["result"]["deterministic"] is True and data["result"]["trials"] == 3
     assert "DETERMINISTIC" in capsys.readouterr().out
+
+
+def test_cli_audits_a_packed_batch_from_its_lengths(tmp_path, capsys):
+    out = tmp_path / "audit.json"
+    code = main(["audit", "--impl", "emulator:shift", "--seqlens-q", "40,0,17", "--seqlens-k",
+                 "33,5,17", "--heads", "2", "--heads-kv", "1", "--head-dim", "16", "--mask",
+                 "causal", "--trials", "3", "--json", str(out)])
+    assert code == 0
+    problem = json.loads(out.read_text())["result"]["problem"]
+    assert problem["seqlens_q"] == [40, 0, 17] and problem["seqlens_k"] == [33, 5, 17]
+    assert "packed: 57 query and 55 key rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--impl", "sdpa-math", "--seqlens-q", "40,7"], "sdpa-math takes no packed batches"),
+    (["--impl", "emulator:shift", "--seqlens-q", "40,7", "--seqlens-k", "3"],
+     "--seqlens-q has 2 lengths, --seqlens-k 1"),
+    (["--impl", "emulator:shift", "--seqlens-k", "3"], "--seqlens-k needs --seqlens-q"),
+    (["--impl", "emulator:shift", "--seqlens-q", "0,0"], "needs a sequence of length >= 1"),
+    (["--impl", "emulator:shift", "--seqlens-q", "4,x"], "expected an integer"),
+])
+def test_cli_refuses_a_bad_packed_batch_in_one_line(argv, says, capsys):
+    assert main(["audit", *argv, "--head-dim", "16", "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
 
 
 def test_cli_fuzz_prints_a_reproducer_and_fails(capsys):

@@ -81,6 +81,22 @@ def test_determinism_report_refuses_a_bad_head_dim_before_looking_for_a_gpu(caps
     assert "--long-head-dims" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("cells", ["heavy", "heavy:16384,lumpy:100", "uniform:many"])
+def test_determinism_report_refuses_bad_packed_cells_before_looking_for_a_gpu(capsys, cells):
+    assert determinism_report.main(["--long-packed", cells]) == 2
+    err = capsys.readouterr().err
+    assert "--long-packed" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_packed_row_reads_as_its_tokens_and_sequences():
+    p = determinism_report.packed_problem("equal", 8192)  # four sequences of 2048
+    assert (p.batch, p.total_q, p.head_dim, p.mask) == (4, 8192, 128, "causal")
+    row = {"impl": "dash-cute:lpt", "problem": p.__dict__, "trials": 1000, "error": "x"}
+    assert "| 8192 packed (4 seqs) | causal |" in determinism_report.markdown(
+        [row], {"gpu": "GPU", "command": "c", "git": "g", "torch": "t", "triton": "t",
+                "date": "d"})
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_benchmarks_refuse_to_run_without_a_cuda_device(capsys):
     assert harness.no_cuda("versus_fa4") is True

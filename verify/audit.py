@@ -35,7 +35,7 @@ from dash_ref._checks import boolean, choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
 from verify import guard
 from verify.contract import OUTPUTS, Finding, check_outputs
-from verify.impls import Impl, Unavailable, get_impl
+from verify.impls import Impl, Unavailable, get_impl, packing_of
 from verify.options import softmax_scale_or_default, timeout_seconds
 from verify.progress import progress_bar
 from verify.strategies import DTYPES, Case
@@ -88,14 +88,16 @@ class AuditReport:
             f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
             f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask}"
-            f"{f' window={p.window_size}' if p.is_windowed else ''} dtype={self.dtype}",
+            f"{f' window={p.window_size}' if p.is_windowed else ''} dtype={self.dtype}"
+            f"{f' packed: {p.total_q} query and {p.total_k} key rows' if p.is_packed else ''}",
             f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",
         ]
         if self.times_ms:  # at least one trial kept the contract
             lines.append(f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference")
         for o in (self.outputs.values() if self.times_ms else ()):
             where = ("-" if o.first_trial is None else
-                     f"trial {o.first_trial} at (b, s, h, d) = {o.first_index}: "
+                     f"trial {o.first_trial} at {'(t, h, d)' if p.is_packed else '(b, s, h, d)'}"
+                     f" = {o.first_index}: "
                      f"{o.first_values[0]!r} vs {o.first_values[1]!r}")
             spread = f"{o.max_ulp_spread}{'+NaN' if o.nan_differences else ''}"
             lines.append(f"  {o.name:<7}{o.distinct:>9}{spread:>9}  {where}")
@@ -182,8 +184,10 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
 
     ``timeout`` bounds each call in seconds (a hang becomes a finding); ``tiles`` asks the
     implementation to run ``(BM, BN)`` tiles (the emulator does; others refuse). A
-    windowed ``problem`` passes its ``window_size`` to every call; an implementation that
-    takes no window (:attr:`~verify.impls.Impl.windows`) is refused. Raises
+    windowed ``problem`` passes its ``window_size`` to every call, a packed one (with
+    ``seqlens_q``, ``seqlens_k``) its offsets and longest lengths on ``(total, H, d)``
+    inputs; an implementation that takes no window (:attr:`~verify.impls.Impl.windows`) or
+    no packed batch (:attr:`~verify.impls.Impl.packed`) is refused. Raises
     :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
     ``ValueError``/``TypeError`` for bad arguments, before any trial runs. What the
     implementation does wrong on a call is a finding in the report (``failure``).
@@ -207,12 +211,13 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     if tiles is not None:
         impl = impl.with_tiles(*tiles)
     impl.require_window(problem.window_size)
-    run = (impl if problem.window_size is None
-           else partial(impl, window_size=problem.window_size))
+    impl.require_packed(problem.is_packed)
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
     impl.require()
+    run = partial(impl, window_size=problem.window_size,
+                  packing=packing_of(problem, dev) if problem.is_packed else None)
     scale = softmax_scale_or_default(softmax_scale, problem.head_dim)
     inputs = Case(problem, dtype, seed=seed).tensors(dev)
     causal = problem.mask == "causal"

@@ -6,8 +6,13 @@ that takes FlashAttention's sliding window (:attr:`Impl.windows`) is also passed
 ``window_size=(left, right)`` (``-1``: unbounded on that side; under ``causal`` it is
 ``(left, 0)``) as a keyword, and only when the problem has a window, so a callable of six
 arguments keeps working; asked for a window, one that does not take it is refused
-(``ValueError``: ``dash-verify`` exits 2) rather than run without it.
-:func:`get_impl` resolves a name (the last column: whether it takes a window):
+(``ValueError``: ``dash-verify`` exits 2) rather than run without it. One that takes packed
+batches (:attr:`Impl.packed`, FlashAttention's varlen layout) is called on ``(total, H, d)``
+tensors with the keywords ``cu_seqlens_q``, ``cu_seqlens_k`` (int32, ``B + 1`` offsets),
+``max_seqlen_q`` and ``max_seqlen_k``; the others are refused a packed problem.
+:func:`get_impl` resolves a name (the last column: whether it takes a window; those that do
+take packed batches too, ``dash_cuda.attention_varlen`` and FlashAttention-4's
+``flash_attn_varlen_func`` for the kernels):
 
 =====================  ===============================================================  ======
 name                   what runs                                                        window
@@ -32,7 +37,8 @@ name                   what runs                                                
 ``fa4`` / ``fa4-det``  FlashAttention-4 (CuTe DSL) when importable, without / with      yes
                        ``deterministic=True`` (its window: None for ``-1``)
 ``module:function``    any importable user callable with the signature above; it takes  if set
-                       windows where it sets ``fn.takes_window = True``
+                       windows where it sets ``fn.takes_window = True``, packed
+                       batches where it sets ``fn.takes_packed = True``
 =====================  ===============================================================  ======
 
 :meth:`Impl.unavailable` says why an implementation cannot run on this machine (no CUDA
@@ -76,6 +82,8 @@ class Impl:
     tiles: tuple[int, int] | None = None
     # takes window_size=(left, right) as a keyword (FlashAttention's sliding window)
     windows: bool = False
+    # takes packed batches: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k keywords
+    packed: bool = False
     # the dash_ref schedule it runs (emulator:NAME, dash*:NAME; "auto" where the name gives
     # none), None for the peers, whose summation orders are their own
     schedule: str | None = None
@@ -96,13 +104,28 @@ class Impl:
         return replace(self, fn=self._make(block_m, block_n), tiles=(block_m, block_n))
 
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float,
-                 window_size: tuple[int, int] | None = None) -> Outputs:
+                 window_size: tuple[int, int] | None = None,
+                 packing: dict | None = None) -> Outputs:
         """Run the implementation; ``window_size`` only where the problem has a window
-        (None: none, and the call is the six-argument one)."""
-        if window_size is None:
-            return self.fn(q, k, v, do, causal, softmax_scale)
-        self.require_window(window_size)
-        return self.fn(q, k, v, do, causal, softmax_scale, window_size=tuple(window_size))
+        (None: none), ``packing`` (the varlen keywords, :func:`packing_of`) only for a
+        packed batch: without either the call is the six-argument one."""
+        extra: dict = {}
+        if window_size is not None:
+            self.require_window(window_size)
+            extra["window_size"] = tuple(window_size)
+        if packing is not None:
+            self.require_packed(True)
+            extra.update(packing)
+        return self.fn(q, k, v, do, causal, softmax_scale, **extra)
+
+    def require_packed(self, packed: bool) -> None:
+        """``ValueError`` when a packed batch is asked for and this implementation does
+        not take one."""
+        if packed and not self.packed:
+            raise ValueError(f"{self.name} takes no packed batches (cu_seqlens), so it cannot "
+                             "audit a packed problem; emulator:NAME, dash:NAME, "
+                             "dash-exact:NAME, fa4[-det] and a module:function with "
+                             "takes_packed = True take them")
 
     def require_window(self, window_size: tuple[int, int] | None) -> None:
         """``ValueError`` when a window is asked for (not None) and this implementation
@@ -144,18 +167,39 @@ EMULATOR_TILES = (16, 16)
 def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int = 4
               ) -> AttentionFn:
     from dash_ref import build_schedule
-    from dash_ref.emulate import emulate, problem_of
+    from dash_ref.emulate import emulate, packed_problem_of, problem_of
 
     arrivals = random.Random(0)  # atomics: a fresh arrival order per call, the same per run
 
-    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
-        p = problem_of(q, k, causal, block_m, block_n, window_size=window_size)
+    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        if cu_seqlens_q is None:
+            p = problem_of(q, k, causal, block_m, block_n, window_size=window_size)
+        else:  # the lengths the offsets imply (max_seqlen is the longest of them)
+            p = packed_problem_of(q, k, lengths(cu_seqlens_q), lengths(cu_seqlens_k), causal,
+                                  block_m, block_n, window_size=window_size)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
         fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
         return fwd.o, bwd.dq, bwd.dk, bwd.dv
 
     return run
+
+
+def lengths(cu_seqlens: torch.Tensor) -> list[int]:
+    """Sequence lengths from ``B + 1`` offsets."""
+    offsets = cu_seqlens.tolist()
+    return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+def packing_of(problem, device: torch.device | str) -> dict:
+    """The varlen keywords of a packed :class:`dash_ref.Problem`: int32 offsets on
+    ``device`` and its longest lengths."""
+    return dict(cu_seqlens_q=torch.tensor(problem.cu_seqlens_q, dtype=torch.int32,
+                                          device=device),
+                cu_seqlens_k=torch.tensor(problem.cu_seqlens_k, dtype=torch.int32,
+                                          device=device),
+                max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
 
 
 def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
@@ -190,12 +234,16 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
 def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> AttentionFn:
     import dash_cuda
 
-    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
+    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), **packing):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-        o = dash_cuda.attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale,
-                                schedule="naive" if schedule == "atomic" else schedule,
-                                deterministic=schedule != "atomic", exact=exact,
-                                backend=backend, window_size=tuple(window_size))
+        options = dict(causal=causal, softmax_scale=softmax_scale,
+                       schedule="naive" if schedule == "atomic" else schedule,
+                       deterministic=schedule != "atomic", exact=exact, backend=backend,
+                       window_size=tuple(window_size))
+        if packing:  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+            o = dash_cuda.attention_varlen(qg, kg, vg, **packing, **options)
+        else:
+            o = dash_cuda.attention(qg, kg, vg, **options)
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
 
@@ -246,15 +294,15 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
     return checks
 
 
-def load_fa4() -> Callable | None:
-    """FlashAttention-4's ``flash_attn_func`` if it is installed (``pip install
-    flash-attn-4``, or on ``PYTHONPATH``, as ``scripts/gpu_release.sh`` puts the bundle of
-    ``scripts/fa4_bundle.sh``), else None."""
+def load_fa4(varlen: bool = False) -> Callable | None:
+    """FlashAttention-4's ``flash_attn_func`` (``varlen``: ``flash_attn_varlen_func``) if it
+    is installed (``pip install flash-attn-4``, or on ``PYTHONPATH``, as
+    ``scripts/gpu_release.sh`` puts the bundle of ``scripts/fa4_bundle.sh``), else None."""
     try:
-        from flash_attn.cute import flash_attn_func
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return None
-    return flash_attn_func
+    return flash_attn_varlen_func if varlen else flash_attn_func
 
 
 def _fa4(deterministic: bool) -> AttentionFn:
@@ -264,13 +312,14 @@ def _fa4(deterministic: bool) -> AttentionFn:
                           "flash-attn-4, or put it on PYTHONPATH (scripts/fa4_bundle.sh packs "
                           "it for the GPU machine)")
 
-    def run(q, k, v, do, causal, softmax_scale, window_size=None):
+    def run(q, k, v, do, causal, softmax_scale, window_size=None, **packing):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         # FlashAttention-4 spells an unbounded side None, not -1
         window = {} if window_size is None else {
             "window_size": tuple(None if x < 0 else x for x in window_size)}
-        out = fa(qg, kg, vg, softmax_scale=softmax_scale, causal=causal,
-                 deterministic=deterministic, **window)
+        call = load_fa4(varlen=True) if packing else fa
+        out = call(qg, kg, vg, softmax_scale=softmax_scale, causal=causal,
+                   deterministic=deterministic, **window, **packing)
         o = out[0] if isinstance(out, tuple) else out
         o.backward(do)
         return o.detach(), qg.grad, kg.grad, vg.grad
@@ -309,7 +358,8 @@ def _resolve(name: str) -> Impl:
         schedule = _schedule_name(name, arg)
         return Impl(name, _emulator(schedule, *EMULATOR_TILES), "cpu",
                     "tile-level emulation on the CPU", tiles=EMULATOR_TILES, windows=True,
-                    schedule=schedule, _make=lambda bm, bn: _emulator(schedule, bm, bn))
+                    packed=True, schedule=schedule,
+                    _make=lambda bm, bn: _emulator(schedule, bm, bn))
     if kind in DASH_KINDS:
         backend, exact = DASH_KINDS[kind]
         schedule = _schedule_name(name, arg or "auto")
@@ -317,7 +367,7 @@ def _resolve(name: str) -> Impl:
             raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
         needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
         return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
-                    windows=True, schedule=schedule,
+                    windows=True, packed=True, schedule=schedule,
                     bitwise=None if schedule == "atomic"
                     else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):
@@ -330,7 +380,7 @@ def _resolve(name: str) -> Impl:
         note = "use_deterministic_algorithms(True), strict" if det else ""
         return Impl(name, _sdpa(backend, det), device, note)
     if name in ("fa4", "fa4-det"):
-        return Impl(name, _fa4(name == "fa4-det"), "cuda", windows=True)
+        return Impl(name, _fa4(name == "fa4-det"), "cuda", windows=True, packed=True)
     if colon and kind and arg:
         try:  # importing runs user code: it may raise, exit or print
             module = guard.call(importlib.import_module, kind)
@@ -341,5 +391,6 @@ def _resolve(name: str) -> Impl:
         if not callable(fn):
             raise ValueError(f"implementation {name!r}: module {kind!r} has no callable {arg!r}")
         return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable",
-                    windows=getattr(fn, "takes_window", False) is True)
+                    windows=getattr(fn, "takes_window", False) is True,
+                    packed=getattr(fn, "takes_packed", False) is True)
     raise ValueError(f"unknown implementation {name!r}: use {KINDS}")

@@ -60,6 +60,17 @@ positive_int = at_least(1)
 nonnegative_int = at_least(0)
 
 
+def lengths(text: str) -> tuple[int, ...]:
+    """Comma-separated sequence lengths (each >= 0, at least one >= 1)."""
+    values = tuple(nonnegative_int(part) for part in text.split(","))
+    if not any(values):
+        raise argparse.ArgumentTypeError(f"needs a sequence of length >= 1, got {text!r}")
+    return values
+
+
+lengths.__name__ = "comma-separated lengths"
+
+
 def _float(text: str) -> float:
     if not _FLOAT.fullmatch(text):
         raise argparse.ArgumentTypeError(f"expected a number (ASCII digits), got {text!r}")
@@ -96,13 +107,16 @@ def output_file(text: str) -> Path:
 
 # -- shared flags ---------------------------------------------------------------------------
 def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
-                   impl_tiles: bool = False, windows: bool = False) -> None:
+                   impl_tiles: bool = False, windows: bool = False,
+                   packed: bool = False) -> None:
     """The problem-shape flags (and the worker count) shared by several subcommands.
 
     With ``impl_tiles`` (the checks), ``--block-m``/``--block-n`` default to None: the
     implementation's own tiles; only ``emulator:NAME`` takes others. ``windows`` adds
     ``--window-size LEFT RIGHT`` (the commands that run implementations refuse it for one
     that takes no window, :attr:`verify.impls.Impl.windows`, rather than run it without).
+    ``packed`` adds ``--seqlens-q`` and ``--seqlens-k``: a packed batch, one length per
+    sequence, in place of ``--batch``, ``--seqlen-q`` and ``--seqlen-k``.
     """
     tiles = 16 if impl_tiles else 128
     g = parser.add_argument_group("problem shape")
@@ -127,6 +141,12 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
                        metavar=("LEFT", "RIGHT"),
                        help="FlashAttention's sliding window (-1: unbounded on that side; "
                             "with --mask causal the window is (LEFT, 0))")
+    if packed:
+        g.add_argument("--seqlens-q", type=lengths, default=None, metavar="L,L,...",
+                       help="a packed batch (FlashAttention's varlen layout): each "
+                            "sequence's query length, in place of --batch and --seqlen-q")
+        g.add_argument("--seqlens-k", type=lengths, default=None, metavar="L,L,...",
+                       help="each sequence's key length (default: --seqlens-q)")
     if workers:
         g.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS, metavar="W",
                        help="persistent workers (SMs); pin it to reproduce the same orders")
@@ -136,6 +156,22 @@ def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16
                       ) -> Problem:
     """The :class:`Problem` the shape flags describe (``ValueError`` if inconsistent);
     ``tiles`` stand in for ``--block-m``/``--block-n`` left at None."""
+    seqlens_q = getattr(args, "seqlens_q", None)
+    seqlens_k = getattr(args, "seqlens_k", None)
+    if seqlens_k is not None and seqlens_q is None:
+        raise ValueError("--seqlens-k needs --seqlens-q (a packed batch)")
+    if seqlens_q is not None:
+        seqlens_k = seqlens_q if seqlens_k is None else seqlens_k
+        if len(seqlens_k) != len(seqlens_q):
+            raise ValueError(f"--seqlens-q has {len(seqlens_q)} lengths, --seqlens-k "
+                             f"{len(seqlens_k)}: one of each per sequence")
+        return Problem.packed(
+            seqlens_q, seqlens_k, args.heads,
+            args.heads if args.heads_kv is None else args.heads_kv, args.head_dim,
+            args.mask, tiles[0] if args.block_m is None else args.block_m,
+            tiles[1] if args.block_n is None else args.block_n,
+            window_size=None if getattr(args, "window_size", None) is None
+            else tuple(args.window_size))
     return Problem(
         batch=args.batch,
         heads=args.heads,

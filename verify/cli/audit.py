@@ -28,10 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "to the interface contract first (four tensors, the inputs' shapes, "
                     "dtype and device, finite). Exit 0 if each output had one pattern, 1 "
                     "if not or if the implementation crashed, exited, timed out or broke "
-                    "the contract. With --window-size every call runs the window (an "
-                    "implementation that takes none is refused, exit 2).")
+                    "the contract. With --window-size every call runs the window, with "
+                    "--seqlens-q a packed batch (an implementation that takes neither is "
+                    "refused, exit 2).")
     add_impl_args(p)
-    add_shape_args(p, workers=False, impl_tiles=True, windows=True)
+    add_shape_args(p, workers=False, impl_tiles=True, windows=True, packed=True)
     budget.add_allow_large(p)
     p.add_argument("--trials", type=at_least(2), default=100, help="runs to compare")
     p.add_argument("--no-perturb", dest="perturb", action="store_false",
