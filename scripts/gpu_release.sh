@@ -32,6 +32,8 @@
 #   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
 #                                        # call; the forward's launch options; kernels per
 #                                        # call and phases inside the CuTe backward
+#   scripts/gpu_release.sh train-large OUT  # the example's large preset (attention 59 % of
+#                                        # the FLOPs) against cuDNN, SDPA flash, FA4-det
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
 #                                        # (benchmarks/versus_fa4.py)
 #   scripts/gpu_release.sh features OUT  # packed batches, sliding windows, softcap and
@@ -48,7 +50,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -200,6 +202,12 @@ train)
     step forward_grid 120 $PY benchmarks/forward_grid.py --out "$LOG"
     step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
     step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
+    [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
+    ;;
+train-large)
+    fa4_unpack
+    step training 560 $PY examples/reproducible_training.py --preset large \
+        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
     [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
     ;;
 versus)

@@ -71,3 +71,13 @@ def test_cpu_defaults_train_a_tiny_model_into_a_scratch_folder(tmp_path, monkeyp
     assert committed.read_bytes() == before  # the committed H200 results are left alone
     out = capsys.readouterr().out
     assert out.startswith("training 2 layers") and str(scratch) in out
+
+
+def test_attention_dominates_the_large_preset_and_not_the_small_one():
+    # per token and layer: causal attention 3.5 * 2 * S * d_model, the weights 72 * d_model^2
+    small, large = example.Config(), example.LARGE_CONFIG
+    assert example.attention_share(small) < 0.25 < 0.5 < example.attention_share(large)
+    assert large.d_model // large.heads == 128
+    # one layer, no head: attention equals the weights where 7 * S = 72 * d_model
+    assert example.attention_share(example.Config(layers=1, d_model=7, seqlen=72, vocab=0,
+                                                  heads=1)) == 0.5
