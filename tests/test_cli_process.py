@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 from verify.cli import EXIT_CLOSED_PIPE, EXIT_INTERRUPTED, main
 
@@ -18,16 +17,21 @@ CLI = [sys.executable, "-m", "verify.cli"]
 
 
 def test_ctrl_c_prints_one_line_and_exits_130():
-    # minutes of trials (under the CLI's size budget), so the signal lands inside them (50
-    # trials once ended within the 5 s below on a fast host, and the run exited 0)
+    # minutes of trials (under the CLI's size budget); the signal is sent once the first
+    # progress line (after 5 s of trials) shows the run is inside them: a fixed sleep
+    # once ended before the run began its trials on a loaded host, and after 50 trials
+    # had finished on a fast one
     run = subprocess.Popen([*CLI, "audit", "--impl", "emulator:naive", "--seqlen-q", "512",
                             "--trials", "2000", "--json"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    time.sleep(5)  # past the imports, into the trials
+    progress = run.stderr.readline()
+    assert progress.startswith("audit emulator:naive: ") and "/2000 trials, " in progress
     run.send_signal(signal.SIGINT)
     out, err = run.communicate(timeout=60)
     assert run.returncode == EXIT_INTERRUPTED == 130
-    assert err == "dash-verify audit: interrupted\n"
+    *more_progress, last = err.splitlines(keepends=True) or [""]
+    assert last == "dash-verify audit: interrupted\n"
+    assert all(line.startswith("audit emulator:naive: ") for line in more_progress)
     assert json.loads(out)["exit_code"] == 130
 
 
