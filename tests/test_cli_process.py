@@ -18,12 +18,14 @@ CLI = [sys.executable, "-m", "verify.cli"]
 
 def test_ctrl_c_prints_one_line_and_exits_130():
     # minutes of trials (under the CLI's size budget); the signal is sent once the first
-    # progress line (after 5 s of trials) shows the run is inside them: a fixed sleep
-    # once ended before the run began its trials on a loaded host, and after 50 trials
-    # had finished on a fast one
+    # progress line (after 5 s of trials) shows the run is inside them (a fixed sleep could
+    # land in the imports on a loaded host). The child gets SIGINT's default action: a
+    # suite started as a background job (`cmd &`) has SIGINT ignored, and a child
+    # inherits that
     run = subprocess.Popen([*CLI, "audit", "--impl", "emulator:naive", "--seqlen-q", "512",
                             "--trials", "2000", "--json"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     progress = run.stderr.readline()
     assert progress.startswith("audit emulator:naive: ") and "/2000 trials, " in progress
     run.send_signal(signal.SIGINT)
