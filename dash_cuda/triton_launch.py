@@ -6,11 +6,14 @@ key and looks the kernel up on every call: 43 - 48 us of host time for the backw
 (``benchmarks/results/host_costs.json``). :func:`launch` keeps each compiled kernel under a
 key that fixes everything the JIT's choice depends on, and calls it as the JIT does. The key
 holds every argument's value except for tensors (their dtype and whether the address is
-16-byte aligned: what Triton specializes a pointer on) and floats (never specialized), so
-it is finer than Triton's own key: a key found here names the kernel the JIT would have
-launched. Same kernel, same arguments, same bits; only the JIT's bookkeeping is skipped.
+16-byte aligned: what Triton specializes a pointer on) and positional floats (run-time
+arguments, which Triton never specializes), so it is finer than Triton's own key: a key
+found here names the kernel the JIT would have launched. Same kernel, same arguments, same
+bits; only the JIT's bookkeeping is skipped.
 The first call of a key, the interpreter's kernels and launches while Triton's launch
-hooks are set (its profiler) take the JIT's path.
+hooks are set (its profiler) take the JIT's path. Arguments after the positional ones are
+named, in any order; the direct call passes every parameter in signature order, the ones
+left out at their defaults, as the JIT's binding does.
 """
 
 from __future__ import annotations
@@ -54,46 +57,51 @@ def _hooks_set() -> bool:
                for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
-def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
-    """``kernel[grid](*args, **constexprs, **options)`` on the current device's current
-    stream: ``args`` the kernel's run-time arguments in order, ``constexprs`` the
-    constexpr parameters after them, by name and in order, ``options`` compile options
-    (``num_warps``, ``enable_fp_fusion``)."""
+def launch(kernel, grid: tuple[int, ...], args: tuple, named: dict, **options) -> None:
+    """``kernel[grid](*args, **named, **options)`` on the current device's current stream:
+    ``args`` the kernel's first parameters in order, ``named`` others by name (constexprs
+    or not; one left out takes its default), ``options`` compile options (``num_warps``,
+    ``num_stages``, ``enable_fp_fusion``)."""
     from triton.runtime.jit import JITFunction
 
     if not isinstance(kernel, JITFunction):  # the interpreter's: nothing compiled to keep
-        _check_order(kernel, len(args), constexprs)
-        kernel[grid](*args, **constexprs, **options)
+        kernel[grid](*args, **named, **options)
         return
     device = _current_device()
-    key = (kernel, device, tuple(map(_key_of, args)), tuple(constexprs.items()),
+    key = (kernel, device, tuple(map(_key_of, args)),
+           tuple((name, _named_key_of(value)) for name, value in named.items()),
            tuple(options.items()))
     with _lock:
-        compiled = _compiled.get(key)
-    if compiled is None or _hooks_set():
-        _check_order(kernel, len(args), constexprs)
-        compiled = kernel[grid](*args, **constexprs, **options)
+        kept = _compiled.get(key)
+    if kept is None or _hooks_set():
+        compiled = kernel[grid](*args, **named, **options)  # unknown names raise here
         if hasattr(compiled, "result"):  # a compilation Triton ran asynchronously
             compiled = compiled.result()
         if not _hooks_set():
             with _lock:
                 if len(_compiled) >= _MAX_KEYS:
                     _compiled.clear()
-                _compiled[key] = compiled
+                _compiled[key] = (compiled, _after(kernel, len(args)))
         return
-    stream = _current_stream(device)
+    compiled, after = kept
+    # the compiled kernel takes every parameter in signature order, as the JIT passes them
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 stream, compiled.function, compiled.packed_metadata, None, None, None,
-                 *args, *constexprs.values())
+                 _current_stream(device), compiled.function, compiled.packed_metadata, None,
+                 None, None, *args, *(named.get(name, default) for name, default in after))
 
 
-def _check_order(kernel, given: int, constexprs: dict) -> None:
-    """The compiled kernel takes its arguments in signature order: ``args``, then the
-    constexprs, which must be the kernel's remaining parameters in that order."""
-    names = list(kernel.arg_names[given:])
-    if names != list(constexprs):
-        raise TypeError(f"{kernel.fn.__name__}: launch() takes the run-time arguments, then "
-                        f"the constexprs {names} in order, got {list(constexprs)}")
+def _named_key_of(value):
+    """What of one named argument the key holds: a tensor's dtype and alignment, any other
+    value itself (a named float may be a constexpr, which the kernel is compiled for)."""
+    return _key_of(value) if isinstance(value, torch.Tensor) else value
+
+
+def _after(kernel, given: int) -> tuple[tuple[str, object], ...]:
+    """``(name, default)`` of each of ``kernel``'s parameters after the first ``given``, in
+    signature order (a parameter without a default is always named: the JIT's first launch
+    refused the call otherwise)."""
+    return tuple((p.name, p.default if p.has_default else None)
+                 for p in kernel.params[given:])
 
 
 def clear_cache() -> None:

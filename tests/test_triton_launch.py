@@ -6,6 +6,8 @@ kernel is called with; no GPU is needed to check which path a launch takes.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from triton.runtime.jit import JITFunction
@@ -23,12 +25,18 @@ class Compiled:
         self.calls.append(args)
 
 
+def param(name, default=None, has_default=False):
+    return SimpleNamespace(name=name, default=default, has_default=has_default)
+
+
 class Kernel(JITFunction):
-    """A kernel ``(X, n, scale, BM: constexpr, D: constexpr)`` that compiles on each JIT
-    launch."""
+    """A kernel ``(X, n, scale, BM: constexpr, D: constexpr, CAP=None, WIDE: constexpr =
+    False)`` that compiles on each JIT launch."""
 
     def __init__(self):  # none of JITFunction's own state: nothing here compiles
-        self.arg_names = ["X", "n", "scale", "BM", "D"]
+        self.params = [param("X"), param("n"), param("scale"), param("BM"), param("D"),
+                       param("CAP", None, True), param("WIDE", False, True)]
+        self.arg_names = [p.name for p in self.params]
         self.fn = lambda: None
         self.jit_launches = []
 
@@ -36,6 +44,9 @@ class Kernel(JITFunction):
 
     def __getitem__(self, grid):
         def jit(*args, **kwargs):
+            unknown = set(kwargs) - set(self.arg_names) - {"num_warps", "num_stages"}
+            if unknown:
+                raise TypeError(f"unexpected keyword arguments {unknown}")
             self.jit_launches.append((grid, args, kwargs))
             return Compiled()
         return jit
@@ -51,23 +62,39 @@ def kernel(monkeypatch):
     triton_launch.clear_cache()
 
 
+def kept() -> Compiled:
+    ((compiled, _),) = triton_launch._compiled.values()
+    return compiled
+
+
 def test_the_first_launch_of_a_key_goes_through_the_jit_later_ones_call_its_kernel(kernel):
     x, y = torch.randn(64), torch.randn(64)
     triton_launch.launch(kernel, (4, 2), (x, 64, 0.5), dict(BM=64, D=128), num_warps=4)
     assert kernel.jit_launches == [((4, 2), (x, 64, 0.5), dict(BM=64, D=128, num_warps=4))]
-    # other tensors of the same dtype and alignment, another float: the kept kernel
+    # other tensors of the same dtype and alignment, another positional float: the kept
+    # kernel, every parameter in signature order, the ones left out at their defaults
     triton_launch.launch(kernel, (4, 2), (y, 64, 0.25), dict(BM=64, D=128), num_warps=4)
     assert len(kernel.jit_launches) == 1
-    compiled = triton_launch._compiled[next(iter(triton_launch._compiled))]
-    assert compiled.calls == [(4, 2, 1, 1234, "function", "metadata", None, None, None,
-                               y, 64, 0.25, 64, 128)]
+    assert kept().calls == [(4, 2, 1, 1234, "function", "metadata", None, None, None,
+                             y, 64, 0.25, 64, 128, None, False)]
 
 
-@pytest.mark.parametrize("change", ["int", "dtype", "alignment", "constexpr", "option"])
+def test_named_arguments_reach_the_kernel_in_signature_order(kernel):
+    x, cap = torch.randn(64), torch.randn(4)
+    for _ in range(2):
+        triton_launch.launch(kernel, (1,), (x, 8, 1.0),
+                             dict(WIDE=True, CAP=cap, D=64, BM=32))
+    assert len(kernel.jit_launches) == 1
+    assert kept().calls == [(1, 1, 1, 1234, "function", "metadata", None, None, None,
+                             x, 8, 1.0, 32, 64, cap, True)]
+
+
+@pytest.mark.parametrize("change", ["int", "dtype", "alignment", "constexpr", "named float",
+                                    "named tensor alignment", "option"])
 def test_anything_the_jit_specializes_on_takes_the_jit_again(kernel, change):
     x = torch.randn(64)
-    triton_launch.launch(kernel, (1,), (x, 64, 0.5), dict(BM=64, D=128), num_warps=4)
-    args, constexprs, options = (x, 64, 0.5), dict(BM=64, D=128), dict(num_warps=4)
+    args, named, options = (x, 64, 0.5), dict(BM=64, D=128, CAP=2.0), dict(num_warps=4)
+    triton_launch.launch(kernel, (1,), args, named, **options)
     if change == "int":
         args = (x, 65, 0.5)
     elif change == "dtype":
@@ -75,11 +102,17 @@ def test_anything_the_jit_specializes_on_takes_the_jit_again(kernel, change):
     elif change == "alignment":  # 4 bytes past a 16-byte aligned address
         args = (x[1:], 64, 0.5)
     elif change == "constexpr":
-        constexprs = dict(BM=128, D=128)
+        named = dict(named, BM=128)
+    elif change == "named float":  # a named float may be a constexpr: keyed by its value
+        named = dict(named, CAP=3.0)
+    elif change == "named tensor alignment":
+        named = dict(named, CAP=x[1:])
+        triton_launch.launch(kernel, (1,), args, dict(named, CAP=x), **options)
+        assert len(kernel.jit_launches) == 2
     else:
         options = dict(num_warps=8)
-    triton_launch.launch(kernel, (1,), args, constexprs, **options)
-    assert len(kernel.jit_launches) == 2
+    triton_launch.launch(kernel, (1,), args, named, **options)
+    assert len(kernel.jit_launches) == (3 if change == "named tensor alignment" else 2)
 
 
 def test_launch_hooks_keep_every_launch_on_the_jit(kernel, monkeypatch):
@@ -89,7 +122,8 @@ def test_launch_hooks_keep_every_launch_on_the_jit(kernel, monkeypatch):
     assert len(kernel.jit_launches) == 3 and not triton_launch._compiled
 
 
-def test_constexprs_out_of_signature_order_are_refused(kernel):
-    with pytest.raises(TypeError, match=r"constexprs \['BM', 'D'\] in order"):
-        triton_launch.launch(kernel, (1,), (torch.randn(8), 8, 1.0), dict(D=128, BM=64))
-    assert not kernel.jit_launches
+def test_an_unknown_name_is_refused_by_the_jit_and_nothing_is_kept(kernel):
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        triton_launch.launch(kernel, (1,), (torch.randn(8), 8, 1.0),
+                             dict(BM=64, D=128, DEPTH=3))
+    assert not triton_launch._compiled

@@ -8,6 +8,7 @@ import os
 import torch
 import triton
 
+from dash_cuda import triton_launch
 from dash_cuda.backends import Launch, device_properties, new_packed_row_stats, new_row_stats
 from dash_cuda.tables import PACKED_TABLE_NAMES, TABLE_NAMES
 from dash_ref import Mask
@@ -55,18 +56,17 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     cfg = forward_config(head_dim)
     scale_log2, features = score_features(softmax_scale, softcap, sink2)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
-    dash_fwd_kernel[grid](
+    triton_launch.launch(dash_fwd_kernel, grid, (
         q, k, v, o, lse2,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
-        heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, scale_log2,
-        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-        **window_extents(mask), **features, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, scale_log2),
+        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
+             **window_extents(mask), **features),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse2
 
 
@@ -90,19 +90,19 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
     grid = (triton.cdiv(packing.max_seqlen_q, cfg.block_m), packing.batch * heads)
     if grid[0] == 0:
         return o, lse2
-    dash_fwd_kernel[grid](
+    triton_launch.launch(dash_fwd_kernel, grid, (
         q, k, v, o, lse2,
         0, q.stride(0), q.stride(1),
         0, k.stride(0), k.stride(1),
         0, v.stride(0), v.stride(1),
         0, o.stride(0), o.stride(1),
         0, lse2.stride(0), lse2.stride(1),
-        heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0, scale_log2,
-        BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-        CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
-        CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True, **window_extents(mask),
-        **features, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0, scale_log2),
+        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
+             CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
+             CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True,
+             **window_extents(mask), **features),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse2
 
 
@@ -180,4 +180,10 @@ def max_workers(launch: Launch) -> int:
 def run_schedule(launch: Launch) -> None:
     """One program per worker; the grid never exceeds what is resident (checked before)."""
     args, options = _backward_args(launch)
-    dash_bwd_kernel[(launch.num_workers,)](*args, **options)
+    named = {n: value for n, value in options.items() if n not in _COMPILE_OPTIONS}
+    triton_launch.launch(dash_bwd_kernel, (launch.num_workers,), args, named,
+                         **{n: options[n] for n in _COMPILE_OPTIONS})
+
+
+#: the keywords of ``_backward_args``'s options that are compile options, not parameters
+_COMPILE_OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
