@@ -12,18 +12,13 @@ seconds.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from triton_interpreter import run_source
 
 pytest.importorskip("triton")
 pytest.importorskip("triton.runtime.interpreter")
 
-ROOT = Path(__file__).resolve().parents[1]
 GUARD = 1500  # NaN elements after the workspace, which the launch must leave alone
 
 # (batch, S_q, heads, d, BM, workspace elements): fewer elements than programs, one
@@ -53,14 +48,7 @@ def cleared(tmp_path_factory) -> list[dict]:
                  for _ in range(2))
         buffer = torch.full((numel + GUARD,), float("nan"))
         cases.append(dict(o=o, do=do, block_m=block_m, numel=numel, buffer=buffer))
-    path = tmp_path_factory.mktemp("delta_clear") / "cases.pt"
-    torch.save(cases, path)
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    return torch.load(path)
+    return run_source(INTERPRETED, cases, tmp_path_factory.mktemp("delta_clear") / "cases.pt")
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"numel{c[-1]}" for c in CASES])

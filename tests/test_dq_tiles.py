@@ -14,20 +14,17 @@ compiled on the CPU, shows the accumulator read in 16-byte loads only.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from triton_interpreter import run_source
 
 pytest.importorskip("triton")
 pytest.importorskip("triton.runtime.interpreter")
 launch = pytest.importorskip("dash_cuda.backends.cute.launch")  # staging order (cutlass)
 
-ROOT = Path(__file__).resolve().parents[1]
 from dash_cuda.backends.cute.config import backward_config  # noqa: E402
 
 # head dim -> BM of the staged tiles (both masks tile alike)
@@ -58,13 +55,7 @@ torch.save(cases, sys.argv[1])
 def run_interpreted(cases: list[dict], path: Path) -> list[dict]:
     """``finish_dq_tiles`` into the first ``seqlen_q`` rows of each case's ``dq``, in a fresh
     interpreted process (the cases go through ``path``)."""
-    torch.save(cases, path)
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    return torch.load(path)
+    return run_source(INTERPRETED, cases, path)
 
 
 def accumulator(head_dim: int, dtype: torch.dtype, tiles: int, gen: torch.Generator

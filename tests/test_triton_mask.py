@@ -13,20 +13,15 @@ is off by one key, or a range end rounded the wrong way, changes some element.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from triton_interpreter import run_source
 
 pytest.importorskip("triton")
 pytest.importorskip("triton.runtime.interpreter")
 
 from dash_ref import Mask  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # (S_q, S_k, BM, BN): square, S_q < S_k, S_q > S_k (causal rows that see no key), one row,
 # lengths not multiples of the tiles, BM < BN and BM > BN
 CASES = [(64, 64, 32, 16), (50, 77, 16, 32), (90, 40, 32, 16), (1, 45, 16, 16),
@@ -85,14 +80,7 @@ torch.save(cases, sys.argv[1])
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> list[dict]:
     cases = [dict(shape=shape, mask=mask) for shape, mask in ALL]
-    path = tmp_path_factory.mktemp("triton_mask") / "cases.pt"
-    torch.save(cases, path)
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(path)], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    return torch.load(path)
+    return run_source(INTERPRETED, cases, tmp_path_factory.mktemp("triton_mask") / "cases.pt")
 
 
 def ids(case) -> str:

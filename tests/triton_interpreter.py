@@ -43,11 +43,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(calls: list[dict], folder: Path, hopper: bool = False, timeout: float = 600) -> list[dict]:
     """``calls`` run in an interpreted process; each returned with ``"out"`` (see :func:`_call`)."""
     path = folder / "calls.pt"
-    torch.save(calls, path)
+    return _interpreted([__file__, str(path), "hopper" if hopper else "plain"], calls, path,
+                        timeout)
+
+
+def run_source(source: str, cases: list[dict], path: Path, timeout: float = 600
+               ) -> list[dict]:
+    """``cases`` through ``source``, a script that loads ``sys.argv[1]``, fills the cases
+    in and saves them back, run in a fresh interpreted process (no patches but its own)."""
+    return _interpreted(["-c", source, str(path)], cases, path, timeout)
+
+
+def _interpreted(argv: list[str], cases: list[dict], path: Path, timeout: float) -> list[dict]:
+    """``cases`` saved to ``path``, ``python argv`` with ``TRITON_INTERPRET=1`` (the flag
+    counts when the kernels are defined, so in a fresh process), and the cases read back."""
+    torch.save(cases, path)
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, __file__, str(path), "hopper" if hopper else "plain"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=timeout)
     assert done.returncode == 0, done.stderr[-6000:]
     return torch.load(path)
 
