@@ -117,14 +117,15 @@ def _checked(named: dict[str, torch.Tensor], layout: str,
     the devices, in that order (a mistake reads the same on a machine without CUDA). Inputs
     whose shapes, strides, dtypes and devices passed before skip the tensor and device
     checks (:func:`dash_cuda.checks.tensors_key`), which cost microseconds every call."""
-    key = tensors_key(_with_sink(named, learnable_sink), layout)
+    with_sink = _with_sink(named, learnable_sink)
+    key = tensors_key(with_sink, layout)
     known = passed_before(key)
     if not known:
         check_tensors(named, layout)
     checked = options()
     check_learnable_sink(learnable_sink, as_bshd(named["q"], layout).shape[2], exact)
     if not known:
-        check_devices(_with_sink(named, learnable_sink))
+        check_devices(with_sink)
         remember_passed(key)
     return checked
 
