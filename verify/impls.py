@@ -176,7 +176,7 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
         if cu_seqlens_q is None:
             p = problem_of(q, k, causal, block_m, block_n, window_size=window_size)
         else:  # the lengths the offsets imply (max_seqlen is the longest of them)
-            p = packed_problem_of(q, k, lengths(cu_seqlens_q), lengths(cu_seqlens_k), causal,
+            p = packed_problem_of(q, k, _seqlens(cu_seqlens_q), _seqlens(cu_seqlens_k), causal,
                                   block_m, block_n, window_size=window_size)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
@@ -186,7 +186,7 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
     return run
 
 
-def lengths(cu_seqlens: torch.Tensor) -> list[int]:
+def _seqlens(cu_seqlens: torch.Tensor) -> list[int]:
     """Sequence lengths from ``B + 1`` offsets."""
     offsets = cu_seqlens.tolist()
     return [b - a for a, b in zip(offsets, offsets[1:])]
