@@ -112,7 +112,8 @@ def test_fuzz_passes_the_emulator():
 @pytest.mark.parametrize(("impl", "recorded"), [
     ("emulator:shift", "shift"), ("dash:descending", "descending"), ("dash", "auto"),
     ("dash-cute:symmetric_shift", "symmetric_shift"), ("dash-exact", "auto"),
-    ("dash-triton:banded", "banded"), ("fa4-det", "naive"), ("sdpa-cudnn", "naive")])
+    ("dash-triton:banded", "banded"), ("dash-cute:lpt", "lpt"), ("fa4-det", "naive"),
+    ("sdpa-cudnn", "naive")])
 def test_fuzz_records_the_schedule_the_implementation_runs(impl, recorded):
     """Every case of an implementation that fixes its schedule carries that one (``auto``
     where the name gives none), so its reproducer names it; the peers' cases carry

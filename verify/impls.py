@@ -335,11 +335,14 @@ DASH_KINDS = {"dash": ("auto", False), "dash-triton": ("triton", False),
 
 
 def _schedule_name(name: str, schedule: str) -> str:
-    from dash_ref import BANDED, NAMES
+    from dash_ref import BANDED, NAMES, RAGGED
 
-    if schedule != "auto" and schedule not in (*NAMES, *BANDED):
+    # every name a schedule builder takes; whether the call admits it (a ragged schedule on
+    # a packed batch, a banded one with a window) is the implementation's own check
+    known = (*NAMES, *RAGGED, *BANDED)
+    if schedule != "auto" and schedule not in known:
         raise ValueError(f"unknown schedule {schedule!r} in implementation {name!r}; choose "
-                         f"from auto, {', '.join((*NAMES, *BANDED))}")
+                         f"from auto, {', '.join(known)}")
     return schedule
 
 
