@@ -36,6 +36,7 @@ from dash_ref.arithmetic.steps import ARITHMETICS, sink_logit
 
 from .backends import Backend, Launch, device_properties
 from .options import Options, Packing
+from .plans import backward_plan, forward_plan, keep
 from .tables import device_schedule
 
 F32 = torch.float32
@@ -147,23 +148,31 @@ def _features(options: Options, sink: torch.Tensor | None) -> dict:
 
 def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 options: Options, poison: bool = False, packing: Packing | None = None,
-                sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                sink: torch.Tensor | None = None, plan_key: tuple | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` and fp32 ``LSE2`` ``(B, S_q, H)`` from validated non-empty views
     (with ``packing``: packed tensors, ``LSE2`` ``(total_q, H)``; with ``sink``, the
-    learnable sinks ``(H,)``, LSE2 includes them)."""
+    learnable sinks ``(H,)``, LSE2 includes them). ``plan_key``: keep the call's
+    :class:`dash_cuda.plans.ForwardPlan` (or that it has none) under this
+    :func:`dash_cuda.plans.signature` (a rectangular call without poisoning)."""
     with on_device(q.device):
         extra = _features(options, sink)
         if packing is not None:
             return backend.forward_varlen(q, k, v, packing, options.mask,
                                           options.softmax_scale, poison, **extra)
-        return backend.forward(q, k, v, options.mask, options.softmax_scale, poison, **extra)
+        o, lse2 = backend.forward(q, k, v, options.mask, options.softmax_scale, poison,
+                                  **extra)
+        if plan_key is not None:
+            keep(plan_key, None if extra else forward_plan(backend, q, k, v, o, lse2,
+                                                           options))
+        return o, lse2
 
 
 def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  o: torch.Tensor, lse2: torch.Tensor, do: torch.Tensor, options: Options,
                  schedule_name: str, audit: bool = False, poison: bool = False,
                  packing: Packing | None = None, sink: torch.Tensor | None = None,
-                 problem: Problem | None = None
+                 problem: Problem | None = None, plan_key: tuple | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
                             BackwardAudit | None]:
     """dQ, dK, dV, dsink (None without ``sink``) and the audit record (None without
@@ -177,10 +186,12 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     ``lse2`` is the forward's (it includes the sinks) and ``dsink`` is
     :func:`dash_cuda.prepost.sink_grad` of ``LSE2`` and ``D``, in ``sink``'s dtype.
     ``problem``: :func:`problem_for` of the call where the caller has it already.
+    ``plan_key``: keep the call's :class:`dash_cuda.plans.BackwardPlan` (or that it has
+    none) under this :func:`dash_cuda.plans.signature`.
     """
     with on_device(q.device):
         return _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit,
-                             poison, packing, sink, problem)
+                             poison, packing, sink, problem, plan_key)
 
 
 def new_workspace(backend: Backend, problem: Problem, deterministic: bool,
@@ -215,9 +226,10 @@ def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, poison,
-                  packing=None, sink=None, problem=None):
+                  packing=None, sink=None, problem=None, plan_key=None):
     from . import prepost  # Triton kernels: loaded on the first launch, not on import
 
+    given = (do, lse2)
     heads, head_dim = q.shape[-2:]
     heads_kv = k.shape[-2]
     device = q.device
@@ -276,6 +288,10 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
                 [launch.partials] if audit else []):
             t.fill_(math.nan)
 
+    if plan_key is not None:  # the next calls of this signature take its plan, if any
+        copied = launch.do is not given[0] or launch.lse2 is not given[1]
+        keep(plan_key, None if copied else backward_plan(backend, launch, o, do, workspace,
+                                                         pairwise))
     backend.run_schedule(launch)
 
     backend.finish_dq(dq_acc, dq, problem, softmax_scale)

@@ -37,8 +37,16 @@ import torch
 from dash_ref import Mask, Problem, resolve_name
 from dash_ref.arithmetic.steps import sink_logit
 
+from . import plans
 from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
-from .launch import BackwardAudit, packed_problem_for, problem_for, run_backward, run_forward
+from .launch import (
+    BackwardAudit,
+    on_device,
+    packed_problem_for,
+    problem_for,
+    run_backward,
+    run_forward,
+)
 from .options import Options, Packing
 
 Tensor = torch.Tensor
@@ -150,11 +158,20 @@ def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: boo
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
         return torch.zeros_like(q), lse
-    if packing is None:
-        backend = plan_for(q, k, options, sink is not None).backend
-    else:
+    if packing is not None:
         backend = resolve_backend(q, options, True, sink is not None)
-    return run_forward(backend, q, k, v, options, poison, packing, sink)
+        return run_forward(backend, q, k, v, options, poison, packing, sink)
+    key = None
+    if not (poison or sink is not None):
+        key = plans.signature("forward", options, q, k, v)
+        kept = plans.planned(key)
+        if kept is None:  # a signature without a plan
+            key = None
+        elif kept is not plans.UNSEEN:
+            with on_device(q.device):
+                return kept.run(q, k, v)
+    backend = plan_for(q, k, options, sink is not None).backend
+    return run_forward(backend, q, k, v, options, poison, packing, sink, key)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -168,9 +185,18 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         dsink = None if sink is None else torch.zeros_like(sink)  # D = 0 on every row
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsink, None
     if packing is None:
+        key = None
+        if not (audit or poison or sink is not None):
+            key = plans.signature("backward", options, q, k, v, o, lse, do)
+            kept = plans.planned(key)
+            if kept is None:  # a signature without a plan
+                key = None
+            elif kept is not plans.UNSEEN:
+                with on_device(q.device):
+                    return (*kept.run(q, k, v, o, lse, do), None, None)
         plan = plan_for(q, k, options, sink is not None)
         return run_backward(plan.backend, q, k, v, o, lse, do, options, plan.schedule, audit,
-                            poison, sink=sink, problem=plan.problem)
+                            poison, sink=sink, problem=plan.problem, plan_key=key)
     backend = resolve_backend(q, options, True, sink is not None)
     name = resolve_packed_schedule(backend, q, k, packing, options)
     return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,

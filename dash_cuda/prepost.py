@@ -183,20 +183,29 @@ def preprocess_delta(o: torch.Tensor, do: torch.Tensor, block_m: int, pairwise: 
     accumulator and semaphores: one launch where a memset would add another, and no host
     work per buffer).
     """
-    batch, seqlen_q, heads, head_dim = o.shape
+    batch, seqlen_q, heads, _ = o.shape
     delta = new_row_stats(batch, seqlen_q, heads, o.device)
+    kernel, grid, args, named, options = delta_launch(o, do, delta, block_m, pairwise, clear)
+    launch(kernel, grid, args, named, **options)
+    return delta
+
+
+def delta_launch(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, block_m: int,
+                 pairwise: bool, clear: torch.Tensor | None) -> tuple:
+    """``(kernel, grid, args, named, options)`` of :func:`preprocess_delta`'s launch into
+    ``delta`` (a :func:`new_row_stats` view): the one place its arguments are written."""
+    batch, seqlen_q, heads, head_dim = o.shape
     grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
     numel = 0 if clear is None else clear.numel()
     chunk = triton.cdiv(triton.cdiv(numel, grid[0] * grid[1]), CLEAR_BLOCK) * CLEAR_BLOCK
-    launch(dash_delta_kernel, grid, (
+    return dash_delta_kernel, grid, (
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         delta.stride(0), delta.stride(1), delta.stride(2),
-        heads, seqlen_q, clear, numel, chunk),
-        dict(BM=block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise, CLEAR_BLOCK=CLEAR_BLOCK),
+        heads, seqlen_q, clear, numel, chunk), dict(
+        BM=block_m, HEAD_DIM=head_dim, PAIRWISE=pairwise, CLEAR_BLOCK=CLEAR_BLOCK), dict(
         enable_fp_fusion=not pairwise)
-    return delta
 
 
 def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, block_m: int
@@ -211,15 +220,22 @@ def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, bloc
 def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
                  dv: torch.Tensor, softmax_scale: float) -> None:
     """dK, dV from per-query-head fp32 ``(B, S_k, H, d)`` accumulators (GQA sum, rounding)."""
+    kernel, grid, args, named, options = gqa_launch(dk_heads, dv_heads, dk, dv, softmax_scale)
+    launch(kernel, grid, args, named, **options)
+
+
+def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
+               dv: torch.Tensor, softmax_scale: float) -> tuple:
+    """``(kernel, grid, args, named, options)`` of :func:`finish_dk_dv`'s launch."""
     batch, seqlen_k, heads_kv, head_dim = dk.shape
     # 64 rows, 4 warps: with 4 query heads per KV head at 16k tokens this pass takes 84 us
     # at d = 64 and 128 on an H200, where 8 warps took 112 us at d = 64 (docs/performance.md)
-    launch(dash_gqa_kernel, (triton.cdiv(seqlen_k, 64), batch * heads_kv), (
+    return dash_gqa_kernel, (triton.cdiv(seqlen_k, 64), batch * heads_kv), (
         dk_heads, dv_heads, dk, dv,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
-        heads_kv, seqlen_k, softmax_scale),
-        dict(GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim), num_warps=4)
+        heads_kv, seqlen_k, softmax_scale), dict(
+        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim), dict(num_warps=4)
 
 
 def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,13 @@ def _hooks_set() -> bool:
                for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
+def _key(kernel, device: int, args: tuple, named: dict, options: dict) -> tuple:
+    """The key a compiled kernel is kept under (see the module docstring)."""
+    return (kernel, device, tuple(map(_key_of, args)),
+            tuple((name, _named_key_of(value)) for name, value in named.items()),
+            tuple(options.items()))
+
+
 def launch(kernel, grid: tuple[int, ...], args: tuple, named: dict, **options) -> None:
     """``kernel[grid](*args, **named, **options)`` on the current device's current stream:
     ``args`` the kernel's first parameters in order, ``named`` others by name (constexprs
@@ -68,26 +75,95 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, named: dict, **options) -
         kernel[grid](*args, **named, **options)
         return
     device = _current_device()
-    key = (kernel, device, tuple(map(_key_of, args)),
-           tuple((name, _named_key_of(value)) for name, value in named.items()),
-           tuple(options.items()))
+    key = _key(kernel, device, args, named, options)
     with _lock:
         kept = _compiled.get(key)
     if kept is None or _hooks_set():
-        compiled = kernel[grid](*args, **named, **options)  # unknown names raise here
-        if hasattr(compiled, "result"):  # a compilation Triton ran asynchronously
-            compiled = compiled.result()
-        if not _hooks_set():
-            with _lock:
-                if len(_compiled) >= _MAX_KEYS:
-                    _compiled.clear()
-                _compiled[key] = (compiled, _after(kernel, len(args)))
+        _jit_launch(kernel, grid, args, named, options, key)
         return
     compiled, after = kept
     # the compiled kernel takes every parameter in signature order, as the JIT passes them
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                  _current_stream(device), compiled.function, compiled.packed_metadata, None,
                  None, None, *args, *(named.get(name, default) for name, default in after))
+
+
+def _jit_launch(kernel, grid, args, named, options, key) -> None:
+    """The JIT's launch, which compiles on a key's first call; the compiled kernel is kept
+    under ``key`` (not while launch hooks are set: a profiler's launches stay the JIT's)."""
+    compiled = kernel[grid](*args, **named, **options)  # unknown names raise here
+    if hasattr(compiled, "result"):  # a compilation Triton ran asynchronously
+        compiled = compiled.result()
+    if not _hooks_set():
+        with _lock:
+            if len(_compiled) >= _MAX_KEYS:
+                _compiled.clear()
+            _compiled[key] = (compiled, _after(kernel, len(args)))
+
+
+class Bound:
+    """One launch worked out once but for the tensors that change every call: ``bind``'s
+    arguments with :attr:`slots` (positions in ``args``) filled per call.
+
+    Each call's tensors must have the dtypes and 16-byte alignment of those ``bind`` saw
+    (what the compiled kernel was specialized on; fresh allocations are aligned, and a
+    caller keys its :class:`Bound` on the alignment of any other tensor). Calls take the
+    compiled kernel directly, with no key to build: the first (which compiles, if needed)
+    and those while launch hooks are set take :func:`launch`'s path.
+    """
+
+    __slots__ = ("kernel", "grid", "args", "named", "options", "slots", "_direct")
+
+    def __init__(self, kernel, grid: tuple[int, ...], args: tuple, named: dict,
+                 slots: tuple[int, ...], options: dict):
+        self.kernel, self.grid, self.args, self.named = kernel, grid, args, named
+        self.slots, self.options = slots, options
+        self._direct = None  # (device, compiled, grid xyz, the named values in order)
+
+    def __call__(self, *tensors) -> None:
+        args = list(self.args)
+        for slot, value in zip(self.slots, tensors, strict=True):
+            args[slot] = value
+        direct = self._direct
+        if direct is None or _hooks_set():
+            launch(self.kernel, self.grid, tuple(args), self.named, **self.options)
+            if direct is None:
+                self._direct = self._find(tuple(args))
+            return
+        device, compiled, (x, y, z), tail = direct
+        compiled.run(x, y, z, _current_stream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
+
+    def _find(self, args: tuple):
+        """The compiled kernel :func:`launch` kept for these arguments, with what a direct
+        call needs beside them (None: the interpreter's kernel, or not kept)."""
+        from triton.runtime.jit import JITFunction
+
+        if not isinstance(self.kernel, JITFunction):
+            return None
+        device = _current_device()
+        with _lock:
+            kept = _compiled.get(_key(self.kernel, device, args, self.named, self.options))
+        if kept is None:
+            return None
+        compiled, after = kept
+        grid = (*self.grid, 1, 1)[:3]
+        return device, compiled, grid, tuple(self.named.get(n, d) for n, d in after)
+
+
+def bind(kernel, grid: tuple[int, ...], args: tuple, named: dict, per_call: tuple,
+         **options) -> Bound:
+    """:class:`Bound` launch of ``kernel`` (the arguments as :func:`launch` takes them):
+    ``per_call`` are tensors among ``args`` that each call replaces with its own, in the
+    order the call passes them (the bound launch keeps none of them)."""
+    slots = []
+    for tensor in per_call:
+        at = [i for i, arg in enumerate(args) if arg is tensor]
+        if not at:
+            raise ValueError("a per-call tensor is not among the positional arguments")
+        slots.append(at[0])
+    kept = tuple(None if i in slots else arg for i, arg in enumerate(args))
+    return Bound(kernel, tuple(grid), kept, dict(named), tuple(slots), options)
 
 
 def _named_key_of(value):
@@ -110,4 +186,4 @@ def clear_cache() -> None:
         _compiled.clear()
 
 
-__all__ = ["clear_cache", "launch"]
+__all__ = ["Bound", "bind", "clear_cache", "launch"]

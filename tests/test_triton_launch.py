@@ -127,3 +127,39 @@ def test_an_unknown_name_is_refused_by_the_jit_and_nothing_is_kept(kernel):
         triton_launch.launch(kernel, (1,), (torch.randn(8), 8, 1.0),
                              dict(BM=64, D=128, DEPTH=3))
     assert not triton_launch._compiled
+
+
+def test_a_bound_launch_fills_its_tensors_and_calls_the_kept_kernel(kernel):
+    """:func:`bind`: the first call goes through :func:`launch` (the JIT here), later ones
+    call the compiled kernel with each call's tensors in their places and nothing else
+    worked out again; the bound launch holds none of the tensors it was bound with."""
+    x, cap = torch.randn(64), torch.randn(4)
+    bound = triton_launch.bind(kernel, (4, 2), (x, 64, 0.5), dict(CAP=cap, BM=64, D=128),
+                               (x,), num_warps=4)
+    assert bound.args == (None, 64, 0.5)
+    y, z = torch.randn(64), torch.randn(64)
+    bound(y)
+    assert kernel.jit_launches == [((4, 2), (y, 64, 0.5), dict(CAP=cap, BM=64, D=128,
+                                                                 num_warps=4))]
+    bound(z)
+    assert len(kernel.jit_launches) == 1
+    assert kept().calls == [(4, 2, 1, 1234, "function", "metadata", None, None, None,
+                             z, 64, 0.5, 64, 128, cap, False)]
+
+
+def test_a_bound_launch_takes_its_tensors_in_the_order_given(kernel):
+    a, b = torch.randn(8), torch.randn(8)
+    with pytest.raises(ValueError, match="not among"):
+        triton_launch.bind(kernel, (1,), (a, 8, 1.0), dict(BM=64, D=128), (b,))
+    bound = triton_launch.bind(kernel, (1,), (a, 8, 1.0), dict(BM=64, D=128, CAP=b), (a,))
+    assert bound.slots == (0,)
+
+
+def test_a_bound_launch_under_launch_hooks_stays_on_the_jit(kernel, monkeypatch):
+    x = torch.randn(8)
+    bound = triton_launch.bind(kernel, (1,), (x, 8, 1.0), dict(BM=64, D=128), (x,))
+    bound(torch.randn(8))
+    monkeypatch.setattr(triton_launch, "_hooks_set", lambda: True)
+    bound(torch.randn(8))
+    bound(torch.randn(8))
+    assert len(kernel.jit_launches) == 3 and kept().calls == []

@@ -85,6 +85,11 @@ class CuteBackend:
 
         return run_forward(q, k, v, mask, softmax_scale, poison)
 
+    def bind_forward(self, q, k, v, o, mask, softmax_scale):
+        from .launch import bind_forward
+
+        return bind_forward(q, k, v, o, mask, softmax_scale)
+
     def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison):
         from .launch import run_forward_varlen
 
@@ -126,6 +131,23 @@ class CuteBackend:
         from .launch import run_schedule
 
         run_schedule(launch)
+
+    def bind_schedule(self, launch: Launch):
+        from .launch import bind_schedule
+
+        return bind_schedule(launch)
+
+    def bind_finish_dq(self, dq_acc, dq, problem, softmax_scale):
+        """:meth:`finish_dq` of a rectangular problem as a bound launch taking ``(dq_acc,
+        dq)``, or None (packed problems)."""
+        from ...triton_launch import bind
+        from .finish_dq import finish_dq_launch
+
+        if problem.is_packed:
+            return None
+        kernel, grid, args, named, options = finish_dq_launch(dq_acc, dq, softmax_scale,
+                                                              problem.block_m)
+        return bind(kernel, grid, args, named, (dq_acc, dq), **options)
 
 
 BACKEND = CuteBackend()

@@ -114,9 +114,16 @@ def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float
     kernel knows (``(BM, d)`` is ``(128, 64)`` or ``(64, 128)``). Rows past ``S_q`` are not
     written.
     """
+    kernel, grid, args, named, options = finish_dq_launch(dq_acc, dq, softmax_scale, block_m)
+    launch(kernel, grid, args, named, **options)
+
+
+def finish_dq_launch(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
+                     block_m: int) -> tuple:
+    """``(kernel, grid, args, named, options)`` of :func:`finish_dq_tiles`'s launch."""
     batch, seqlen_q, heads, head_dim = dq.shape
     _check_tile_shape(block_m, head_dim)
-    launch(dash_dq_tiles_kernel, (dq_acc.shape[0],), (
+    return dash_dq_tiles_kernel, (dq_acc.shape[0],), (
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2),
-        heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale),
-        dict(BM=block_m, HEAD_DIM=head_dim))
+        heads, seqlen_q, dq_acc.shape[0] // (batch * heads), softmax_scale), dict(
+        BM=block_m, HEAD_DIM=head_dim), {}

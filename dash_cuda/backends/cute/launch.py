@@ -344,6 +344,19 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     return o, lse2
 
 
+def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 rule: Mask, softmax_scale: float):
+    """``(kernel, template, counter)`` of :func:`run_forward`'s launch for these tensors'
+    signature (the template takes :data:`_FORWARD_PER_CALL`; ``counter``: the launch takes
+    its tiles from a counter each call zeroes), or None where the call does more than that
+    launch (a scale <= 0 negates or zeroes Q first)."""
+    if softmax_scale <= 0:
+        return None
+    _check_tma(q=q, k=k, v=v, o=o)
+    return _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
+                         q.dtype, q.device, rule, softmax_scale, None, None, None, None)
+
+
 #: the forward's arguments that change every call, in the order ``fill`` takes them
 _FORWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr", "stream")
 
@@ -512,6 +525,45 @@ def run_schedule(launch: Launch) -> None:
         *(tables[name].data_ptr() for name in TABLE_NAMES),
         tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(), _stream(q),
         *packed_pointers))
+
+
+def bind_schedule(launch: Launch):
+    """``run(q, k, v, do, lse2, delta, dq_acc, dk, dv, sem, partials, stream)``: the launch
+    of :func:`run_schedule` for ``launch``'s signature, worked out once, taking the data
+    pointers (:data:`_BOUND_PER_CALL`) of a call with the same shapes, strides, dtypes and
+    16-byte alignment; the tables, the grid and every other argument are ``launch``'s. None
+    where :func:`run_schedule` does more than one launch of fixed arguments: a packed
+    batch, an audit, :func:`probing`, or ``LSE2`` / ``D`` that :func:`pad_row_stats` copies
+    rather than reads in place."""
+    p = launch.problem
+    if p.is_packed or launch.audit or getattr(_probe, "stamps", None) is not None:
+        return None
+    if -p.seqlen_q % p.block_m or any(pad_row_stats(x, p.block_m).data_ptr() != x.data_ptr()
+                                      for x in (launch.lse2, launch.delta)):
+        return None
+    operands = (launch.q, launch.k, launch.v, launch.do, launch.dk_out, launch.dv_out)
+    _check_tma(q=launch.q, k=launch.k, v=launch.v, do=launch.do)
+    static = _rectangular_template(p, tuple(map(_strides, operands)), launch.num_workers,
+                                   launch.softmax_scale)
+    tables = launch.tables
+    fixed = {f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES}
+    fixed.update(num_chains=tables["chain_offsets"].numel() - 1,
+                 num_visits=tables["visit_q"].numel())
+    template = arguments.Template(
+        tuple(static.fill(*(fixed.get(name) for name in _BACKWARD_PER_CALL))),
+        tuple(_BACKWARD_ARGS.index(name) for name in _BOUND_PER_CALL))
+    kernel = get_kernel(variant_of(launch))
+
+    def run(*pointers_and_stream) -> None:
+        kernel(*template.fill(*pointers_and_stream))
+
+    run.tables = tables  # the table pointers stay valid while the binding lives
+    return run
+
+
+#: the arguments of a :func:`bind_schedule` launch that change every call, in order
+_BOUND_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dqacc_ptr",
+                   "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr", "stream")
 
 
 #: the backward's arguments that change every call (pointers, the stream; the table sizes,

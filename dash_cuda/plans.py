@@ -1,0 +1,186 @@
+"""Plans: a rectangular call's launches worked out once per signature.
+
+:func:`dash_cuda.launch.run_forward` and :func:`~dash_cuda.launch.run_backward` work out,
+on every call, the problem, the scratch layout, the schedule's tables, the grid, each
+kernel's arguments and compiled handle. For one :func:`signature` (options, the shapes,
+strides, dtypes and 16-byte alignment of the tensors, the device) all of that is the same
+on every call. The first call of a signature runs that general path and keeps what it
+launched as a plan, made by the same functions from its own decisions (so the same kernels
+with the same arguments, and the same bits: ``tests/test_backward_plan.py``,
+``tests/gpu/test_backward_plan.py``); a later call only allocates its outputs and scratch
+and launches.
+
+Only the common case has a plan: a rectangular call without poisoning, without learnable
+sinks or softcap, on a backend that binds its kernels (``bind_forward``, ``bind_schedule``,
+``bind_finish_dq``: the CuTe backend); a backward also without audit, with ``LSE2`` as
+every forward writes it and ``S_q`` a multiple of the query tile (the kernel reads it in
+place), and ``dO`` with a contiguous last dim (no copies). Any other call takes the general
+path every time (its signature is kept as one without a plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .options import Options
+
+F32 = torch.float32
+
+#: plans by :func:`signature`; None: the signature has none (the general path, every call)
+_plans: dict[tuple, ForwardPlan | BackwardPlan | None] = {}
+UNSEEN = object()  # what :func:`planned` returns for a signature not seen yet
+_MAX_PLANS = 1024  # signatures kept; past that the cache starts over
+
+
+def signature(kind: str, options: Options, *tensors: torch.Tensor) -> tuple:
+    """What a call's launches depend on beside its data: ``kind`` (``"forward"`` or
+    ``"backward"``), the options, each tensor's shape, strides and dtype and whether it is
+    16-byte aligned (the kernels are specialized on it), and the device."""
+    return (kind, options, tensors[0].device,
+            *((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
+
+
+def planned(key: tuple):
+    """The plan kept under ``key``, None for a signature without one, :data:`UNSEEN`."""
+    return _plans.get(key, UNSEEN)
+
+
+def keep(key: tuple, plan: ForwardPlan | BackwardPlan | None) -> None:
+    """Keep ``plan`` (None: the signature has none) under ``key``."""
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
+def clear() -> None:
+    """Forget every plan."""
+    _plans.clear()
+
+
+def raw_stream(index: int) -> int:
+    """The handle of device ``index``'s current stream (what a kernel launches on)."""
+    from .triton_launch import _current_stream
+
+    return _current_stream(index)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """A rectangular forward with everything but its tensors worked out: ``kernel`` and
+    its argument ``template`` (pointers and the stream per call), the ``(B, H, S_q)`` buffer
+    of ``LSE2``, and whether the launch takes its tiles from a ``counter`` it zeroes."""
+
+    device: torch.device
+    stats_shape: tuple[int, int, int]
+    counter: bool
+    kernel: object
+    template: object
+
+    def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(O, LSE2)`` of a call of the plan's signature."""
+        o = torch.empty_like(q)
+        lse2 = torch.empty(self.stats_shape, device=self.device, dtype=F32)
+        counter = 0
+        if self.counter:  # the tickets of a dynamic launch start at zero
+            counter = torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
+        self.kernel(*self.template.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                        o.data_ptr(), lse2.data_ptr(), counter,
+                                        raw_stream(self.device.index)))
+        return o, lse2.transpose(1, 2)
+
+
+def forward_plan(backend, q, k, v, o, lse2, options: Options) -> ForwardPlan | None:
+    """The :class:`ForwardPlan` of a general forward that made ``o`` and ``lse2`` from
+    ``q``, ``k``, ``v`` (None where the backend cannot bind it)."""
+    bind_forward = getattr(backend, "bind_forward", None)
+    bound = None if bind_forward is None else bind_forward(q, k, v, o, options.mask,
+                                                           options.softmax_scale)
+    if bound is None:
+        return None
+    kernel, template, counter = bound
+    batch, seqlen_q, heads = lse2.shape
+    return ForwardPlan(q.device, (batch, heads, seqlen_q), counter, kernel, template)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """A rectangular backward with everything but its tensors worked out: the launches of
+    :func:`dash_cuda.launch.run_backward` for one signature.
+
+    ``workspace``: fp32 elements of the one scratch buffer
+    (:func:`dash_cuda.launch.new_workspace`; the semaphores ``sem_offset`` bytes in);
+    ``delta_shape``: the ``(B, H, S_q)`` buffer of ``D``; ``delta``, ``schedule``,
+    ``finish_dq`` and ``gqa`` (the GQA sum, None without the per-head scratch of
+    ``heads_shape``): the bound launches.
+    """
+
+    device: torch.device
+    workspace: int
+    sem_offset: int
+    delta_shape: tuple[int, int, int]
+    heads_shape: tuple[int, ...] | None
+    delta: object
+    schedule: object
+    finish_dq: object
+    gqa: object | None
+
+    def run(self, q, k, v, o, lse2, do) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dQ, dK, dV)`` of a call of the plan's signature."""
+        device = self.device
+        workspace = torch.empty(self.workspace, device=device, dtype=F32)
+        delta = torch.empty(self.delta_shape, device=device, dtype=F32)
+        self.delta(o, do, delta, workspace)  # D, and the workspace zeroed
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dk_out, dv_out = dk, dv
+        if self.gqa is not None:
+            dk_out = torch.empty(self.heads_shape, device=device, dtype=F32)
+            dv_out = torch.empty_like(dk_out)
+        at = workspace.data_ptr()  # dQacc (and the partials), then the semaphores
+        self.schedule(q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(),
+                      lse2.data_ptr(), delta.data_ptr(), at, dk_out.data_ptr(),
+                      dv_out.data_ptr(), at + self.sem_offset, at, raw_stream(device.index))
+        self.finish_dq(workspace, dq)
+        if self.gqa is not None:
+            self.gqa(dk_out, dv_out, dk, dv)
+        return dq, dk, dv
+
+
+def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,
+                  workspace: torch.Tensor, pairwise: bool) -> BackwardPlan | None:
+    """The :class:`BackwardPlan` of a general backward's :class:`dash_cuda.backends.Launch`
+    (its tables set, not yet run) and the ``o``, ``do``, ``workspace`` and ``D`` order it
+    ran ``D`` with, or None where the backend cannot bind it."""
+    from . import prepost
+    from .triton_launch import bind
+
+    bind_schedule = getattr(backend, "bind_schedule", None)
+    bind_finish_dq = getattr(backend, "bind_finish_dq", None)
+    if bind_schedule is None or bind_finish_dq is None or launch.partials is not launch.dq_acc:
+        return None
+    schedule = bind_schedule(launch)
+    finish = bind_finish_dq(launch.dq_acc, torch.empty_like(launch.q), launch.problem,
+                            launch.softmax_scale)
+    if schedule is None or finish is None:
+        return None
+    p = launch.problem
+    kernel, grid, args, named, options = prepost.delta_launch(
+        o, do, launch.delta, p.block_m, pairwise, workspace)
+    delta = bind(kernel, grid, args, named, (o, do, launch.delta, workspace), **options)
+    gqa = None
+    if launch.per_head:
+        dk, dv = torch.empty_like(launch.k), torch.empty_like(launch.v)
+        kernel, grid, args, named, options = prepost.gqa_launch(
+            launch.dk_out, launch.dv_out, dk, dv, launch.softmax_scale)
+        gqa = bind(kernel, grid, args, named, (launch.dk_out, launch.dv_out, dk, dv),
+                   **options)
+    return BackwardPlan(launch.q.device, workspace.numel(),
+                        launch.sem.data_ptr() - workspace.data_ptr(),
+                        (p.batch, p.heads, p.seqlen_q),
+                        tuple(launch.dk_out.shape) if launch.per_head else None,
+                        delta, schedule, finish, gqa)
+
+
+__all__ = ["BackwardPlan", "ForwardPlan", "UNSEEN", "backward_plan", "clear", "forward_plan",
+           "keep", "planned", "raw_stream", "signature"]

@@ -1,0 +1,53 @@
+"""A call's plan gives the general path's bits (``tests/test_plans.py`` holds its launches
+equal on the CPU; here the kernels run).
+
+The first call of a signature runs the general path and keeps a plan; the next calls take
+the plan. Each output of a planned forward and each gradient of a planned backward must
+equal, bit for bit, that of the general path on the same inputs (forced by poisoning, which
+never takes a plan), with outputs that the plan allocates afresh every call. S_q = 1024
+causal forwards take their tiles from a counter the plan zeroes on every call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_cases import inputs, need
+
+from dash_cuda import ops, plans
+from dash_cuda.options import Options
+
+CASES = [  # (B, H, H_kv, S_q, S_k), d, options
+    ((2, 4, 4, 256, 256), 64, dict(causal=True)),
+    ((1, 4, 2, 512, 384), 128, dict(causal=False)),  # GQA: the per-head sum
+    ((2, 6, 1, 1024, 1024), 128, dict(causal=True)),  # MQA
+    ((1, 2, 2, 2048, 2048), 64, dict(window_size=(300, 0))),
+    ((1, 4, 4, 512, 512), 128, dict(causal=True, schedule="naive", num_workers=5)),
+]
+
+
+@pytest.mark.parametrize(("shape", "d", "kw"), CASES)
+def test_planned_calls_give_the_general_paths_bits(shape, d, kw):
+    need("cute", d)
+    options = Options.checked(d, backend="cute", **kw)
+    q, k, v, do = inputs(shape, d, torch.bfloat16, seed=51)
+    plans.clear()
+    o, lse = ops.forward_views(q, k, v, options)
+    want = ops.forward_views(q, k, v, options, poison=True)
+    for trial in range(3):
+        got = ops.forward_views(q, k, v, options)
+        for name, a, b in zip(("O", "LSE2"), got, want):
+            assert torch.equal(a, b), f"{name} of planned forward {trial}"
+            assert a.stride() == b.stride()
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    assert [type(p) for p in plans._plans.values()] == [plans.ForwardPlan]
+    plans.clear()
+    first = ops.backward_views(q, k, v, o, lse, do, options)[:3]
+    assert [type(p) for p in plans._plans.values()] == [plans.BackwardPlan]
+    general = ops.backward_views(q, k, v, o, lse, do, options, poison=True)[:3]
+    for trial in range(3):
+        planned = ops.backward_views(q, k, v, o, lse, do, options)[:3]
+        for name, ref, got, before in zip(("dQ", "dK", "dV"), general, planned, first):
+            assert torch.equal(got, ref), f"{name} of planned call {trial}"
+            assert torch.equal(before, ref), f"{name} of the first call"
+            assert got.data_ptr() != ref.data_ptr()

@@ -1,0 +1,214 @@
+"""A call's plan makes the general path's launches: same kernels, same arguments.
+
+:mod:`dash_cuda.plans` keeps a plan from the first call of a signature, which replaces
+the general path on later calls. Here (CPU, kernels recorded instead of run) the launches
+of the first call (general path) and of the next ones (the plan) must be equal in every
+argument, with each pointer or tensor named by the buffer it points into: the call's
+inputs and outputs by name, scratch by order of first use and byte offset. Then the bits
+on a GPU are the general path's (``tests/gpu/test_plans.py`` checks them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+pytest.importorskip("triton")
+
+import dash_cuda.backends as backends  # noqa: E402
+from dash_cuda import launch, ops, plans, prepost, triton_launch  # noqa: E402
+from dash_cuda.backends.cute import CuteBackend  # noqa: E402
+from dash_cuda.backends.cute import finish_dq as cute_finish_dq  # noqa: E402
+from dash_cuda.backends.cute import launch as cute_launch  # noqa: E402
+from dash_cuda.options import Options  # noqa: E402
+
+
+class H200:
+    multi_processor_count = 132
+
+
+class Recorder:
+    """Every launch of a call; :meth:`named` gives them with each pointer or tensor named
+    by the buffer it falls in."""
+
+    def __init__(self):
+        self.launches: list = []
+
+    def triton(self, kernel, grid, args, named, **options):
+        self.launches.append((getattr(kernel, "__name__", kernel), tuple(grid), tuple(args),
+                              tuple(sorted(named.items())), tuple(sorted(options.items()))))
+
+    def cute(self, variant):
+        def kernel(*args):
+            self.launches.append((variant.name, tuple(args)))
+        return kernel
+
+    def named(self, tensors: dict[str, torch.Tensor]) -> list:
+        """The launches with the buffers of ``tensors`` named, the other tensors' buffers
+        (scratch) numbered by first use, and pointers into any of them as ``name+offset``
+        (pointers into nothing known, such as the schedule's tables, numbered likewise)."""
+        buffers = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), name)
+                   for name, t in tensors.items()]
+        others: dict[int, str] = {}
+
+        def where(address: int) -> str:
+            for start, size, name in buffers:
+                if start <= address < start + max(size, 1):
+                    return f"{name}+{address - start}"
+            return others.setdefault(address, f"other{len(others)}")
+
+        def value(x):
+            if isinstance(x, torch.Tensor):
+                if where(x.data_ptr()).startswith("other"):
+                    others.pop(x.data_ptr())
+                    storage = x.untyped_storage()
+                    buffers.append((storage.data_ptr(), storage.nbytes(),
+                                    f"scratch{len(buffers)}"))
+                return ("tensor", x.dtype, where(x.data_ptr()))
+            if isinstance(x, int) and not isinstance(x, bool) and x > 1 << 32:  # a pointer
+                return where(x)
+            if isinstance(x, tuple):
+                return tuple(map(value, x))
+            return x
+
+        return [value(x) for x in self.launches]
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(backends, "device_properties", lambda d: H200)
+    for module in (launch, cute_launch):
+        monkeypatch.setattr(module, "device_properties", lambda d: H200)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(launch, "max_workers", lambda backend, lau: 264)
+    monkeypatch.setattr(plans, "raw_stream", lambda index: 7)
+    monkeypatch.setattr(cute_launch, "_stream", lambda t: 7)
+    monkeypatch.setattr(cute_launch, "get_kernel", rec.cute)
+    monkeypatch.setattr(CuteBackend, "missing", lambda self: None)
+    for module in (prepost, cute_finish_dq):
+        monkeypatch.setattr(module, "launch", rec.triton)
+    monkeypatch.setattr(triton_launch.Bound, "__call__", lambda self, *tensors: rec.triton(
+        self.kernel, self.grid, _filled(self, tensors), self.named, **self.options))
+    plans._plans.clear()
+    yield rec
+    plans._plans.clear()
+
+
+def _filled(bound, tensors) -> tuple:
+    args = list(bound.args)
+    for slot, t in zip(bound.slots, tensors, strict=True):
+        args[slot] = t
+    return tuple(args)
+
+
+def _backward(rec, q, k, v, o, lse, do, options):
+    rec.launches.clear()
+    dq, dk, dv, _, _ = ops.backward_views(q, k, v, o, lse, do, options)
+    return rec.named(dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv))
+
+
+def _inputs(shape_q, heads_kv, seqlen_k, options):
+    b, s, h, d = shape_q
+    q = torch.randn(b, s, h, d).bfloat16()
+    k, v = (torch.randn(b, seqlen_k, heads_kv, d).bfloat16() for _ in range(2))
+    o = torch.randn_like(q)
+    lse = backends.new_row_stats(b, s, h, q.device)
+    lse.copy_(torch.randn(b, s, h))
+    do = torch.randn_like(q)
+    return q, k, v, o, lse, do
+
+
+CASES = [  # (B, S_q, H, d), H_kv, S_k, options
+    ((2, 256, 4, 64), 4, 256, dict(causal=True)),
+    ((1, 384, 2, 128), 2, 200, dict(causal=False)),
+    ((1, 256, 4, 128), 2, 256, dict(causal=True)),  # GQA: the per-head sum
+    ((2, 128, 2, 64), 2, 128, dict(causal=True, deterministic=False)),  # the atomic peer
+    ((1, 512, 2, 128), 2, 512, dict(window_size=(100, 0))),
+    ((1, 256, 2, 64), 2, 256, dict(causal=True, schedule="naive", num_workers=7)),
+]
+
+
+@pytest.mark.parametrize(("shape_q", "heads_kv", "seqlen_k", "kw"), CASES)
+def test_the_plan_launches_what_the_general_path_launches(recorder, shape_q, heads_kv,
+                                                          seqlen_k, kw):
+    options = Options.checked(shape_q[3], backend="cute", **kw)
+    tensors = _inputs(shape_q, heads_kv, seqlen_k, options)
+    general = _backward(recorder, *tensors, options)
+    assert len(plans._plans) == 1 and None not in plans._plans.values()
+    planned = _backward(recorder, *tensors, options)
+    assert planned == general
+    again = _backward(recorder, *_inputs(shape_q, heads_kv, seqlen_k, options), options)
+    assert again == general  # fresh tensors of the same signature: the same plan
+    assert len(plans._plans) == 1
+    names = [x[0] for x in general]
+    assert names[0] == "dash_delta_kernel" and names[-1] in ("dash_dq_tiles_kernel",
+                                                              "dash_gqa_kernel")
+    assert any(str(n).startswith("dash_bwd") for n in names)
+
+
+def test_the_plan_is_taken_instead_of_the_general_path(recorder, monkeypatch):
+    options = Options.checked(64, backend="cute", causal=True)
+    tensors = _inputs((1, 256, 2, 64), 2, 256, options)
+    _backward(recorder, *tensors, options)
+    monkeypatch.setattr(launch, "_run_backward", lambda *a, **k: pytest.fail("general path"))
+    _backward(recorder, *tensors, options)
+
+
+@pytest.mark.parametrize("change", ["padded rows", "dO strided", "audit", "lse layout"])
+def test_calls_a_plan_cannot_hold_take_the_general_path(recorder, change):
+    """Rows that are no multiple of the query tile (LSE2 and D are copied, padded), a dO
+    that is copied contiguous, an audit, an LSE2 the kernel cannot read in place: no plan,
+    and each call runs the general path's launches again."""
+    seqlen = 200 if change == "padded rows" else 256
+    options = Options.checked(64, backend="cute", causal=True)
+    q, k, v, o, lse, do = _inputs((1, seqlen, 2, 64), 2, seqlen, options)
+    if change == "dO strided":
+        do = torch.randn(1, seqlen, 2, 128).bfloat16()[..., ::2]
+    if change == "lse layout":
+        lse = lse.contiguous()
+    if change == "audit":
+        ops.backward_views(q, k, v, o, lse, do, options, audit=True)
+        assert not plans._plans
+        return
+    first = _backward(recorder, q, k, v, o, lse, do, options)
+    assert list(plans._plans.values()) == [None]
+    assert _backward(recorder, q, k, v, o, lse, do, options) == first
+
+
+def test_the_triton_backend_has_no_plan(recorder):
+    options = Options.checked(64, backend="triton", causal=True)
+    q, k, v, o, lse, do = _inputs((1, 128, 2, 64), 2, 128, options)
+    backend = ops.plan_for(q, k, options).backend
+    assert getattr(backend, "bind_schedule", None) is None
+
+
+def _forward(rec, q, k, v, options):
+    rec.launches.clear()
+    o, lse = ops.forward_views(q, k, v, options)
+    assert lse.shape == (q.shape[0], q.shape[1], q.shape[2])
+    assert lse.stride() == (q.shape[1] * q.shape[2], 1, q.shape[1])  # as every forward
+    return rec.named(dict(q=q, k=k, v=v, o=o, lse=lse))
+
+
+@pytest.mark.parametrize(("shape_q", "heads_kv", "seqlen_k", "kw"), [
+    *CASES, ((1, 1024, 2, 64), 2, 1024, dict(causal=True))])  # tiles from a counter
+def test_the_forward_plan_launches_what_the_general_forward_launches(recorder, shape_q,
+                                                                     heads_kv, seqlen_k, kw):
+    options = Options.checked(shape_q[3], backend="cute", **kw)
+    q, k, v, _, _, _ = _inputs(shape_q, heads_kv, seqlen_k, options)
+    general = _forward(recorder, q, k, v, options)
+    assert [p is not None for p in plans._plans.values()] == [True]
+    assert _forward(recorder, q, k, v, options) == general
+    q2, k2, v2, _, _, _ = _inputs(shape_q, heads_kv, seqlen_k, options)
+    assert _forward(recorder, q2, k2, v2, options) == general
+    assert len(general) == 1 and str(general[0][0]).startswith("dash_fwd")
+
+
+def test_a_forward_that_scales_q_first_has_no_plan(recorder):
+    options = Options.checked(64, backend="cute", softmax_scale=-0.5)
+    q, k, v, _, _, _ = _inputs((1, 128, 2, 64), 2, 128, options)
+    first = _forward(recorder, q, k, v, options)
+    assert list(plans._plans.values()) == [None]
+    assert _forward(recorder, q, k, v, options) == first
