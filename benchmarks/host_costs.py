@@ -45,12 +45,13 @@ def probes(shape, fa) -> dict:
     out["zeros fp32 dQacc"] = lambda: torch.zeros(b * h * (s // 64), 64 * d, device="cuda")
     out["zeros int32 sem"] = lambda: torch.zeros(b * h * (s // 64), device="cuda",
                                                  dtype=torch.int32)
-    out["delta (triton jit)"] = lambda: prepost.preprocess_delta(o, do, 64, True)
+    out["delta (preprocess_delta: triton_launch.launch)"] = lambda: prepost.preprocess_delta(
+        o, do, 64, True)
     delta = prepost.preprocess_delta(o, do, 64, True)
     acc = torch.zeros(b * h * (s // 64), 64 * d, device="cuda")
     dq = torch.empty_like(q)
     if d == 128:
-        out["finish_dq_tiles (triton jit)"] = lambda: cute_finish.finish_dq_tiles(
+        out["finish_dq_tiles (triton_launch.launch)"] = lambda: cute_finish.finish_dq_tiles(
             acc, dq, 0.1, 64)
     compiled = prepost.dash_delta_kernel[(s // 64, b * h)](
         o, do, delta, *o.stride()[:3], *do.stride()[:3], *delta.stride(), h, s, None, 0, 0,

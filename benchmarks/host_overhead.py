@@ -123,12 +123,15 @@ def compare(fns: dict, n: int, rounds: int) -> dict:
         k: {m: round(statistics.median(v), 1) for m, v in t.items()} for k, t in times.items()}}
 
 
-#: (module, function): the steps of the call path whose host time the breakdown reports
-#: (where a step is looked up when called: ``ops`` calls the launch's functions by the names
-#: it imported)
+#: (module, function or Class.method): the steps of the call path whose host time the
+#: breakdown reports (where a step is looked up when called: ``ops`` calls the launch's
+#: functions by the names it imported). A call of a known signature takes its plans
+#: (``ForwardPlan.run``, ``BackwardPlan.run``); the first call of one, the general path.
 STEPS = [("dash_cuda.api", "_checked"), ("dash_cuda.ops", "forward_views"),
-         ("dash_cuda.ops", "run_forward"), ("dash_cuda.ops", "backward_views"),
-         ("dash_cuda.ops", "run_backward"), ("dash_cuda.launch", "device_schedule"),
+         ("dash_cuda.ops", "backward_views"), ("dash_cuda.plans", "signature"),
+         ("dash_cuda.plans", "ForwardPlan.run"), ("dash_cuda.plans", "BackwardPlan.run"),
+         ("dash_cuda.ops", "run_forward"), ("dash_cuda.ops", "run_backward"),
+         ("dash_cuda.launch", "device_schedule"),
          ("dash_cuda.prepost", "preprocess_delta"),
          ("dash_cuda.backends.cute.launch", "run_schedule"),
          ("dash_cuda.backends.cute.launch", "pad_row_stats"),
@@ -150,10 +153,13 @@ def breakdown(call, calls: int) -> dict[str, float]:
         return timed
 
     saved = []
-    for module_name, name in STEPS:
-        module = importlib.import_module(module_name)
-        saved.append((module, name, getattr(module, name)))
-        setattr(module, name, timer(name, getattr(module, name)))
+    for module_name, path in STEPS:
+        owner = importlib.import_module(module_name)
+        *outer, name = path.split(".")
+        for part in outer:  # a class's method
+            owner = getattr(owner, part)
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, timer(path, getattr(owner, name)))
     cute_launch = importlib.import_module("dash_cuda.backends.cute.launch")
     get_kernel = cute_launch.get_kernel
     saved.append((cute_launch, "get_kernel", get_kernel))

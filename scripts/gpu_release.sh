@@ -40,7 +40,8 @@
 #                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
-#   scripts/gpu_release.sh hostpath OUT  # host time of one forward + backward call beside
+#   scripts/gpu_release.sh hostpath OUT  # the plan and CUDA-graph tests, then host time of
+#                                        # one forward + backward call beside
 #                                        # FA4 and SDPA (benchmarks/host_overhead.py), the
 #                                        # primitives' (benchmarks/host_costs.py), then
 #                                        # benchmarks/bench_features.py (eager calls)
@@ -77,6 +78,24 @@ step() {  # step NAME SECONDS CMD...: time-limited, logged; a failure is reporte
     echo "=== $name: exit $rc after $((SECONDS - t0)) s"
     [ "$rc" -eq 0 ] || status=1
     return $rc
+}
+
+side_by_side() {  # side_by_side SECONDS FILE...: one pytest per test file, all at once
+    local limit=$1 entry rc name
+    shift
+    local pids=()
+    for f in "$@"; do
+        name=$(basename "$f" .py)
+        timeout --kill-after=10 "$limit" $PY -m pytest -q -rs -p no:cacheprovider \
+            -o faulthandler_timeout=120 "$f" > "$LOG/$name.log" 2>&1 &
+        pids+=("$!:$name")
+    done
+    for entry in "${pids[@]}"; do
+        wait "${entry%%:*}"; rc=$?
+        [ "$rc" -eq 0 ] || status=1
+        echo "=== ${entry#*:}: exit $rc: $(tail -n 1 "$LOG/${entry#*:}.log")"
+        grep -E "^(FAILED|ERROR)" "$LOG/${entry#*:}.log" | head -n 8
+    done
 }
 
 fa4_unpack() {
@@ -156,20 +175,8 @@ features)
     fa4_unpack
     # the test files run side by side (they time nothing; the GPU and 16 cores take them),
     # then the benchmark alone
-    pids=()
-    for f in $(ls tests/gpu/test_*varlen*.py tests/gpu/test_*window*.py \
-                  tests/gpu/test_*softcap*.py 2>/dev/null) tests/gpu/test_compile.py; do
-        name=$(basename "$f" .py)
-        timeout --kill-after=10 420 $PY -m pytest -q -rs -p no:cacheprovider \
-            -o faulthandler_timeout=120 "$f" > "$LOG/$name.log" 2>&1 &
-        pids+=("$!:$name")
-    done
-    for entry in "${pids[@]}"; do
-        wait "${entry%%:*}"; rc=$?
-        [ "$rc" -eq 0 ] || status=1
-        echo "=== ${entry#*:}: exit $rc: $(tail -n 1 "$LOG/${entry#*:}.log")"
-        grep -E "^(FAILED|ERROR)" "$LOG/${entry#*:}.log" | head -n 8
-    done
+    side_by_side 420 $(ls tests/gpu/test_*varlen*.py tests/gpu/test_*window*.py \
+        tests/gpu/test_*softcap*.py 2>/dev/null) tests/gpu/test_compile.py
     step bench 250 $PY benchmarks/bench_features.py --out "$LOG" --rounds 4 --time-budget 160
     [ -f "$LOG/bench_features.md" ] && cat "$LOG/bench_features.md"
     ;;
@@ -234,10 +241,15 @@ versus)
     ;;
 hostpath)
     fa4_unpack
-    step host 200 $PY benchmarks/host_overhead.py --out "$LOG" --rounds 4
+    # the host path's tests first (plans, CUDA graphs, compile; the default arithmetic's
+    # L2, which runs through the plans), side by side; then the timings, alone
+    side_by_side 240 tests/gpu/test_plans.py tests/gpu/test_cuda_graphs.py \
+        tests/gpu/test_compile.py tests/gpu/test_cuda_fast_l2.py \
+        tests/gpu/test_cuda_determinism.py
+    step host 150 $PY benchmarks/host_overhead.py --out "$LOG" --rounds 4
     step costs 90 $PY benchmarks/host_costs.py --out "$LOG"
-    step features 300 $PY benchmarks/bench_features.py --out "$LOG" --rounds 3 \
-        --time-budget 170
+    step features 200 $PY benchmarks/bench_features.py --out "$LOG" --rounds 2 \
+        --time-budget 110
     [ -f "$LOG/host_overhead.md" ] && sed -n '1,40p' "$LOG/host_overhead.md"
     tail -n 45 "$LOG/costs.log"
     [ -f "$LOG/bench_features.md" ] && sed -n '/^| cell/,/^$/p' "$LOG/bench_features.md"
