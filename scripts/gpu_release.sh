@@ -243,7 +243,7 @@ hostpath)
     fa4_unpack
     # the host path's tests first (plans, CUDA graphs, compile; the default arithmetic's
     # L2, which runs through the plans), side by side; then the timings, alone
-    side_by_side 240 tests/gpu/test_plans.py tests/gpu/test_cuda_graphs.py \
+    side_by_side 240 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
         tests/gpu/test_compile.py tests/gpu/test_cuda_fast_l2.py \
         tests/gpu/test_cuda_determinism.py
     step host 150 $PY benchmarks/host_overhead.py --out "$LOG" --rounds 4

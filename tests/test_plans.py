@@ -5,7 +5,7 @@ the general path on later calls. Here (CPU, kernels recorded instead of run) the
 of the first call (general path) and of the next ones (the plan) must be equal in every
 argument, with each pointer or tensor named by the buffer it points into: the call's
 inputs and outputs by name, scratch by order of first use and byte offset. Then the bits
-on a GPU are the general path's (``tests/gpu/test_plans.py`` checks them).
+on a GPU are the general path's (``tests/gpu/test_cuda_plans.py`` checks them).
 """
 
 from __future__ import annotations
