@@ -138,6 +138,16 @@ STEPS = [("dash_cuda.api", "_checked"), ("dash_cuda.ops", "forward_views"),
          ("dash_cuda.backends.cute.finish_dq", "finish_dq_tiles")]
 
 
+def step_owner(module_name: str, path: str) -> tuple[object, str]:
+    """``(owner, name)`` of a step of :data:`STEPS`: the module, or the class of a
+    ``Class.method`` path, and the attribute's name."""
+    owner = importlib.import_module(module_name)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    return owner, name
+
+
 def breakdown(call, calls: int) -> dict[str, float]:
     """Host microseconds per call inside each of :data:`STEPS` and inside the CuTe kernel
     launches themselves (``kernel launches``); each step includes the steps it calls."""
@@ -154,10 +164,7 @@ def breakdown(call, calls: int) -> dict[str, float]:
 
     saved = []
     for module_name, path in STEPS:
-        owner = importlib.import_module(module_name)
-        *outer, name = path.split(".")
-        for part in outer:  # a class's method
-            owner = getattr(owner, part)
+        owner, name = step_owner(module_name, path)
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, timer(path, getattr(owner, name)))
     cute_launch = importlib.import_module("dash_cuda.backends.cute.launch")

@@ -147,7 +147,15 @@ class Launch:
 
 
 class Backend(Protocol):
-    """The interface every backend module's ``BACKEND`` object implements."""
+    """The interface every backend module's ``BACKEND`` object implements.
+
+    A backend may also bind its launches for :mod:`dash_cuda.plans` (its calls then skip
+    the general path's per-call work once a signature is known): ``bind_forward(q, k, v,
+    o, mask, softmax_scale)``, ``bind_schedule(launch)`` and ``bind_finish_dq(dq_acc, dq,
+    problem, softmax_scale)``, each returning None where one launch of fixed arguments does
+    not do the work (the CuTe backend has them; the Triton backend's calls take the general
+    path).
+    """
 
     name: str
     #: subnormal handling of its dQ additions, recorded in every audit record
