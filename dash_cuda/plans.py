@@ -20,6 +20,9 @@ path every time (its signature is kept as one without a plan).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -42,9 +45,27 @@ def signature(kind: str, options: Options, *tensors: torch.Tensor) -> tuple:
             *((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
 
 
+_local = threading.local()
+
+
 def planned(key: tuple):
-    """The plan kept under ``key``, None for a signature without one, :data:`UNSEEN`."""
+    """The plan kept under ``key``, None for a signature without one (and for every
+    signature inside :func:`suspended`), :data:`UNSEEN`."""
+    if getattr(_local, "suspended", 0):
+        return None
     return _plans.get(key, UNSEEN)
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Calls of this thread in this block take the general path and keep no plan: for
+    state the signature does not hold, such as the CuTe backward's probe variant
+    (:func:`dash_cuda.backends.cute.launch.probing`)."""
+    _local.suspended = getattr(_local, "suspended", 0) + 1
+    try:
+        yield
+    finally:
+        _local.suspended -= 1
 
 
 def keep(key: tuple, plan: ForwardPlan | BackwardPlan | None) -> None:
@@ -183,4 +204,4 @@ def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,
 
 
 __all__ = ["BackwardPlan", "ForwardPlan", "UNSEEN", "backward_plan", "clear", "forward_plan",
-           "keep", "planned", "raw_stream", "signature"]
+           "keep", "planned", "raw_stream", "signature", "suspended"]

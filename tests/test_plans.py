@@ -212,3 +212,32 @@ def test_a_forward_that_scales_q_first_has_no_plan(recorder):
     first = _forward(recorder, q, k, v, options)
     assert list(plans._plans.values()) == [None]
     assert _forward(recorder, q, k, v, options) == first
+
+
+def test_calls_inside_suspended_take_the_general_path_and_keep_nothing(recorder, monkeypatch):
+    options = Options.checked(64, backend="cute", causal=True)
+    tensors = _inputs((1, 256, 2, 64), 2, 256, options)
+    general = _backward(recorder, *tensors, options)  # keeps a plan
+    runs = []
+    real = launch._run_backward
+    monkeypatch.setattr(launch, "_run_backward",
+                        lambda *a, **k: runs.append(a[-1]) or real(*a, **k))
+    with plans.suspended():
+        assert _backward(recorder, *tensors, options) == general
+    assert runs == [None]  # the general path, with no plan to keep
+    _backward(recorder, *tensors, options)
+    assert runs == [None]  # and the plan again after the block
+
+
+def test_the_probe_variant_suspends_plans():
+    from unittest import mock
+
+    stamps = mock.Mock(dtype=torch.int32, is_cuda=True, is_contiguous=lambda: True)
+    key = plans.signature("backward", Options.checked(64), torch.ones(2))
+    plans.keep(key, "a plan")
+    try:
+        with cute_launch.probing(stamps):
+            assert plans.planned(key) is None
+        assert plans.planned(key) == "a plan"
+    finally:
+        plans.clear()

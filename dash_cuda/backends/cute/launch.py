@@ -469,11 +469,14 @@ def probing(stamps: torch.Tensor) -> Iterator[torch.Tensor]:
     least ``V * PROBE_VISIT_SLOTS + C * PROBE_CHAIN_SLOTS`` elements, on the GPU; the slots
     are listed in :mod:`.bwd_kernel`). ``benchmarks/probe_backward.py`` reads them.
     """
+    from dash_cuda.plans import suspended
+
     if stamps.dtype != torch.int32 or not stamps.is_cuda or not stamps.is_contiguous():
         raise ValueError("stamps must be a contiguous int32 CUDA tensor")
     _probe.stamps = stamps
     try:
-        yield stamps
+        with suspended():  # a plan kept before would launch the plain variant
+            yield stamps
     finally:
         _probe.stamps = None
 
