@@ -6,7 +6,9 @@ builds the :class:`dash_ref.Problem` with the backend's tiles, computes ``D`` (s
 checks that the persistent grid fits on the device, uploads the validated schedule tables,
 runs the backend's schedule-driven kernel, then the shared epilogues (steps ``epilogue``
 and ``gqa_sum``) and, with ``audit=True``, returns the :class:`BackwardAudit` record that
-``dash_ref.emulate.replay`` and ``verify`` read.
+``dash_ref.emulate.replay`` and ``verify`` read. Given a ``plan_key``, both keep what they
+launched as a plan (:mod:`dash_cuda.plans`), which later calls of the signature take
+instead.
 
 Layouts: inputs are ``(B, S, H, d)`` views with a contiguous last dim; ``LSE2`` and ``D`` are
 fp32 ``(B, S_q, H)`` views of ``(B, H, S_q)`` buffers; ``dQacc`` is a contiguous fp32

@@ -11,6 +11,9 @@ which backend and which schedule run depends only on shapes, dtypes and the devi
 compiled graph and the eager call resolve them alike. The forward op takes the backward's
 options too: its registered autograd hands them to ``dash::attention_backward``.
 
+Rectangular calls of a signature seen before take its plan (:mod:`dash_cuda.plans`): the
+launches the general path made for it, with the call's own pointers.
+
 Eager calls skip the custom-op dispatch: :func:`attention_call` runs the same two functions
 (:func:`attention_forward_impl`, :func:`attention_backward_impl`) behind a plain
 ``torch.autograd.Function``, since the dispatch costs more host time than the kernels of a
