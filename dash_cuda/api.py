@@ -35,7 +35,9 @@ from .options import Options, Packing
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
            "attention_varlen", "attention_varlen_backward", "attention_varlen_forward",
-           "backward_problem", "flash_attn_func", "flash_attn_varlen_func"]
+           "backward_problem", "flash_attn_func", "flash_attn_kvpacked_func",
+           "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -360,6 +362,78 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                      softcap=softcap, learnable_sink=learnable_sink)
 
 
+def _unpacked(name: str, x: torch.Tensor, count: int, axis: int, rank: int
+              ) -> tuple[torch.Tensor, ...]:
+    """The ``count`` views of a packed ``name`` along ``axis`` (FlashAttention's QKV / KV
+    packing): ``unbind``, no copy; the gradients flow back into ``x``. A one-line
+    ``ValueError`` naming ``name`` where it is not a tensor of that rank and size."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != rank or x.shape[axis] != count:
+        want = ("(B, S, 3, H, d)", "(total, 3, H, d)", "(B, S_k, 2, H_k, d)",
+                "(total_k, 2, H_k, d)")[(count == 2) * 2 + (rank == 4)]
+        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
+    return x.unbind(axis)
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
+                              softmax_scale: float | None = None, causal: bool = False,
+                              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: torch.Tensor | None = None,
+                              deterministic: bool = True, return_attn_probs: bool = False,
+                              *, schedule: str = "auto", num_workers: int | None = None,
+                              exact: bool = False, backend: str = "auto",
+                              portable: bool = False,
+                              learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`flash_attn_func` of a packed ``qkv`` ``(B, S, 3, H, d)`` (FlashAttention's
+    ``flash_attn_qkvpacked_func``): Q, K and V are its views along dim 2, and ``qkv``'s
+    gradient holds theirs. Every other argument as :func:`flash_attn_func` (DASH's own
+    options keyword-only). Returns ``O``, ``(B, S, H, d)``."""
+    q, k, v = _unpacked("qkv", qkv, 3, 2, 5)
+    return _flash_call("flash_attn_qkvpacked_func", flash_attn_func, (q, k, v), dropout_p,
+                       softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic, return_attn_probs, _dash_options(
+                           schedule, num_workers, exact, backend, portable, learnable_sink))
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None,
+                             deterministic: bool = True, return_attn_probs: bool = False,
+                             *, schedule: str = "auto", num_workers: int | None = None,
+                             exact: bool = False, backend: str = "auto",
+                             portable: bool = False,
+                             learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`flash_attn_func` with a packed ``kv`` ``(B, S_k, 2, H_k, d)``
+    (FlashAttention's ``flash_attn_kvpacked_func``; GQA as :func:`attention`): K and V are
+    its views along dim 2. Returns ``O``, ``(B, S_q, H, d)``."""
+    k, v = _unpacked("kv", kv, 2, 2, 5)
+    return _flash_call("flash_attn_kvpacked_func", flash_attn_func, (q, k, v), dropout_p,
+                       softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic, return_attn_probs, _dash_options(
+                           schedule, num_workers, exact, backend, portable, learnable_sink))
+
+
+def _flash_call(caller: str, fn, tensors: tuple, dropout_p, softmax_scale, causal,
+                window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                dash_options: dict, *lengths) -> torch.Tensor:
+    """``fn`` (:func:`flash_attn_func` or :func:`flash_attn_varlen_func`) on the unpacked
+    tensors, the offsets and lengths ``lengths`` of a varlen call, and the options; the
+    refusals name ``caller``."""
+    _refuse_flash_options(caller, dropout_p=dropout_p, alibi_slopes=alibi_slopes,
+                          return_attn_probs=return_attn_probs)
+    return fn(*tensors, *lengths, softmax_scale=softmax_scale, causal=causal,
+              window_size=window_size, softcap=softcap, deterministic=deterministic,
+              **dash_options)
+
+
+def _dash_options(schedule, num_workers, exact, backend, portable, learnable_sink) -> dict:
+    """DASH's own keyword-only options of the FlashAttention-named functions, by name."""
+    return dict(schedule=schedule, num_workers=num_workers, exact=exact, backend=backend,
+                portable=portable, learnable_sink=learnable_sink)
+
+
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
@@ -391,6 +465,54 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             deterministic=deterministic, num_workers=num_workers, exact=exact,
                             backend=backend, portable=portable, window_size=window_size,
                             softcap=softcap, learnable_sink=learnable_sink)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor,
+                                     max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: float | None = None, causal: bool = False,
+                                     window_size: tuple[int, int] = (-1, -1),
+                                     softcap: float = 0.0,
+                                     alibi_slopes: torch.Tensor | None = None,
+                                     deterministic: bool = True,
+                                     return_attn_probs: bool = False,
+                                     *, schedule: str = "auto", num_workers: int | None = None,
+                                     exact: bool = False, backend: str = "auto",
+                                     portable: bool = False,
+                                     learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`flash_attn_varlen_func` of a packed ``qkv`` ``(total, 3, H, d)``
+    (FlashAttention's ``flash_attn_varlen_qkvpacked_func``): one ``cu_seqlens`` and
+    ``max_seqlen`` for queries and keys. Returns ``O``, ``(total, H, d)``."""
+    q, k, v = _unpacked("qkv", qkv, 3, 1, 4)
+    return _flash_call("flash_attn_varlen_qkvpacked_func", flash_attn_varlen_func, (q, k, v),
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic, return_attn_probs, _dash_options(
+                           schedule, num_workers, exact, backend, portable, learnable_sink),
+                       cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
+                                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int,
+                                    dropout_p: float = 0.0,
+                                    softmax_scale: float | None = None, causal: bool = False,
+                                    window_size: tuple[int, int] = (-1, -1),
+                                    softcap: float = 0.0,
+                                    alibi_slopes: torch.Tensor | None = None,
+                                    deterministic: bool = True,
+                                    return_attn_probs: bool = False,
+                                    *, schedule: str = "auto", num_workers: int | None = None,
+                                    exact: bool = False, backend: str = "auto",
+                                    portable: bool = False,
+                                    learnable_sink: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`flash_attn_varlen_func` with a packed ``kv`` ``(total_k, 2, H_k, d)``
+    (FlashAttention's ``flash_attn_varlen_kvpacked_func``). Returns ``O``, ``(total_q, H,
+    d)``."""
+    k, v = _unpacked("kv", kv, 2, 1, 4)
+    return _flash_call("flash_attn_varlen_kvpacked_func", flash_attn_varlen_func, (q, k, v),
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic, return_attn_probs, _dash_options(
+                           schedule, num_workers, exact, backend, portable, learnable_sink),
+                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
 def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
