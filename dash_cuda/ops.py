@@ -164,15 +164,12 @@ def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: boo
     if packing is not None:
         backend = resolve_backend(q, options, True, sink is not None)
         return run_forward(backend, q, k, v, options, poison, packing, sink)
-    key = None
+    kept, key = None, None
     if not (poison or sink is not None):
-        key = plans.signature("forward", options, q, k, v)
-        kept = plans.planned(key)
-        if kept is None:  # a signature without a plan
-            key = None
-        elif kept is not plans.UNSEEN:
-            with on_device(q.device):
-                return kept.run(q, k, v)
+        kept, key = plans.lookup("forward", options, q, k, v)
+    if kept is not None:
+        with on_device(q.device):
+            return kept.run(q, k, v)
     backend = plan_for(q, k, options, sink is not None).backend
     return run_forward(backend, q, k, v, options, poison, packing, sink, key)
 
@@ -188,15 +185,12 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         dsink = None if sink is None else torch.zeros_like(sink)  # D = 0 on every row
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsink, None
     if packing is None:
-        key = None
+        kept, key = None, None
         if not (audit or poison or sink is not None):
-            key = plans.signature("backward", options, q, k, v, o, lse, do)
-            kept = plans.planned(key)
-            if kept is None:  # a signature without a plan
-                key = None
-            elif kept is not plans.UNSEEN:
-                with on_device(q.device):
-                    return (*kept.run(q, k, v, o, lse, do), None, None)
+            kept, key = plans.lookup("backward", options, q, k, v, o, lse, do)
+        if kept is not None:
+            with on_device(q.device):
+                return (*kept.run(q, k, v, o, lse, do), None, None)
         plan = plan_for(q, k, options, sink is not None)
         return run_backward(plan.backend, q, k, v, o, lse, do, options, plan.schedule, audit,
                             poison, sink=sink, problem=plan.problem, plan_key=key)

@@ -33,7 +33,7 @@ F32 = torch.float32
 
 #: plans by :func:`signature`; None: the signature has none (the general path, every call)
 _plans: dict[tuple, ForwardPlan | BackwardPlan | None] = {}
-UNSEEN = object()  # what :func:`planned` returns for a signature not seen yet
+_UNSEEN = object()
 _MAX_PLANS = 1024  # signatures kept; past that the cache starts over
 
 
@@ -48,12 +48,17 @@ def signature(kind: str, options: Options, *tensors: torch.Tensor) -> tuple:
 _local = threading.local()
 
 
-def planned(key: tuple):
-    """The plan kept under ``key``, None for a signature without one (and for every
-    signature inside :func:`suspended`), :data:`UNSEEN`."""
+def lookup(kind: str, options: Options, *tensors: torch.Tensor) -> tuple[object, tuple | None]:
+    """``(plan, None)`` for a call whose :func:`signature` has a plan; ``(None, key)`` for a
+    signature not seen yet (the general path keeps what it launched under ``key``);
+    ``(None, None)`` for one without a plan, and for every call inside :func:`suspended`."""
     if getattr(_local, "suspended", 0):
-        return None
-    return _plans.get(key, UNSEEN)
+        return None, None
+    key = signature(kind, options, *tensors)
+    kept = _plans.get(key, _UNSEEN)
+    if kept is _UNSEEN:
+        return None, key
+    return kept, None
 
 
 @contextmanager
@@ -203,5 +208,5 @@ def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,
                         delta, schedule, finish, gqa)
 
 
-__all__ = ["BackwardPlan", "ForwardPlan", "UNSEEN", "backward_plan", "clear", "forward_plan",
-           "keep", "planned", "raw_stream", "signature", "suspended"]
+__all__ = ["BackwardPlan", "ForwardPlan", "backward_plan", "clear", "forward_plan", "keep",
+           "lookup", "raw_stream", "signature", "suspended"]

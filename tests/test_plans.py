@@ -233,11 +233,11 @@ def test_the_probe_variant_suspends_plans():
     from unittest import mock
 
     stamps = mock.Mock(dtype=torch.int32, is_cuda=True, is_contiguous=lambda: True)
-    key = plans.signature("backward", Options.checked(64), torch.ones(2))
-    plans.keep(key, "a plan")
+    call = ("backward", Options.checked(64), torch.ones(2))
+    plans.keep(plans.signature(*call), "a plan")
     try:
         with cute_launch.probing(stamps):
-            assert plans.planned(key) is None
-        assert plans.planned(key) == "a plan"
+            assert plans.lookup(*call) == (None, None)
+        assert plans.lookup(*call) == ("a plan", None)
     finally:
         plans.clear()
