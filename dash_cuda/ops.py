@@ -84,7 +84,7 @@ def _backend_for(backend: str, case: Case) -> Backend:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Resolution:
     """What a rectangular call runs, resolved once per shapes, dtype and options: the
     backend, the schedule of its backward (``atomic`` or a name) and the backend's
     :class:`dash_ref.Problem` (its tiles)."""
@@ -94,23 +94,23 @@ class Plan:
     problem: Problem
 
 
-def plan_for(q: Tensor, k: Tensor, options: Options, sink: bool = False) -> Plan:
-    """The :class:`Plan` of a call on non-empty ``(B, S, H, d)`` views (``sink``: with
+def resolution_for(q: Tensor, k: Tensor, options: Options, sink: bool = False) -> Resolution:
+    """The :class:`Resolution` of a call on non-empty ``(B, S, H, d)`` views (``sink``: with
     learnable sinks): :func:`resolve_backend` and :func:`resolve_schedule` at once, looked
     up rather than worked out on every call."""
-    return _plan(q.shape, k.shape, q.dtype, options, sink)
+    return _resolution(q.shape, k.shape, q.dtype, options, sink)
 
 
 @lru_cache(maxsize=1024)
-def _plan(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, options: Options,
-          sink: bool) -> Plan:
+def _resolution(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, options: Options,
+          sink: bool) -> Resolution:
     backend = _backend_for(options.backend, _case(q_shape[-1], dtype, options, False, sink))
     schedule = "atomic" if not options.deterministic else _schedule_for(
         backend, tuple(q_shape), tuple(k_shape), options.mask, options.schedule,
         options.portable)
     problem = problem_for(backend, q_shape[0], q_shape[2], k_shape[2], q_shape[1],
                           k_shape[1], q_shape[3], options.mask)
-    return Plan(backend, schedule, problem)
+    return Resolution(backend, schedule, problem)
 
 
 def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, options: Options) -> str:
@@ -170,7 +170,7 @@ def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: boo
     if kept is not None:
         with on_device(q.device):
             return kept.run(q, k, v)
-    backend = plan_for(q, k, options, sink is not None).backend
+    backend = resolution_for(q, k, options, sink is not None).backend
     return run_forward(backend, q, k, v, options, poison, packing, sink, key)
 
 
@@ -191,9 +191,9 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         if kept is not None:
             with on_device(q.device):
                 return (*kept.run(q, k, v, o, lse, do), None, None)
-        plan = plan_for(q, k, options, sink is not None)
-        return run_backward(plan.backend, q, k, v, o, lse, do, options, plan.schedule, audit,
-                            poison, sink=sink, problem=plan.problem, plan_key=key)
+        resolved = resolution_for(q, k, options, sink is not None)
+        return run_backward(resolved.backend, q, k, v, o, lse, do, options, resolved.schedule,
+                            audit, poison, sink=sink, problem=resolved.problem, plan_key=key)
     backend = resolve_backend(q, options, True, sink is not None)
     name = resolve_packed_schedule(backend, q, k, packing, options)
     return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,

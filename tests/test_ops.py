@@ -112,11 +112,11 @@ def test_the_ops_resolve_auto_to_a_named_schedule():
         assert resolved(deterministic=False) == "atomic"
 
 
-def test_a_plan_is_what_the_separate_resolutions_give():
-    """``plan_for`` (looked up once per shapes, dtype and options) names the backend,
+def test_a_resolution_is_what_the_separate_resolutions_give():
+    """``resolution_for`` (looked up once per shapes, dtype and options) names the backend,
     schedule and problem that resolving them one by one names."""
     from dash_cuda.launch import problem_for
-    from dash_cuda.ops import plan_for
+    from dash_cuda.ops import resolution_for
 
     q, k = meta(2, 1024, 8, 64), meta(2, 768, 2, 64)
     for kw in (dict(causal=False), dict(causal=True), dict(causal=True, portable=True),
@@ -124,11 +124,11 @@ def test_a_plan_is_what_the_separate_resolutions_give():
                dict(causal=False, window_size=(128, 0))):
         options = Options.checked(64, softmax_scale=0.125, backend="triton", **kw)
         backend = resolve_backend(q, options)
-        plan = plan_for(q, k, options)
-        assert plan.backend is backend
-        assert plan.schedule == resolve_schedule(backend, q, k, options)
-        assert plan.problem == problem_for(backend, 2, 8, 2, 1024, 768, 64, options.mask)
-        assert plan_for(q, k, options) is plan
+        resolved = resolution_for(q, k, options)
+        assert resolved.backend is backend
+        assert resolved.schedule == resolve_schedule(backend, q, k, options)
+        assert resolved.problem == problem_for(backend, 2, 8, 2, 1024, 768, 64, options.mask)
+        assert resolution_for(q, k, options) is resolved
 
 
 def test_the_ops_take_the_options_fields_in_order():

@@ -180,7 +180,7 @@ def test_calls_a_plan_cannot_hold_take_the_general_path(recorder, change):
 def test_the_triton_backend_has_no_plan(recorder):
     options = Options.checked(64, backend="triton", causal=True)
     q, k, v, o, lse, do = _inputs((1, 128, 2, 64), 2, 128, options)
-    backend = ops.plan_for(q, k, options).backend
+    backend = ops.resolution_for(q, k, options).backend
     assert getattr(backend, "bind_schedule", None) is None
 
 
