@@ -362,17 +362,17 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                      softcap=softcap, learnable_sink=learnable_sink)
 
 
-def _unpacked(name: str, x: torch.Tensor, count: int, axis: int, rank: int
-              ) -> tuple[torch.Tensor, ...]:
-    """The ``count`` views of a packed ``name`` along ``axis`` (FlashAttention's QKV / KV
-    packing): ``unbind``, no copy; the gradients flow back into ``x``. A one-line
-    ``ValueError`` naming ``name`` where it is not a tensor of that rank and size."""
+def _unpacked(name: str, x: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """The views of a packed ``name`` (FlashAttention's QKV / KV packing) along the one
+    numeric dim of ``layout`` (such as ``"(B, S, 3, H, d)"``): ``unbind``, no copy; the
+    gradients flow back into ``x``. A one-line error naming ``name`` where it is not a
+    tensor of that layout's rank and size."""
+    dims = layout.strip("()").split(", ")
+    axis = next(i for i, dim in enumerate(dims) if dim.isdigit())
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != rank or x.shape[axis] != count:
-        want = ("(B, S, 3, H, d)", "(total, 3, H, d)", "(B, S_k, 2, H_k, d)",
-                "(total_k, 2, H_k, d)")[(count == 2) * 2 + (rank == 4)]
-        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
+    if x.dim() != len(dims) or x.shape[axis] != int(dims[axis]):
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
     return x.unbind(axis)
 
 
@@ -389,7 +389,7 @@ def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
     ``flash_attn_qkvpacked_func``): Q, K and V are its views along dim 2, and ``qkv``'s
     gradient holds theirs. Every other argument as :func:`flash_attn_func` (DASH's own
     options keyword-only). Returns ``O``, ``(B, S, H, d)``."""
-    q, k, v = _unpacked("qkv", qkv, 3, 2, 5)
+    q, k, v = _unpacked("qkv", qkv, "(B, S, 3, H, d)")
     return _flash_call("flash_attn_qkvpacked_func", flash_attn_func, (q, k, v), dropout_p,
                        softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, return_attn_probs, _dash_options(
@@ -408,7 +408,7 @@ def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float
     """:func:`flash_attn_func` with a packed ``kv`` ``(B, S_k, 2, H_k, d)``
     (FlashAttention's ``flash_attn_kvpacked_func``; GQA as :func:`attention`): K and V are
     its views along dim 2. Returns ``O``, ``(B, S_q, H, d)``."""
-    k, v = _unpacked("kv", kv, 2, 2, 5)
+    k, v = _unpacked("kv", kv, "(B, S_k, 2, H_k, d)")
     return _flash_call("flash_attn_kvpacked_func", flash_attn_func, (q, k, v), dropout_p,
                        softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, return_attn_probs, _dash_options(
@@ -482,7 +482,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor
     """:func:`flash_attn_varlen_func` of a packed ``qkv`` ``(total, 3, H, d)``
     (FlashAttention's ``flash_attn_varlen_qkvpacked_func``): one ``cu_seqlens`` and
     ``max_seqlen`` for queries and keys. Returns ``O``, ``(total, H, d)``."""
-    q, k, v = _unpacked("qkv", qkv, 3, 1, 4)
+    q, k, v = _unpacked("qkv", qkv, "(total, 3, H, d)")
     return _flash_call("flash_attn_varlen_qkvpacked_func", flash_attn_varlen_func, (q, k, v),
                        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, return_attn_probs, _dash_options(
@@ -507,7 +507,7 @@ def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
     """:func:`flash_attn_varlen_func` with a packed ``kv`` ``(total_k, 2, H_k, d)``
     (FlashAttention's ``flash_attn_varlen_kvpacked_func``). Returns ``O``, ``(total_q, H,
     d)``."""
-    k, v = _unpacked("kv", kv, 2, 1, 4)
+    k, v = _unpacked("kv", kv, "(total_k, 2, H_k, d)")
     return _flash_call("flash_attn_varlen_kvpacked_func", flash_attn_varlen_func, (q, k, v),
                        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, return_attn_probs, _dash_options(
