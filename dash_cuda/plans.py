@@ -87,9 +87,9 @@ def clear() -> None:
 
 def raw_stream(index: int) -> int:
     """The handle of device ``index``'s current stream (what a kernel launches on)."""
-    from .triton_launch import _current_stream
+    from .triton_launch import current_stream
 
-    return _current_stream(index)
+    return current_stream(index)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def _current_device() -> int:
     return driver.active.get_current_device()
 
 
-def _current_stream(device: int) -> int:
+def current_stream(device: int) -> int:
     """The raw handle of ``device``'s current stream, as the JIT launches on."""
     from triton.runtime import driver
 
@@ -81,11 +81,24 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, named: dict, **options) -
     if kept is None or _hooks_set():
         _jit_launch(kernel, grid, args, named, options, key)
         return
+    _run(_direct(device, kept, grid, named), args)
+
+
+def _direct(device: int, kept: tuple, grid: tuple[int, ...], named: dict) -> tuple:
+    """What a direct call of a kept compiled kernel needs beside the positional arguments:
+    ``(device, compiled, grid xyz, the parameters after them in signature order, those left
+    out at their defaults)``."""
     compiled, after = kept
-    # the compiled kernel takes every parameter in signature order, as the JIT passes them
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 _current_stream(device), compiled.function, compiled.packed_metadata, None,
-                 None, None, *args, *(named.get(name, default) for name, default in after))
+    return (device, compiled, (*grid, 1, 1)[:3],
+            tuple(named.get(name, default) for name, default in after))
+
+
+def _run(direct: tuple, args) -> None:
+    """Call the compiled kernel of :func:`_direct` as the JIT does: every parameter in
+    signature order, on the device's current stream."""
+    device, compiled, (x, y, z), tail = direct
+    compiled.run(x, y, z, current_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *args, *tail)
 
 
 def _jit_launch(kernel, grid, args, named, options, key) -> None:
@@ -118,7 +131,7 @@ class Bound:
                  slots: tuple[int, ...], options: dict):
         self.kernel, self.grid, self.args, self.named = kernel, grid, args, named
         self.slots, self.options = slots, options
-        self._direct = None  # (device, compiled, grid xyz, the named values in order)
+        self._direct = None  # what _run needs (_direct), once the kernel is compiled
 
     def __call__(self, *tensors) -> None:
         args = list(self.args)
@@ -130,9 +143,7 @@ class Bound:
             if direct is None:
                 self._direct = self._find(tuple(args))
             return
-        device, compiled, (x, y, z), tail = direct
-        compiled.run(x, y, z, _current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
+        _run(direct, args)
 
     def _find(self, args: tuple):
         """The compiled kernel :func:`launch` kept for these arguments, with what a direct
@@ -144,11 +155,7 @@ class Bound:
         device = _current_device()
         with _lock:
             kept = _compiled.get(_key(self.kernel, device, args, self.named, self.options))
-        if kept is None:
-            return None
-        compiled, after = kept
-        grid = (*self.grid, 1, 1)[:3]
-        return device, compiled, grid, tuple(self.named.get(n, d) for n, d in after)
+        return None if kept is None else _direct(device, kept, self.grid, self.named)
 
 
 def bind(kernel, grid: tuple[int, ...], args: tuple, named: dict, per_call: tuple,
@@ -186,4 +193,4 @@ def clear_cache() -> None:
         _compiled.clear()
 
 
-__all__ = ["Bound", "bind", "clear_cache", "launch"]
+__all__ = ["Bound", "bind", "clear_cache", "current_stream", "launch"]

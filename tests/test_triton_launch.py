@@ -56,7 +56,7 @@ class Kernel(JITFunction):
 def kernel(monkeypatch):
     triton_launch.clear_cache()
     monkeypatch.setattr(triton_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(triton_launch, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(triton_launch, "current_stream", lambda device: 1234)
     monkeypatch.setattr(triton_launch, "_hooks_set", lambda: False)
     yield Kernel()
     triton_launch.clear_cache()
