@@ -64,6 +64,7 @@ def probes(shape, fa) -> dict:
         compiled.run(s // 64, b * h, 1, stream, compiled.function, compiled.packed_metadata,
                      None, None, None, *args)
     out["delta (triton compiled.run)"] = direct
+    out.update(plan_pieces(q, k, v, o, lse, do, options))
     out["forward_views"] = lambda: ops.forward_views(q, k, v, options)
     out["backward_views"] = lambda: ops.backward_views(q, k, v, o, lse, do, options)
     ql, kl, vl = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -98,6 +99,45 @@ def probes(shape, fa) -> dict:
         torch.autograd.grad(y, (ql, kl, vl), do.transpose(1, 2))
     out["sdpa-cudnn fwd+bwd"] = cudnn
     return out
+
+
+def plan_pieces(q, k, v, o, lse, do, options) -> dict:
+    """The pieces of the plans' ``run`` one at a time: allocations, each bound launch, the
+    stream query, and the whole ``run`` of each plan."""
+    import torch
+
+    from dash_cuda import ops, plans
+
+    ops.backward_views(q, k, v, o, lse, do, options)  # the first call keeps the plan
+    fwd = plans.lookup("forward", options, q, k, v)[0]
+    bwd = plans.lookup("backward", options, q, k, v, o, lse, do)[0]
+    if fwd is None or bwd is None:
+        return {}
+    device = q.device
+    workspace = torch.empty(bwd.workspace, device=device, dtype=torch.float32)
+    delta = torch.empty(bwd.delta_shape, device=device, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    at = workspace.data_ptr()
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                delta.data_ptr(), at, dk.data_ptr(), dv.data_ptr(), at + bwd.sem_offset, at)
+    pieces = {
+        "plan: ForwardPlan.run": lambda: fwd.run(q, k, v),
+        "plan: BackwardPlan.run": lambda: bwd.run(q, k, v, o, lse, do),
+        "plan: raw_stream": lambda: plans.raw_stream(device.index),
+        "plan: torch.empty workspace": lambda: torch.empty(bwd.workspace, device=device,
+                                                           dtype=torch.float32),
+        "plan: bound D launch": lambda: bwd.delta(o, do, delta, workspace),
+        # the schedule's semaphores start at zero: D's launch zeroes them first
+        "plan: bound D + schedule launches": lambda: (
+            bwd.delta(o, do, delta, workspace),
+            bwd.schedule(*pointers, plans.raw_stream(device.index))),
+        "plan: bound finish_dq launch": lambda: bwd.finish_dq(workspace, dq),
+    }
+    if not fwd.counter:  # a counter's launch needs it zeroed per call: run measures that
+        pieces["plan: forward kernel call"] = lambda: fwd.kernel(*fwd.template.fill(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), dq.data_ptr(), delta.data_ptr(), 0,
+            plans.raw_stream(device.index)))
+    return pieces
 
 
 def main(argv=None) -> int:

@@ -7,8 +7,9 @@ attention is made deterministic: seeds, ``torch.use_deterministic_algorithms(Tru
 (``warn_only``, so that attentions that do not honour it still run and show it; strict for
 the ``-det`` SDPA rows, which ask the backend for its own deterministic mode),
 ``CUBLAS_WORKSPACE_CONFIG``. Each attention trains twice from the same initial weights on
-the same batches; the report gives, per step, both losses and whether they are bitwise
-equal, whether all final weights are, and the tokens per second of each run::
+the same batches (in two rounds, each attention once per round); the report gives, per
+step, both losses and whether they are bitwise equal, whether all final weights are, and
+the tokens per second of each run::
 
     PYTHONPATH=. python examples/reproducible_training.py --out benchmarks/results
 
@@ -306,16 +307,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training {cfg.layers} layers, d_model {cfg.d_model}, sequence {cfg.seqlen}, "
           f"batch {cfg.batch}, {cfg.steps} steps, twice per attention, on {device.type}; "
           f"report to {args.out}", flush=True)
+    # two rounds, every attention once per round: run 2 of each comes after run 1 of all,
+    # so a drift of the machine's speed over the minutes falls on every row alike
+    runs: dict[str, list[dict]] = {a: [] for a in args.attention}
+    errors: dict[str, str] = {}
+    for _ in range(2):
+        for attention in args.attention:
+            if attention in errors:
+                continue
+            # warn-only lets attentions that ignore the flag run (and show it); "-det" is
+            # strict
+            torch.use_deterministic_algorithms(True, warn_only=not attention.endswith("-det"))
+            try:
+                runs[attention].append(train(cfg, attention, data, device))
+            except RuntimeError as err:  # a backend that refuses strict determinism
+                errors[attention] = str(err).splitlines()[0][:200]
+                print(f"{attention}: {errors[attention]}", flush=True)
     for attention in args.attention:
-        # warn-only lets attentions that ignore the flag run (and show it); "-det" is strict
-        torch.use_deterministic_algorithms(True, warn_only=not attention.endswith("-det"))
-        try:
-            runs = [train(cfg, attention, data, device) for _ in range(2)]
-        except RuntimeError as err:  # a backend that refuses strict determinism
-            results.append({"attention": attention, "error": str(err).splitlines()[0][:200]})
-            print(f"{attention}: {results[-1]['error']}", flush=True)
+        if attention in errors:
+            results.append({"attention": attention, "error": errors[attention]})
             continue
-        results.append(compare(attention, runs))
+        results.append(compare(attention, runs[attention]))
         r = results[-1]
         print(f"{attention}: losses equal at {sum(r['loss_equal'])}/{cfg.steps} steps, "
               f"weights {'equal' if r['weights_equal'] else 'differ'}", flush=True)

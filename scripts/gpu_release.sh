@@ -29,9 +29,10 @@
 #                                        # schedule, full and causal)
 #   scripts/gpu_release.sh determinism-varlen OUT  # the same for packed batches (the
 #                                        # bench_features mixes), with FA4's varlen kernels
-#   scripts/gpu_release.sh train OUT     # the reproducible-training example; host time per
-#                                        # call; the forward's launch options; kernels per
-#                                        # call and phases inside the CuTe backward
+#   scripts/gpu_release.sh train OUT     # the reproducible-training example against cuDNN,
+#                                        # SDPA flash, FA4-det; where a step's time goes
+#                                        # (benchmarks/training_profile.py); host time of
+#                                        # one call beside the peers, and its primitives
 #   scripts/gpu_release.sh train-large OUT  # the example's large preset (attention 59 % of
 #                                        # the FLOPs) against cuDNN, SDPA flash, FA4-det
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
@@ -216,12 +217,19 @@ determinism-varlen)
     ;;
 train)
     fa4_unpack
-    step training 360 $PY examples/reproducible_training.py --out "$LOG"
-    step host 60 $PY benchmarks/host_overhead.py --out "$LOG"
-    step forward_grid 120 $PY benchmarks/forward_grid.py --out "$LOG"
-    step profile 100 $PY benchmarks/profile_backward.py --out "$LOG"
-    step probe 100 $PY benchmarks/probe_backward.py --out "$LOG"
-    [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1  # FA4 compiles once for every process
+    step training 300 $PY examples/reproducible_training.py \
+        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
+    step training_profile 150 $PY benchmarks/training_profile.py \
+        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
+    step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 200 --rounds 8
+    step costs 50 $PY benchmarks/host_costs.py --out "$LOG"
+    [ -f "$LOG/reproducible_training.md" ] && sed -n '/^| attention/,$p' \
+        "$LOG/reproducible_training.md"
+    [ -f "$LOG/training_profile.md" ] && sed -n '/^| attention/,$p' "$LOG/training_profile.md"
+    [ -f "$LOG/host_overhead.md" ] && grep -E '^(## |\| (dash|fa4|sdpa))' \
+        "$LOG/host_overhead.md"
+    tail -n 30 "$LOG/costs.log"
     ;;
 train-large)
     fa4_unpack
