@@ -1,7 +1,9 @@
 """Host microseconds of the primitives one forward + backward call is made of (a probe).
 
 Each primitive runs in a loop of ``--calls`` with the GPU drained only at the end, so the
-figure is the host's own time per call (the GPU work of these shapes is shorter)::
+figure is the host's own time per call (the GPU work of these shapes is shorter); the
+report keeps the least of ``--rounds`` such loops (a host shared with other work only ever
+adds time to a loop)::
 
     python benchmarks/host_costs.py --out OUT
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 from harness import load_fa4, no_cuda
@@ -85,6 +86,23 @@ def probes(shape, fa) -> dict:
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     out["trivial autograd.Function fwd+grad"] = lambda: torch.autograd.grad(
         Trivial.apply(ql, kl, vl), (ql, kl, vl), do)
+
+    class Views(torch.autograd.Function):  # the trivial Function around the two views
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return ops.forward_views(q, k, v, options)[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            o, lse = ops.forward_views(q, k, v, options)
+            return ops.backward_views(q, k, v, o, lse, g, options)[:3]
+    out["trivial Function, views inside (forward twice)"] = lambda: torch.autograd.grad(
+        Views.apply(ql, kl, vl), (ql, kl, vl), do)
+    out["EagerAttention fwd+grad (no api)"] = lambda: torch.autograd.grad(
+        ops.EagerAttention.apply(ql, kl, vl, None, options)[0], (ql, kl, vl), do)
+    out["dash forward, no grad mode"] = lambda: _no_grad(dash_cuda.attention, ql, kl, vl)
     if fa is not None:
         out["fa4 fwd+bwd"] = lambda: torch.autograd.grad(
             fa(ql, kl, vl, causal=True)[0], (ql, kl, vl), do)
@@ -99,6 +117,13 @@ def probes(shape, fa) -> dict:
         torch.autograd.grad(y, (ql, kl, vl), do.transpose(1, 2))
     out["sdpa-cudnn fwd+bwd"] = cudnn
     return out
+
+
+def _no_grad(fn, q, k, v):
+    import torch
+
+    with torch.no_grad():
+        return fn(q, k, v, causal=True)
 
 
 def plan_pieces(q, k, v, o, lse, do, options) -> dict:
@@ -144,7 +169,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     if no_cuda("host_costs"):
         return 2
@@ -162,7 +187,7 @@ def main(argv=None) -> int:
                     times[name].append(per_call_us(fn, args.calls))
                 except Exception as exc:  # noqa: BLE001 - a probe that cannot run is reported
                     failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-        report[str(shape)] = {n: round(statistics.median(t), 1) if n not in failed
+        report[str(shape)] = {n: round(min(t), 1) if n not in failed
                               else failed[n] for n, t in times.items()}
         print(shape)
         for n, t in report[str(shape)].items():

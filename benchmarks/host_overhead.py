@@ -119,8 +119,11 @@ def compare(fns: dict, n: int, rounds: int) -> dict:
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
             for mode in ("host", "synchronized"):
                 times[key][mode].append(per_call_us(fns[key], n, mode == "synchronized"))
-    return {"times_us": times, "median_us": {
-        k: {m: round(statistics.median(v), 1) for m, v in t.items()} for k, t in times.items()}}
+    return {"times_us": times,
+            "median_us": {k: {m: round(statistics.median(v), 1) for m, v in t.items()}
+                          for k, t in times.items()},
+            "least_us": {k: {m: round(min(v), 1) for m, v in t.items()}
+                         for k, t in times.items()}}
 
 
 #: (module, function or Class.method): the steps of the call path whose host time the
@@ -199,20 +202,25 @@ def markdown(r: dict) -> str:
              f"`{r['command']}` at `{r['git_revision']}`, {r['gpu']}, bf16, causal. One call: "
              "the forward on leaves that require gradients, then `torch.autograd.grad` of "
              "its output; every implementation timed the same way in one process, "
-             f"{r['calls']} calls per round, {r['rounds']} interleaved rounds, medians. "
-             "`host`: the loop with the GPU drained only at its end (the host's own time per "
-             "call); `synchronized`: a synchronize after every call. `peer / dash`: the "
-             "peer's host time over ours (above 1: ours costs the host less).", ""]
+             f"{r['calls']} calls per round, {r['rounds']} interleaved rounds: the median "
+             "over rounds, and the least (a host shared with other work only adds time to a "
+             "round, so the least is the closest to the call's own cost). `host`: the loop "
+             "with the GPU drained only at its end (the host's own time per call; few enough "
+             "calls that the launch queue never fills); `synchronized`: a synchronize after "
+             "every call. `peer / dash`: the peer's host time over ours (above 1: ours costs "
+             "the host less).", ""]
     for cell in r["shapes"]:
         b, s, h, d = cell["shape_bshd"]
-        med = cell["median_us"]
+        med, least = cell["median_us"], cell.get("least_us", cell["median_us"])
         lines += [f"## (B, S, H, d) = ({b}, {s}, {h}, {d})", "",
-                  "| implementation | host us | synchronized us | peer / dash (host) |",
-                  "|---|---|---|---|"]
+                  "| implementation | host us (median) | host us (least) | synchronized us "
+                  "(median) | peer / dash (host, median) | peer / dash (host, least) |",
+                  "|---|---|---|---|---|---|"]
         for impl, t in med.items():
-            ratio = (f"{t['host'] / med['dash']['host']:.2f}"
-                     if "dash" in med and impl != "dash" else "-")
-            lines.append(f"| {impl} | {t['host']:.0f} | {t['synchronized']:.0f} | {ratio} |")
+            ratios = [f"{x[impl]['host'] / x['dash']['host']:.2f}"
+                      if "dash" in x and impl != "dash" else "-" for x in (med, least)]
+            lines.append(f"| {impl} | {t['host']:.0f} | {least[impl]['host']:.0f} | "
+                         f"{t['synchronized']:.0f} | {ratios[0]} | {ratios[1]} |")
         lines += ["", "Host time inside the steps of `dash` (each includes the steps it "
                   "calls):", "", "| step | us per call |", "|---|---|",
                   *[f"| `{n}` | {us:.0f} |" for n, us in cell.get("steps_us", {}).items()], ""]

@@ -222,7 +222,7 @@ train)
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
     step training_profile 150 $PY benchmarks/training_profile.py \
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
-    step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 200 --rounds 8
+    step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
     step costs 50 $PY benchmarks/host_costs.py --out "$LOG"
     [ -f "$LOG/reproducible_training.md" ] && sed -n '/^| attention/,$p' \
         "$LOG/reproducible_training.md"
