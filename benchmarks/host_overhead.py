@@ -183,6 +183,28 @@ def breakdown(call, calls: int) -> dict[str, float]:
     return {label: seconds * 1e6 / calls for label, seconds in spent.items()}
 
 
+def kernel_us(call, calls: int) -> tuple[float, dict[str, float]]:
+    """GPU microseconds per call in kernels (``torch.profiler``), and per kernel name: what
+    the GPU does for one call, which the host loop measures instead of the host's own time
+    wherever it is the longer."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    per_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_name[e.name[:80]] = per_name.get(e.name[:80], 0.0) + e.device_time_total
+    total = sum(per_name.values()) / calls
+    return round(total, 1), {n: round(t / calls, 1) for n, t in
+                             sorted(per_name.items(), key=lambda x: -x[1])}
+
+
 def profile_top(call, calls: int) -> str:
     import torch
 
@@ -207,20 +229,24 @@ def markdown(r: dict) -> str:
              "round, so the least is the closest to the call's own cost). `host`: the loop "
              "with the GPU drained only at its end (the host's own time per call; few enough "
              "calls that the launch queue never fills); `synchronized`: a synchronize after "
-             "every call. `peer / dash`: the peer's host time over ours (above 1: ours costs "
-             "the host less).", ""]
+             "every call; `GPU kernels`: the kernels' own time per call (`torch.profiler`, 20 "
+             "calls; where it exceeds the host's time, the host loop measures it instead). "
+             "`peer / dash`: the peer's host time over ours (above 1: ours costs the host "
+             "less).", ""]
     for cell in r["shapes"]:
         b, s, h, d = cell["shape_bshd"]
         med, least = cell["median_us"], cell.get("least_us", cell["median_us"])
         lines += [f"## (B, S, H, d) = ({b}, {s}, {h}, {d})", "",
                   "| implementation | host us (median) | host us (least) | synchronized us "
-                  "(median) | peer / dash (host, median) | peer / dash (host, least) |",
-                  "|---|---|---|---|---|---|"]
+                  "(median) | GPU kernels us | peer / dash (host, median) "
+                  "| peer / dash (host, least) |", "|---|---|---|---|---|---|---|"]
+        gpu = cell.get("kernel_us", {})
         for impl, t in med.items():
             ratios = [f"{x[impl]['host'] / x['dash']['host']:.2f}"
                       if "dash" in x and impl != "dash" else "-" for x in (med, least)]
             lines.append(f"| {impl} | {t['host']:.0f} | {least[impl]['host']:.0f} | "
-                         f"{t['synchronized']:.0f} | {ratios[0]} | {ratios[1]} |")
+                         f"{t['synchronized']:.0f} | {gpu.get(impl, float('nan')):.0f} | "
+                         f"{ratios[0]} | {ratios[1]} |")
         lines += ["", "Host time inside the steps of `dash` (each includes the steps it "
                   "calls):", "", "| step | us per call |", "|---|---|",
                   *[f"| `{n}` | {us:.0f} |" for n, us in cell.get("steps_us", {}).items()], ""]
@@ -247,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         cell = compare(fns, args.calls, args.rounds)
         dash_call = fns.get("dash")
         cell["shape_bshd"] = list(shape)
+        cell["kernel_us"], cell["kernels_by_name_us"] = {}, {}
+        for impl, fn in fns.items():
+            cell["kernel_us"][impl], cell["kernels_by_name_us"][impl] = kernel_us(fn, 20)
         if dash_call is not None:
             cell["steps_us"] = breakdown(dash_call, args.calls)
             if "cprofile_top" not in report:
