@@ -3,7 +3,8 @@
 ``kernel[grid](...)`` binds every argument, works out its specialization, builds a cache
 key and looks the kernel up on every call: 43 - 48 us of host time for the backward's
 ``D`` launch on an H200 host, where calling the compiled kernel it returned took 15 - 16 us
-(``benchmarks/results/host_costs.json``). :func:`launch` keeps each compiled kernel under a
+(measured before this module; ``benchmarks/host_costs.py`` probes today's). :func:`launch`
+keeps each compiled kernel under a
 key that fixes everything the JIT's choice depends on, and calls it as the JIT does. The key
 holds every argument's value except for tensors (their dtype and whether the address is
 16-byte aligned: what Triton specializes a pointer on) and positional floats (run-time
