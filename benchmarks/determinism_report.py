@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-packed", default="",
                     help="comma-separated MIX:TOTAL packed batches of the long audit "
                          "(MIX: equal, uniform, heavy), e.g. heavy:16384,uniform:65536")
+    ap.add_argument("--packed-schedules", default="auto,lpt,naive,atomic",
+                    help="the schedules of ours audited on each --long-packed cell")
+    ap.add_argument("--packed-peers", default="fa4-det,fa4",
+                    help="the peers audited on each --long-packed cell (those installed)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="only the long audit of the dash_cuda schedules")
     ap.add_argument("--tag", default="determinism", help="file stem of the report")
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_audit(name, long_problem, args.long_trials))
                 save()
     packed_impls = [f"dash-{be}:{n}" for be in args.backends.split(",")
-                    for n in ("auto", "lpt", "naive", "atomic")] + available(["fa4-det", "fa4"])
+                    for n in args.packed_schedules.split(",") if n] + available(
+                        [n for n in args.packed_peers.split(",") if n])
     for p in packed:
         for name in packed_impls:
             rows.append(run_audit(name, p, args.long_trials))
