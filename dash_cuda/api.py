@@ -101,8 +101,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                            schedule=schedule, deterministic=deterministic,
                            num_workers=num_workers, exact=exact, backend=backend,
                            portable=portable, window_size=window_size, softcap=softcap))
-    o, _ = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options,
-                          learnable_sink)
+    o = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options,
+                       learnable_sink)
     return as_bshd(o, layout)
 
 

@@ -283,32 +283,32 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The custom ops' two functions and autograd, without the custom-op dispatch; the
-    options travel as the one value."""
+    """The custom ops' two functions and autograd, without the custom-op dispatch: ``O``
+    alone, one output for autograd to wrap (``LSE2`` stays on the context for the backward,
+    the only reader; no caller holds it, so nothing can change it in place); the options
+    travel as the one value."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, options: Options):
         o, lse = forward_views(q, k, v, options, sink=sink)
-        _save(ctx, q, k, v, o, lse, sink, options)
-        _keep_missing_grads(ctx)
-        return o, lse
+        ctx.save_for_backward(q, k, v, o, sink)
+        ctx.lse, ctx.options = lse, options
+        return o
 
     @staticmethod
-    def backward(ctx, grad_o, grad_lse):
-        if grad_o is None:  # O took no part in what was differentiated
-            return None, None, None, None, None
-        q, k, v, o, lse, sink = ctx.saved_tensors
-        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options, sink=sink)
+    def backward(ctx, grad_o):
+        q, k, v, o, sink = ctx.saved_tensors
+        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
+                                              sink=sink)
         return dq, dk, dv, dsink, None
 
 
 def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options,
-                   sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(O, LSE2)`` with autograd (``sink``'s gradient too): the custom op under
-    ``torch.compile``, else :class:`EagerAttention` (the same functions, the same bits,
-    less host time)."""
+                   sink: Tensor | None = None) -> Tensor:
+    """``O`` with autograd (``sink``'s gradient too): the custom op under ``torch.compile``,
+    else :class:`EagerAttention` (the same functions, the same bits, less host time)."""
     if torch.compiler.is_compiling():
-        return attention_op(q, k, v, sink, *options.flat())
+        return attention_op(q, k, v, sink, *options.flat())[0]
     return EagerAttention.apply(q, k, v, sink, options)
 
 

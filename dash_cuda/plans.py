@@ -95,11 +95,13 @@ def raw_stream(index: int) -> int:
 @dataclass(frozen=True)
 class ForwardPlan:
     """A rectangular forward with everything but its tensors worked out: ``kernel`` and
-    its argument ``template`` (pointers and the stream per call), the ``(B, H, S_q)`` buffer
-    of ``LSE2``, and whether the launch takes its tiles from a ``counter`` it zeroes."""
+    its argument ``template`` (pointers and the stream per call), the shape and strides of
+    ``LSE2`` (a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, allocated as such), and
+    whether the launch takes its tiles from a ``counter`` it zeroes."""
 
     device: torch.device
     stats_shape: tuple[int, int, int]
+    stats_strides: tuple[int, int, int]
     counter: bool
     kernel: object
     template: object
@@ -107,14 +109,15 @@ class ForwardPlan:
     def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` of a call of the plan's signature."""
         o = torch.empty_like(q)
-        lse2 = torch.empty(self.stats_shape, device=self.device, dtype=F32)
+        lse2 = torch.empty_strided(self.stats_shape, self.stats_strides, device=self.device,
+                                   dtype=F32)
         counter = 0
         if self.counter:  # the tickets of a dynamic launch start at zero
             counter = torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
         self.kernel(*self.template.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                         o.data_ptr(), lse2.data_ptr(), counter,
                                         raw_stream(self.device.index)))
-        return o, lse2.transpose(1, 2)
+        return o, lse2
 
 
 def forward_plan(backend, q, k, v, o, lse2, options: Options) -> ForwardPlan | None:
@@ -126,8 +129,7 @@ def forward_plan(backend, q, k, v, o, lse2, options: Options) -> ForwardPlan | N
     if bound is None:
         return None
     kernel, template, counter = bound
-    batch, seqlen_q, heads = lse2.shape
-    return ForwardPlan(q.device, (batch, heads, seqlen_q), counter, kernel, template)
+    return ForwardPlan(q.device, tuple(lse2.shape), lse2.stride(), counter, kernel, template)
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,9 @@ class Bound:
     Each call's tensors must have the dtypes and 16-byte alignment of those ``bind`` saw
     (what the compiled kernel was specialized on; fresh allocations are aligned, and a
     caller keys its :class:`Bound` on the alignment of any other tensor). Calls take the
-    compiled kernel directly, with no key to build: the first (which compiles, if needed)
-    and those while launch hooks are set take :func:`launch`'s path.
+    compiled kernel directly, with no key to build and each tensor passed as its address:
+    the first (which compiles, if needed) and those while launch hooks are set take
+    :func:`launch`'s path.
     """
 
     __slots__ = ("kernel", "grid", "args", "named", "options", "slots", "_direct")
@@ -136,14 +137,18 @@ class Bound:
 
     def __call__(self, *tensors) -> None:
         args = list(self.args)
-        for slot, value in zip(self.slots, tensors, strict=True):
-            args[slot] = value
         direct = self._direct
         if direct is None or _hooks_set():
+            for slot, value in zip(self.slots, tensors, strict=True):
+                args[slot] = value
             launch(self.kernel, self.grid, tuple(args), self.named, **self.options)
             if direct is None:
                 self._direct = self._find(tuple(args))
             return
+        # the compiled kernel takes a pointer as an int too, without asking the driver
+        # whether it points into device memory (the first call's tensors were checked)
+        for slot, value in zip(self.slots, tensors, strict=True):
+            args[slot] = value.data_ptr()
         _run(direct, args)
 
     def _find(self, args: tuple):

@@ -156,7 +156,8 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     seen = []
     options = Options(True, 0.125, "auto", True, False, None, False, "auto", [-1, -1])
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-    monkeypatch.setattr(ops, "attention_op", lambda *a: seen.append(("op", a)) or "op")
+    monkeypatch.setattr(ops, "attention_op",
+                        lambda *a: seen.append(("op", a)) or ("op", "lse"))
     monkeypatch.setattr(ops.EagerAttention, "apply",
                         lambda *a: seen.append(("eager", a)) or "eager")
     q, k, v = (meta(1, 8, 2, 64) for _ in range(3))
@@ -164,3 +165,40 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     assert ops.attention_call(q, k, v, options) == expected
     carried = (None, *options.flat()) if compiling else (None, options)
     assert seen == [(expected, (q, k, v, *carried))]
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_the_eager_function_hands_its_forward_lse_to_its_backward(monkeypatch, with_sink):
+    """:class:`EagerAttention` returns ``O`` alone and gives its backward the very ``O`` and
+    ``LSE2`` its forward made, with the incoming gradient; the gradients come back in the
+    order of the inputs (``dsink`` for the sinks)."""
+    from dash_cuda import ops
+
+    b, s, h, d = 1, 8, 2, 16
+    o_made = torch.randn(b, s, h, d)
+    lse_made = torch.randn(b, h, s).transpose(1, 2)
+    grads = [torch.randn(b, s, h, d) for _ in range(3)] + [torch.randn(h)]
+    seen = {}
+
+    def forward_views(q, k, v, options, sink=None):
+        return o_made.clone(), lse_made
+
+    def backward_views(q, k, v, o, lse, do, options, sink=None):
+        seen.update(o=o, lse=lse, do=do, options=options, sink=sink)
+        return (*grads[:3], grads[3] if sink is not None else None, None)
+
+    monkeypatch.setattr(ops, "forward_views", forward_views)
+    monkeypatch.setattr(ops, "backward_views", backward_views)
+    q, k, v = (torch.randn(b, s, h, d, requires_grad=True) for _ in range(3))
+    sink = torch.randn(h, requires_grad=True) if with_sink else None
+    options = Options.checked(d, causal=True)
+    o = ops.EagerAttention.apply(q, k, v, sink, options)
+    assert isinstance(o, torch.Tensor) and torch.equal(o, o_made) and o.requires_grad
+    do = torch.randn_like(o)
+    leaves = (q, k, v, sink) if with_sink else (q, k, v)
+    got = torch.autograd.grad(o, leaves, do)
+    assert seen["lse"] is lse_made and torch.equal(seen["o"], o_made)
+    assert torch.equal(seen["do"], do) and seen["options"] is options
+    assert seen["sink"] is sink
+    for g, want in zip(got, grads, strict=False):
+        assert torch.equal(g, want)

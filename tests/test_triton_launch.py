@@ -131,8 +131,9 @@ def test_an_unknown_name_is_refused_by_the_jit_and_nothing_is_kept(kernel):
 
 def test_a_bound_launch_fills_its_tensors_and_calls_the_kept_kernel(kernel):
     """:func:`bind`: the first call goes through :func:`launch` (the JIT here), later ones
-    call the compiled kernel with each call's tensors in their places and nothing else
-    worked out again; the bound launch holds none of the tensors it was bound with."""
+    call the compiled kernel with each call's tensors in their places, as their addresses,
+    and nothing else worked out again; the bound launch holds none of the tensors it was
+    bound with."""
     x, cap = torch.randn(64), torch.randn(4)
     bound = triton_launch.bind(kernel, (4, 2), (x, 64, 0.5), dict(CAP=cap, BM=64, D=128),
                                (x,), num_warps=4)
@@ -144,7 +145,7 @@ def test_a_bound_launch_fills_its_tensors_and_calls_the_kept_kernel(kernel):
     bound(z)
     assert len(kernel.jit_launches) == 1
     assert kept().calls == [(4, 2, 1, 1234, "function", "metadata", None, None, None,
-                             z, 64, 0.5, 64, 128, cap, False)]
+                             z.data_ptr(), 64, 0.5, 64, 128, cap, False)]
 
 
 def test_a_bound_launch_takes_its_tensors_in_the_order_given(kernel):
