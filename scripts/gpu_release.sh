@@ -41,11 +41,11 @@
 #                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
-#   scripts/gpu_release.sh hostpath OUT  # the plan and CUDA-graph tests, then host time of
-#                                        # one forward + backward call beside
-#                                        # FA4 and SDPA (benchmarks/host_overhead.py), the
-#                                        # primitives' (benchmarks/host_costs.py), then
-#                                        # benchmarks/bench_features.py (eager calls)
+#   scripts/gpu_release.sh hostpath OUT  # the tests of the call path (plans, CUDA graphs,
+#                                        # compile, L2, determinism, correctness), then host
+#                                        # time of one forward + backward call beside FA4
+#                                        # and SDPA (benchmarks/host_overhead.py) and the
+#                                        # primitives' (benchmarks/host_costs.py)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
@@ -251,16 +251,15 @@ hostpath)
     fa4_unpack
     # the host path's tests first (plans, CUDA graphs, compile; the default arithmetic's
     # L2, which runs through the plans), side by side; then the timings, alone
-    side_by_side 240 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
+    side_by_side 200 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
         tests/gpu/test_compile.py tests/gpu/test_cuda_fast_l2.py \
-        tests/gpu/test_cuda_determinism.py
-    step host 150 $PY benchmarks/host_overhead.py --out "$LOG" --rounds 4
-    step costs 90 $PY benchmarks/host_costs.py --out "$LOG"
-    step features 200 $PY benchmarks/bench_features.py --out "$LOG" --rounds 2 \
-        --time-budget 110
-    [ -f "$LOG/host_overhead.md" ] && sed -n '1,40p' "$LOG/host_overhead.md"
-    tail -n 45 "$LOG/costs.log"
-    [ -f "$LOG/bench_features.md" ] && sed -n '/^| cell/,/^$/p' "$LOG/bench_features.md"
+        tests/gpu/test_cuda_determinism.py tests/gpu/test_cuda_flash_packed.py \
+        tests/gpu/test_cuda_correctness.py
+    step host 150 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
+    step costs 60 $PY benchmarks/host_costs.py --out "$LOG"
+    [ -f "$LOG/host_overhead.md" ] && grep -E '^(## |\| (dash|fa4|sdpa)|\| `)' \
+        "$LOG/host_overhead.md"
+    tail -n 30 "$LOG/costs.log"
     ;;
 profile)
     fa4_unpack
