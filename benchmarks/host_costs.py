@@ -101,7 +101,7 @@ def probes(shape, fa) -> dict:
     out["trivial Function, views inside (forward twice)"] = lambda: torch.autograd.grad(
         Views.apply(ql, kl, vl), (ql, kl, vl), do)
     out["EagerAttention fwd+grad (no api)"] = lambda: torch.autograd.grad(
-        ops.EagerAttention.apply(ql, kl, vl, None, options)[0], (ql, kl, vl), do)
+        ops.EagerAttention.apply(ql, kl, vl, None, options), (ql, kl, vl), do)
     out["dash forward, no grad mode"] = lambda: _no_grad(dash_cuda.attention, ql, kl, vl)
     if fa is not None:
         out["fa4 fwd+bwd"] = lambda: torch.autograd.grad(
