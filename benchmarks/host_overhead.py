@@ -33,7 +33,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import load_fa4, no_cuda, provenance, save_report
+from harness import kernel_times, load_fa4, no_cuda, provenance, save_report
 
 #: the host-path issue's two shapes, (B, S, H, d), causal
 SHAPES = ((4, 1024, 16, 128), (1, 256, 8, 64))
@@ -183,28 +183,6 @@ def breakdown(call, calls: int) -> dict[str, float]:
     return {label: seconds * 1e6 / calls for label, seconds in spent.items()}
 
 
-def kernel_us(call, calls: int) -> tuple[float, dict[str, float]]:
-    """GPU microseconds per call in kernels (``torch.profiler``), and per kernel name: what
-    the GPU does for one call, which the host loop measures instead of the host's own time
-    wherever it is the longer."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    per_name: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_name[e.name[:80]] = per_name.get(e.name[:80], 0.0) + e.device_time_total
-    total = sum(per_name.values()) / calls
-    return round(total, 1), {n: round(t / calls, 1) for n, t in
-                             sorted(per_name.items(), key=lambda x: -x[1])}
-
-
 def profile_top(call, calls: int) -> str:
     import torch
 
@@ -273,9 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         cell = compare(fns, args.calls, args.rounds)
         dash_call = fns.get("dash")
         cell["shape_bshd"] = list(shape)
-        cell["kernel_us"], cell["kernels_by_name_us"] = {}, {}
-        for impl, fn in fns.items():
-            cell["kernel_us"][impl], cell["kernels_by_name_us"][impl] = kernel_us(fn, 20)
+        # what the GPU does for one call, which the host loop would measure instead of the
+        # host's own time wherever it took longer
+        by_name = {impl: kernel_times(fn, 20) for impl, fn in fns.items()}
+        cell["kernels_by_name_us"] = {impl: {n: round(t, 1) for n, t in k.items()}
+                                      for impl, k in by_name.items()}
+        cell["kernel_us"] = {impl: round(sum(k.values()), 1) for impl, k in by_name.items()}
         if dash_call is not None:
             cell["steps_us"] = breakdown(dash_call, args.calls)
             if "cprofile_top" not in report:
