@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import environment, interleaved_rounds, no_cuda, provenance, save_report
+from harness import environment, grad_row, interleaved_rounds, no_cuda, provenance, save_report
 from model_varlen import lengths
 
 HEAD_DIM, HEADS = 128, 16
@@ -66,15 +66,6 @@ def _fa4_varlen():
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return None, None
     return flash_attn_func, flash_attn_varlen_func
-
-
-def grad_row(fwd, inputs: tuple, do) -> tuple:
-    """``(fwd, bwd)`` of one row: ``bwd`` is ``torch.autograd.grad`` of one forward's output
-    (its graph kept), as a training step reaches every implementation's backward."""
-    import torch
-
-    out = fwd()
-    return fwd, lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
 
 
 def closures(cell: dict, gen) -> dict[str, tuple]:

@@ -30,8 +30,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 # -- the grid ----------------------------------------------------------------------------------
@@ -133,23 +135,48 @@ def median_ms(run: Callable, reps: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+def single_call_ms(run: Callable, reps: int) -> float:
+    """Median milliseconds of ``run`` as one call from an idle GPU sees it, host included:
+    a synchronize, the call, a synchronize, by the host's clock, over ``reps`` calls after
+    two untimed ones."""
+    import torch
+
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
 def timed(fn: Callable, warmup: int, reps: int) -> tuple[float, str]:
     """Median milliseconds of ``fn`` on the GPU: a CUDA graph replay if it can be captured."""
     run, mode = replayable(fn, warmup)
     return median_ms(run, reps), mode
 
 
-def interleaved_rounds(runs: dict[str, Callable], rounds: int, reps: int
-                       ) -> dict[str, list[float]]:
-    """Each run's :func:`median_ms` in every one of ``rounds`` rounds; within a round every run
-    is timed once, in an order that rotates by one from round to round, so that a drift of
-    the clock or the temperature hits every run alike."""
-    keys = list(runs)
-    ms: dict[str, list[float]] = {key: [] for key in keys}
+def rotating_rounds(measures: dict, rounds: int) -> dict[object, list[float]]:
+    """Each of ``measures`` (a key to a call that returns one measurement) taken once in
+    every one of ``rounds`` rounds, in an order that rotates by one from round to round, so
+    that a drift of the clock or the temperature hits every key alike."""
+    keys = list(measures)
+    out: dict[object, list[float]] = {key: [] for key in keys}
     for r in range(rounds):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            ms[key].append(median_ms(runs[key], reps))
-    return ms
+            out[key].append(measures[key]())
+    return out
+
+
+def interleaved_rounds(runs: dict[str, Callable], rounds: int, reps: int
+                       ) -> dict[str, list[float]]:
+    """Each run's :func:`median_ms` in every one of ``rounds`` rounds
+    (:func:`rotating_rounds`)."""
+    return rotating_rounds({key: partial(median_ms, run, reps) for key, run in runs.items()},
+                           rounds)
 
 
 def kernel_times(fn: Callable, reps: int) -> dict[str, float]:
@@ -203,19 +230,37 @@ def sdpa_closures(backend: str, q, k, v, do, causal: bool):
     return fwd, lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
 
 
-def fa4_closures(fa, deterministic: bool, q, k, v, do, causal: bool):
-    """``(fwd, bwd)`` of FlashAttention-4's ``fa`` (:func:`load_fa4`), with or without
-    ``deterministic=True``."""
+def grad_row(fwd, inputs: tuple, do) -> tuple:
+    """``(fwd, bwd)`` of one row: ``bwd`` is ``torch.autograd.grad`` of one forward's output
+    (its graph kept), as a training step reaches every implementation's backward."""
     import torch
 
+    out = fwd()
+    return fwd, lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
+
+
+def fa4_closures(fa, deterministic: bool, q, k, v, do, causal: bool):
+    """``(fwd, bwd)`` of FlashAttention-4's ``fa`` (:func:`load_fa4`), with or without
+    ``deterministic=True``, through autograd (:func:`grad_row`)."""
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
 
     def fwd():
         out = fa(qg, kg, vg, causal=causal, deterministic=deterministic)
         return out[0] if isinstance(out, tuple) else out
 
-    out = fwd()
-    return fwd, lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+    return grad_row(fwd, (qg, kg, vg), do)
+
+
+def dash_autograd_closures(backend: str, name: str, q, k, v, do, causal: bool,
+                           workers: int | None):
+    """``(fwd, bwd)`` of ``dash_cuda.attention`` through autograd (:func:`grad_row`), as
+    :func:`fa4_closures` reaches FlashAttention-4: schedule ``name`` on ``backend``."""
+    import dash_cuda
+
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    return grad_row(lambda: dash_cuda.attention(qg, kg, vg, causal=causal, schedule=name,
+                                                num_workers=workers, backend=backend),
+                    (qg, kg, vg), do)
 
 
 def dash_closures(backend: str, name: str, q, k, v, do, causal: bool, workers: int | None):

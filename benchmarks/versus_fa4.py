@@ -2,23 +2,33 @@
 
 ``bench_attention.py`` times each implementation once, one after another; at long sequences
 two runs of one kernel there differ by up to about 5 %, as much as many of the gaps it
-reports. Here every implementation of a cell is captured once (a CUDA graph) and then timed
-in each of ``--rounds`` rounds, in an order that rotates from round to round; ratios are
-taken within a round (the same clock and temperature for both sides) and reported as the
-median over the rounds with their range::
+reports. Here every row of a cell is timed in each of ``--rounds`` rounds, in an order that
+rotates from round to round; ratios are taken within a round (the same clock and temperature
+for both sides) and reported as the median over the rounds with their range::
 
-    python benchmarks/versus_fa4.py --out benchmarks/results --rounds 5
+    python benchmarks/versus_fa4.py --out benchmarks/results --rounds 4
+
+Every row is reached as a training step reaches it: the forward on inputs that require
+gradients, the backward by ``torch.autograd.grad`` of one forward's output. Each ratio comes
+in two columns, every implementation timed the same way in each:
+
+* ``kernels``: CUDA-graph replays where every row of the ratio can be captured; where one
+  cannot (FlashAttention-4's backward), every row of that ratio as back-to-back calls timed
+  by CUDA events (the host runs ahead, so this too is the GPU's time); the report says
+  which;
+* ``calls``: single calls, a synchronize on each side, by the host's clock (what one call of
+  a user's step sees, host included).
 
 Rows per cell (bf16, 16384 tokens, hidden 2048; ``--group G`` gives K and V ``H / G`` heads,
 grouped-query attention):
 
 * backward: every deterministic CuTe schedule of ``--schedules`` and ``auto`` (the one
   ``dash_cuda`` picks), FA4 with ``deterministic=True`` (``fa4-det``) and without (``fa4``).
-  "best" is the schedule with the lowest median time over the rounds (one choice per cell,
-  not the fastest of each round, which would favour us by the noise);
+  "best" is the schedule with the lowest median kernel time over the rounds (one choice per
+  cell, not the fastest of each round, which would favour us by the noise);
 * forward: CuTe and FA4; step: forward + backward (best schedule against ``fa4-det``).
 
-Writes ``<tag>.json`` (every round's time of every row) and ``<tag>.md``.
+Writes ``<tag>.json`` (every round's time of every row in every timing) and ``<tag>.md``.
 """
 
 from __future__ import annotations
@@ -27,27 +37,39 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from harness import (
     HIDDEN,
     SEQLENS,
     TOKENS,
-    dash_closures,
+    dash_autograd_closures,
     environment,
     fa4_closures,
     grid_inputs,
     group_error,
-    interleaved_rounds,
     load_fa4,
+    median_ms,
     no_cuda,
     provenance,
     replayable,
+    rotating_rounds,
     save_report,
+    single_call_ms,
 )
 
 SCHEDULES = {"full": ["shift", "symmetric_shift", "spt", "descending", "naive"],
              "causal": ["symmetric_shift", "spt", "descending", "shift", "naive"]}
+
+#: the ratios of a cell: (ours, the peer's), each a list of rows whose times add up
+RATIOS = {
+    "fwd_vs_fa4": (["cute:fwd"], ["fa4:fwd"]),
+    "bwd_best_vs_fa4_det": (["best"], ["fa4-det:bwd"]),
+    "bwd_auto_vs_fa4_det": (["cute:auto:bwd"], ["fa4-det:bwd"]),
+    "bwd_best_vs_fa4": (["best"], ["fa4:bwd"]),
+    "step_vs_fa4_det": (["cute:fwd", "best"], ["fa4:fwd", "fa4-det:bwd"]),
+}
 
 
 def ratio_stats(values: list[float]) -> dict:
@@ -56,24 +78,46 @@ def ratio_stats(values: list[float]) -> dict:
 
 
 def summarize(cell: dict) -> dict:
-    """Per-round speed ratios (time of the peer / time of ours) of one measured cell."""
+    """Per-round speed ratios (time of the peer / time of ours) of one measured cell, in
+    both columns. ``cell["ms"]``: ``{"graph": {row: [ms per round]}`` (the rows that were
+    captured), ``"queued"`` and ``"single"`` (every row)}."""
     ms = cell["ms"]
-    rounds = len(ms["fa4-det:bwd"])
-    scheds = [k for k in ms if k.startswith("cute:") and k.endswith(":bwd")]
-    best = min(scheds, key=lambda k: statistics.median(ms[k]))
+    rounds = len(ms["queued"]["fa4-det:bwd"])
 
-    def per_round(ours: list[str], peer: list[str]) -> dict:
-        return ratio_stats([sum(ms[p][r] for p in peer) / sum(ms[o][r] for o in ours)
+    def kernel_ms(row: str) -> list[float]:
+        return ms["graph"].get(row) or ms["queued"][row]
+
+    scheds = [k for k in ms["queued"] if k.startswith("cute:") and k.endswith(":bwd")]
+    best = min(scheds, key=lambda k: statistics.median(kernel_ms(k)))
+
+    def per_round(times: dict, ours: list[str], peer: list[str]) -> dict:
+        return ratio_stats([sum(times[p][r] for p in peer) / sum(times[o][r] for o in ours)
                             for r in range(rounds)])
 
-    return {
-        "best_schedule": best.split(":")[1],
-        "fwd_vs_fa4": per_round(["cute:fwd"], ["fa4:fwd"]),
-        "bwd_best_vs_fa4_det": per_round([best], ["fa4-det:bwd"]),
-        "bwd_auto_vs_fa4_det": per_round(["cute:auto:bwd"], ["fa4-det:bwd"]),
-        "bwd_best_vs_fa4": per_round([best], ["fa4:bwd"]),
-        "step_vs_fa4_det": per_round(["cute:fwd", best], ["fa4:fwd", "fa4-det:bwd"]),
-    }
+    out = {"best_schedule": best.split(":")[1]}
+    for name, (ours, peer) in RATIOS.items():
+        ours = [best if row == "best" else row for row in ours]
+        timing = "graph" if all(row in ms["graph"] for row in ours + peer) else "queued"
+        out[name] = {"kernels": {**per_round(ms[timing], ours, peer), "timing": timing},
+                     "calls": per_round(ms["single"], ours, peer)}
+    return out
+
+
+def timed_rows(closures: dict, rounds: int, reps: int, warmup: int) -> dict:
+    """``{"graph": ..., "queued": ..., "single": ...}``: every row's milliseconds per round
+    as a replay (the rows that capture), as back-to-back calls and as single calls, all
+    interleaved in rotating rounds."""
+    measures = {}
+    for key, fn in closures.items():
+        replay, mode = replayable(fn, warmup)
+        if mode == "graph":
+            measures[("graph", key)] = partial(median_ms, replay, reps)
+        measures[("queued", key)] = partial(median_ms, fn, reps)
+        measures[("single", key)] = partial(single_call_ms, fn, reps)
+    out: dict[str, dict] = {"graph": {}, "queued": {}, "single": {}}
+    for (timing, key), times in rotating_rounds(measures, rounds).items():
+        out[timing][key] = times
+    return out
 
 
 def run(args) -> dict:
@@ -94,11 +138,11 @@ def run(args) -> dict:
             break
         h, b, causal = HIDDEN // d, TOKENS // s, mask == "causal"
         q, k, v, do = grid_inputs(d, s, gen, args.group)
-        # the closures own the tensors their graphs read (o and LSE of the forward, ...):
-        # they stay referenced until the cell is done
+        # the closures own the tensors their graphs read (the forward's outputs, ...): they
+        # stay referenced until the cell is done
         closures = {}
         for name in ["auto", *SCHEDULES[mask][:args.schedules]]:
-            fwd, bwd = dash_closures("cute", name, q, k, v, do, causal, args.workers)
+            fwd, bwd = dash_autograd_closures("cute", name, q, k, v, do, causal, args.workers)
             closures[f"cute:{name}:bwd"] = bwd
         closures["cute:fwd"] = fwd
         for peer in ("fa4", "fa4-det"):
@@ -106,36 +150,35 @@ def run(args) -> dict:
             closures[f"{peer}:bwd"] = bwd
             if peer == "fa4":
                 closures["fa4:fwd"] = fwd
-        runs, modes = {}, {}
-        for key, fn in closures.items():
-            if args.eager:
-                runs[key], modes[key] = fn, "eager"
-            else:
-                runs[key], modes[key] = replayable(fn, args.warmup)
-        ms = interleaved_rounds(runs, args.rounds, args.reps)
-        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "H_kv": h // args.group, "ms": ms,
-                "timing": modes}
+        ms = timed_rows(closures, args.rounds, args.reps, args.warmup)
+        cell = {"d": d, "mask": mask, "S": s, "B": b, "H": h, "H_kv": h // args.group,
+                "ms": ms, "captured": sorted(ms["graph"])}
         cell.update(summarize(cell))
         out.append(cell)
-        print(f"[{n}/{len(cells)}] d={d} {mask} S={s}: fwd {cell['fwd_vs_fa4']['median']:.3f}"
-              f" bwd {cell['best_schedule']} {cell['bwd_best_vs_fa4_det']['median']:.3f} of "
-              f"FA4-det", flush=True)
-        del runs, closures
+        print(f"[{n}/{len(cells)}] d={d} {mask} S={s}: fwd "
+              f"{cell['fwd_vs_fa4']['kernels']['median']:.3f} bwd {cell['best_schedule']} "
+              f"{cell['bwd_best_vs_fa4_det']['kernels']['median']:.3f} of FA4-det", flush=True)
+        del closures
         torch.cuda.empty_cache()
     return {"environment": env, "cells": out}
 
 
 def timing_note(report: dict) -> str:
-    """Which rows ran as CUDA-graph replays and which as plain calls."""
-    modes: dict[str, set] = {}
+    """Which ratios' kernel column came from graph replays and which from queued calls."""
+    used: dict[str, set] = {}
     for c in report["cells"]:
-        for key, mode in c.get("timing", {}).items():
-            modes.setdefault(mode, set()).add(key.split(":")[0])
-    return "; ".join(f"{mode}: {', '.join(sorted(names))}" for mode, names in sorted(modes.items()))
+        for name in RATIOS:
+            used.setdefault(c[name]["kernels"]["timing"], set()).add(name)
+    labels = {"fwd_vs_fa4": "forward", "bwd_best_vs_fa4_det": "backward",
+              "bwd_auto_vs_fa4_det": "backward", "bwd_best_vs_fa4": "backward",
+              "step_vs_fa4_det": "step"}
+    return "; ".join(f"{mode}: {', '.join(sorted({labels[n] for n in names}))}"
+                     for mode, names in sorted(used.items()))
 
 
 def _fmt(stat: dict) -> str:
-    return f"{stat['median']:.2f} ({stat['min']:.2f} - {stat['max']:.2f})"
+    k, c = stat["kernels"], stat["calls"]
+    return f"{k['median']:.2f} ({k['min']:.2f} - {k['max']:.2f}) / {c['median']:.2f}"
 
 
 def markdown(report: dict) -> str:
@@ -147,9 +190,13 @@ def markdown(report: dict) -> str:
         "# CuTe against FlashAttention-4, interleaved rounds (speed ratios, > 1: ours faster)",
         "", f"`{env['command']}`", "",
         f"{env['gpu']}, torch {env['torch']}, git {env['git_revision'][:7]}, "
-        f"{env['date_utc']}; {env['rounds']} rounds, median of {env['reps']} replays per row "
-        "and round; each ratio is the median over rounds (range in brackets). Timing: "
-        f"{timing_note(report)}{gqa}.", "",
+        f"{env['date_utc']}; {env['rounds']} rounds, median of {env['reps']} calls per row, "
+        "timing and round; every row through autograd. Each entry: the kernels' ratio, median "
+        "over rounds (range), then the single calls' ratio (synchronize, call, synchronize: "
+        "host included), median over rounds. The kernels' column times every row of a ratio "
+        "the same way: CUDA-graph replays where all of them capture, else back-to-back calls "
+        f"timed by CUDA events ({timing_note(report)}; FlashAttention-4's backward cannot be "
+        f"captured){gqa}.", "",
         "| d | mask | S | forward / FA4 | best schedule | backward / FA4 det | auto / FA4 det "
         "| backward / FA4 | step / FA4 det |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -177,9 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--workers", type=int, default=None, help="CuTe workers (default: SMs)")
-    parser.add_argument("--eager", action="store_true",
-                        help="time every row by plain calls (default: CUDA graph replays "
-                             "where capture works)")
     parser.add_argument("--group", type=int, default=1,
                         help="query heads per KV head (grouped-query attention)")
     parser.add_argument("--time-budget", type=float, default=float("inf"))

@@ -23,30 +23,44 @@ import versus_fa4  # noqa: E402
 
 
 def _cell(rounds: int, rng: random.Random) -> dict:
+    """A cell as ``versus_fa4.timed_rows`` measures it: FA4's backward not captured."""
     def times(mean: float) -> list[float]:
         return [mean * rng.uniform(0.95, 1.05) for _ in range(rounds)]
 
-    return {"ms": {"cute:auto:bwd": times(2.0), "cute:shift:bwd": times(1.8),
-                   "cute:spt:bwd": times(2.4), "cute:fwd": times(1.0),
-                   "fa4:bwd": times(1.7), "fa4-det:bwd": times(1.9), "fa4:fwd": times(0.9)}}
+    means = {"cute:auto:bwd": 2.0, "cute:shift:bwd": 1.8, "cute:spt:bwd": 2.4,
+             "cute:fwd": 1.0, "fa4:bwd": 1.7, "fa4-det:bwd": 1.9, "fa4:fwd": 0.9}
+    return {"ms": {
+        "graph": {row: times(m) for row, m in means.items() if not row.startswith("fa4-")
+                  and row != "fa4:bwd"},
+        "queued": {row: times(m * 1.01) for row, m in means.items()},
+        "single": {row: times(m * 1.1) for row, m in means.items()}}}
 
 
-def test_versus_fa4_ratios_are_taken_within_each_round():
+def test_versus_fa4_ratios_are_taken_within_each_round_and_timing():
+    """Each ratio within each round; the kernels' column from replays only where every row
+    of the ratio was captured (else every row's back-to-back calls), the calls' column from
+    the single calls."""
     rng = random.Random(7)
     cell = _cell(5, rng)
-    ms = cell["ms"]
+    graph, queued, single = (cell["ms"][t] for t in ("graph", "queued", "single"))
     out = versus_fa4.summarize(cell)
-    assert out["best_schedule"] == "shift"  # lowest median time
-    per_round = [ms["fa4-det:bwd"][r] / ms["cute:shift:bwd"][r] for r in range(5)]
-    stat = out["bwd_best_vs_fa4_det"]
+    assert out["best_schedule"] == "shift"  # lowest median kernel time
+    per_round = [queued["fa4-det:bwd"][r] / queued["cute:shift:bwd"][r] for r in range(5)]
+    stat = out["bwd_best_vs_fa4_det"]["kernels"]
+    assert stat["timing"] == "queued"  # FA4's backward was not captured
     assert stat["median"] == pytest.approx(sorted(per_round)[2], abs=1e-4)
     assert stat["min"] == pytest.approx(min(per_round), abs=1e-4)
     assert stat["max"] == pytest.approx(max(per_round), abs=1e-4)
-    steps = [(ms["fa4:fwd"][r] + ms["fa4-det:bwd"][r])
-             / (ms["cute:fwd"][r] + ms["cute:shift:bwd"][r]) for r in range(5)]
-    assert out["step_vs_fa4_det"]["median"] == pytest.approx(sorted(steps)[2], abs=1e-4)
-    auto = [ms["fa4-det:bwd"][r] / ms["cute:auto:bwd"][r] for r in range(5)]
-    assert out["bwd_auto_vs_fa4_det"]["median"] == pytest.approx(sorted(auto)[2], abs=1e-4)
+    fwd = [graph["fa4:fwd"][r] / graph["cute:fwd"][r] for r in range(5)]
+    assert out["fwd_vs_fa4"]["kernels"]["timing"] == "graph"
+    assert out["fwd_vs_fa4"]["kernels"]["median"] == pytest.approx(sorted(fwd)[2], abs=1e-4)
+    steps = [(single["fa4:fwd"][r] + single["fa4-det:bwd"][r])
+             / (single["cute:fwd"][r] + single["cute:shift:bwd"][r]) for r in range(5)]
+    assert out["step_vs_fa4_det"]["calls"]["median"] == pytest.approx(sorted(steps)[2],
+                                                                      abs=1e-4)
+    auto = [single["fa4-det:bwd"][r] / single["cute:auto:bwd"][r] for r in range(5)]
+    assert out["bwd_auto_vs_fa4_det"]["calls"]["median"] == pytest.approx(sorted(auto)[2],
+                                                                          abs=1e-4)
 
 
 def test_versus_fa4_table_has_a_row_per_cell():
@@ -62,6 +76,15 @@ def test_versus_fa4_table_has_a_row_per_cell():
     table = versus_fa4.markdown({"environment": env, "cells": cells})
     rows = [line for line in table.splitlines() if line.startswith("| 64 |")]
     assert len(rows) == 2 and "| shift |" in rows[0]
+    assert "graph: forward" in table and "queued: backward, step" in table
+
+
+def test_rotating_rounds_take_every_measure_once_a_round_in_a_rotating_order():
+    seen = []
+    measures = {key: (lambda key=key: seen.append(key) or len(seen)) for key in "abc"}
+    out = harness.rotating_rounds(measures, 3)
+    assert seen == list("abc" "bca" "cab")
+    assert out == {"a": [1, 6, 8], "b": [2, 4, 9], "c": [3, 5, 7]}
 
 
 def test_versus_fa4_refuses_bad_arguments(capsys):
