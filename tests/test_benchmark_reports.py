@@ -245,3 +245,31 @@ def test_model_vs_measured_refuses_what_it_cannot_fit(capsys, argv, says):
     assert model_vs_measured.main([grid, *argv]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_training_profile_table_gives_each_attention_its_step_against_ours():
+    import training_profile
+
+    def result(wall, least, kernels):
+        return {"wall_ms": wall, "least_wall_ms": least, "kernels": kernels,
+                "attention_forward": 0.9, "attention_backward": 2.3}
+
+    report = {"command": "python benchmarks/training_profile.py", "git_revision": "abc1234",
+              "gpu": "GPU", "preset": "small", "warmup": 8, "steps": 10, "rounds": 6,
+              "config": {"layers": 6, "d_model": 768, "heads": 12, "seqlen": 2048,
+                         "batch": 8},
+              "results": {"dash": result(28.0, 23.0, 22.0),
+                          "sdpa-cudnn": result(30.8, 24.15, 23.0)}}
+    rows = {line.split(" | ")[0]: line for line in
+            training_profile.markdown(report).splitlines() if line.startswith("| ")}
+    assert rows["| dash"].endswith("| 6.00 | 1.000 | 1.000 |")  # idle: wall - kernels
+    assert rows["| sdpa-cudnn"].endswith("| 7.80 | 1.100 | 1.050 |")
+
+
+def test_training_profile_needs_a_gpu(capsys, monkeypatch):
+    import torch
+    import training_profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_profile.main(["--out", "/nonexistent"]) == 2
+    assert "training_profile: needs a CUDA device" in capsys.readouterr().err
