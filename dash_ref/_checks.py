@@ -97,3 +97,21 @@ def attention_inputs(q, k, v, **more) -> None:
         if tuple(x.shape) != want:
             raise ValueError(f"{name} must have the shape of q with v's head dim {want}, got "
                              f"{tuple(x.shape)}")
+
+
+def packed_inputs(**named) -> None:
+    """Ranks and heads of packed ``(total, H, d)`` attention tensors, ``q`` and ``k`` among
+    ``named`` (in the order given): each a tensor of 3 dims, and the query heads a positive
+    multiple of the key/value heads. A ``ValueError``/``TypeError`` names the tensor."""
+    import torch
+
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
+                             f"shape {tuple(x.shape)}")
+    q, k = named["q"], named["k"]
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
+                         "must be a positive multiple of the key/value heads")

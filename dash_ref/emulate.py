@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import attention_inputs, boolean, number, window
+from ._checks import attention_inputs, boolean, number, packed_inputs, window
 from .arithmetic import steps
 from .arithmetic.steps import ARITHMETICS, IEEE, Arithmetic, dq_add, epilogue
 from .cpu import single_threaded
@@ -90,15 +90,7 @@ def packed_problem_of(q: torch.Tensor, k: torch.Tensor, seqlens_q, seqlens_k, ca
                       head_dim_v: int | None = None) -> Problem:
     """The packed :class:`Problem` of ``(total_q, H, d)`` ``q`` and ``(total_k, H_kv, d)`` ``k``
     holding sequences of lengths ``seqlens_q``, ``seqlens_k``."""
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3:
-            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
-                             f"shape {tuple(x.shape)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
-                         "must be a positive multiple of the key/value heads")
+    packed_inputs(q=q, k=k)
     return Problem.packed(seqlens_q, seqlens_k, q.shape[1], k.shape[1], q.shape[2],
                           "causal" if causal else "full", block_m, block_n,
                           window("window_size", window_size), head_dim_v)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dash_ref import Problem
-from dash_ref._checks import attention_inputs, number
+from dash_ref._checks import attention_inputs, number, packed_inputs
 from dash_ref.arithmetic.steps import resolve_scale
 from dash_ref.cpu import single_threaded
 from dash_ref.schedules.mask import Mask
@@ -198,15 +198,7 @@ def attention_f64_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
     of :func:`attention_f64` with its own lengths; a sequence without keys or queries has
     zero outputs). The window, softcap and sinks apply to every sequence; ``dsink`` is the
     sum of the sequences' own."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3:
-            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
-                             f"shape {tuple(x.shape)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
-                         "must be a positive multiple of the key/value heads")
+    packed_inputs(q=q, k=k, v=v, do=do)
     p = Problem.packed(seqlens_q, seqlens_k, q.shape[1], k.shape[1], q.shape[2],
                        "causal" if causal else "full", window_size=window_size,
                        head_dim_v=v.shape[2])
