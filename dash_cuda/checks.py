@@ -53,13 +53,7 @@ def check_tensors(named: dict[str, torch.Tensor], layout: str) -> None:
     if kv.shape[0] != batch or kv.shape[3] != head_dim:
         raise ValueError(f"q {tuple(named['q'].shape)} and k {tuple(named['k'].shape)} must "
                          f"share batch and head dim ({layout} layout)")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
-    if heads == 0 or heads_kv == 0:
-        raise ValueError("q and k need at least one head")
-    if heads % heads_kv:
-        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads "
-                         f"({heads_kv}) for GQA/MQA")
+    check_heads(head_dim, heads, heads_kv)
     for name in ("o", "do"):
         if name in named and as_bshd(named[name], layout).shape != qv.shape:
             raise ValueError(f"{name} must have the shape of q {tuple(named['q'].shape)}, got "
@@ -110,6 +104,17 @@ def remember_passed(key: tuple | None) -> None:
         _PASSED.add(key)
 
 
+def check_heads(head_dim: int, heads: int, heads_kv: int) -> None:
+    """A supported head dim, and query heads a positive multiple of key/value heads."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
+    if heads == 0 or heads_kv == 0:
+        raise ValueError("q and k need at least one head")
+    if heads % heads_kv:
+        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads "
+                         f"({heads_kv}) for GQA/MQA")
+
+
 def check_devices(named: dict[str, torch.Tensor]) -> None:
     """One CUDA device for every tensor."""
     check_one_device(named)
@@ -158,13 +163,7 @@ def check_packed_tensors(named: dict[str, torch.Tensor]) -> None:
                          f"{tuple(v.shape)}")
     if k.shape[2] != head_dim:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share the head dim")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
-    if heads == 0 or heads_kv == 0:
-        raise ValueError("q and k need at least one head")
-    if heads % heads_kv:
-        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads "
-                         f"({heads_kv}) for GQA/MQA")
+    check_heads(head_dim, heads, heads_kv)
     for name in ("o", "do"):
         if name in named and named[name].shape != q.shape:
             raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
