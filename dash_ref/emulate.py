@@ -457,17 +457,20 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     arrival = _arrival(schedule, arrival_seed)
     dq_acc = replay(schedule, partials, arrival, flush_subnormals=a.flush_dq_adds)
     dk_acc, dv_acc = steps.gqa_sum(dk_head, p.group), steps.gqa_sum(dv_head, p.group)
-    return BackwardResult(
-        dq=epilogue(dq_acc, scale, q.dtype),
-        dk=epilogue(dk_acc, scale, q.dtype),
-        dv=epilogue(dv_acc, None, q.dtype),
-        dq_acc=dq_acc,
-        dk_acc=dk_acc,
-        dv_acc=dv_acc,
-        partials=partials if return_partials else None,
-        **_sink_grads(a, sink, learnable_sink, lse2.reshape(-1, p.heads),
-                      delta.reshape(-1, p.heads)),
-    )
+    return _result(dq_acc, dk_acc, dv_acc, scale, q.dtype,
+                   partials if return_partials else None,
+                   _sink_grads(a, sink, learnable_sink, lse2.reshape(-1, p.heads),
+                               delta.reshape(-1, p.heads)))
+
+
+def _result(dq_acc: torch.Tensor, dk_acc: torch.Tensor, dv_acc: torch.Tensor, scale: float,
+            dtype: torch.dtype, partials: torch.Tensor | None,
+            sink_grads: dict[str, torch.Tensor]) -> BackwardResult:
+    """The :class:`BackwardResult` of the fp32 accumulators: each rounded by the epilogue to
+    ``dtype``, dQ and dK scaled by ``scale`` first, dV not."""
+    return BackwardResult(dq=epilogue(dq_acc, scale, dtype), dk=epilogue(dk_acc, scale, dtype),
+                          dv=epilogue(dv_acc, None, dtype), dq_acc=dq_acc, dk_acc=dk_acc,
+                          dv_acc=dv_acc, partials=partials, **sink_grads)
 
 
 def _sink_grads(a: Arithmetic, sink: torch.Tensor | None, learnable_sink: torch.Tensor | None,
@@ -536,17 +539,10 @@ def _backward_packed(schedule: Schedule, a: Arithmetic, q: torch.Tensor, k: torc
                     flush_subnormals=a.flush_dq_adds)
     dk_acc = torch.cat([steps.gqa_sum(x, p.group)[0] for x in dk_head])
     dv_acc = torch.cat([steps.gqa_sum(x, p.group)[0] for x in dv_head])
-    return BackwardResult(
-        dq=epilogue(dq_acc, scale, q.dtype),
-        dk=epilogue(dk_acc, scale, q.dtype),
-        dv=epilogue(dv_acc, None, q.dtype),
-        dq_acc=dq_acc,
-        dk_acc=dk_acc,
-        dv_acc=dv_acc,
-        partials=partials if return_partials else None,
-        **_sink_grads(a, sink, learnable_sink, lse2,
-                      torch.cat([x["delta"][0] for x in seqs])),
-    )
+    return _result(dq_acc, dk_acc, dv_acc, scale, q.dtype,
+                   partials if return_partials else None,
+                   _sink_grads(a, sink, learnable_sink, lse2,
+                               torch.cat([x["delta"][0] for x in seqs])))
 
 
 def emulate(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
