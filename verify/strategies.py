@@ -210,6 +210,15 @@ def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 
     from them or equals ``d`` (these draws come last, so without them a problem is drawn as
     it always was).
     """
+    _check_sizes(max_elements, max_len, head_dims, value_head_dims, blocks)
+    return _problems(max_elements, head_dims, masks, blocks, max_len, windows,
+                     tuple(value_head_dims))
+
+
+def _check_sizes(max_elements: int, max_len: int, head_dims: tuple[int, ...],
+                 value_head_dims: tuple[int, ...], blocks: tuple[tuple[int, int], ...]) -> None:
+    """The size arguments :func:`problems` and :func:`packed_problems` share: each a
+    positive int."""
     integer("max_elements", max_elements, minimum=1)
     integer("max_len", max_len, minimum=1)
     for d in head_dims:
@@ -219,8 +228,6 @@ def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 
     for bm, bn in blocks:
         integer("blocks[...]", bm, minimum=1)
         integer("blocks[...]", bn, minimum=1)
-    return _problems(max_elements, head_dims, masks, blocks, max_len, windows,
-                     tuple(value_head_dims))
 
 
 @st.composite
@@ -300,16 +307,8 @@ def packed_problems(max_elements: int = 60_000, head_dims: tuple[int, ...] = (8,
     ``value_head_dims`` as in :func:`problems` (one window for every sequence, in its own
     coordinates).
     """
-    integer("max_elements", max_elements, minimum=1)
-    integer("max_len", max_len, minimum=1)
+    _check_sizes(max_elements, max_len, head_dims, value_head_dims, blocks)
     integer("max_batch", max_batch, minimum=1)
-    for d in head_dims:
-        integer("head_dims[...]", d, minimum=1)
-    for d in value_head_dims:
-        integer("value_head_dims[...]", d, minimum=1)
-    for bm, bn in blocks:
-        integer("blocks[...]", bm, minimum=1)
-        integer("blocks[...]", bn, minimum=1)
     return _packed_problems(max_elements, head_dims, masks, blocks, max_len, max_batch,
                             windows, tuple(value_head_dims))
 
