@@ -310,9 +310,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_learnable_sink(learnable_sink, q.shape[1], exact)
     packing = _packing(_with_sink(named, learnable_sink), *offsets,
                        read=not torch.compiler.is_compiling())
-    o, _ = varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    return varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        options, packing, learnable_sink)
-    return o
 
 
 #: FlashAttention's options that :func:`flash_attn_varlen_func` takes only at these values

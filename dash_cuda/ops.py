@@ -261,12 +261,6 @@ def _save(ctx, q, k, v, o, lse, sink, options: Options) -> None:
     ctx.mark_non_differentiable(lse)  # the backward reads it; it has no gradient of its own
 
 
-def _keep_missing_grads(ctx) -> None:
-    """An eager backward receives None for an output without a gradient (``LSE2``, always)
-    instead of a tensor of zeros that autograd would allocate and fill on every call."""
-    ctx.set_materialize_grads(False)
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, sink, *flat = inputs
     _save(ctx, q, k, v, *output, sink, Options(*flat))
@@ -389,36 +383,34 @@ attention_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_se
 
 
 class EagerAttentionVarlen(torch.autograd.Function):
-    """:class:`EagerAttention` for packed batches: the lengths, read once at the public
-    entry, travel to the backward in the :class:`~dash_cuda.options.Packing`."""
+    """:class:`EagerAttention` for packed batches (``O`` alone; ``LSE2`` on the context): the
+    lengths, read once at the public entry, travel to the backward in the
+    :class:`~dash_cuda.options.Packing`."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, packing: Packing, options: Options):
         o, lse = forward_views(q, k, v, options, packing=packing, sink=sink)
-        _save(ctx, q, k, v, o, lse, sink, options)
-        _keep_missing_grads(ctx)
-        ctx.packing = packing
-        return o, lse
+        ctx.save_for_backward(q, k, v, o, sink)
+        ctx.lse, ctx.options, ctx.packing = lse, options, packing
+        return o
 
     @staticmethod
-    def backward(ctx, grad_o, grad_lse):
-        if grad_o is None:  # O took no part in what was differentiated
-            return None, None, None, None, None, None
-        q, k, v, o, lse, sink = ctx.saved_tensors
-        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, lse, grad_o, ctx.options,
+    def backward(ctx, grad_o):
+        q, k, v, o, sink = ctx.saved_tensors
+        dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
                                               packing=ctx.packing, sink=sink)
         return dq, dk, dv, dsink, None, None
 
 
 def varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 max_seqlen_q: int, max_seqlen_k: int, options: Options,
-                packing: Packing | None, sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(O, LSE2)`` of a packed batch with autograd (``sink``'s gradient too): the custom op
-    under ``torch.compile`` (which reads the offsets itself; ``packing`` is None there), else
+                packing: Packing | None, sink: Tensor | None = None) -> Tensor:
+    """``O`` of a packed batch with autograd (``sink``'s gradient too): the custom op under
+    ``torch.compile`` (which reads the offsets itself; ``packing`` is None there), else
     :class:`EagerAttentionVarlen` with the ``packing`` read at the entry."""
     if torch.compiler.is_compiling():
         return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, sink, *options.flat())
+                                   max_seqlen_k, sink, *options.flat())[0]
     return EagerAttentionVarlen.apply(q, k, v, sink, packing, options)
 
 

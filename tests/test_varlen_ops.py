@@ -136,7 +136,8 @@ def test_eager_calls_skip_the_op_and_traced_calls_see_it(monkeypatch, compiling)
     seen = []
     options = Options(True, 0.125, "lpt", True, True, None, False, "auto", [-1, -1])
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-    monkeypatch.setattr(ops, "attention_varlen_op", lambda *a: seen.append(("op", a)) or "op")
+    monkeypatch.setattr(ops, "attention_varlen_op",
+                        lambda *a: seen.append(("op", a)) or ("op", "lse"))
     monkeypatch.setattr(ops.EagerAttentionVarlen, "apply",
                         lambda *a: seen.append(("eager", a)) or "eager")
     q, k = meta(TOTAL_Q, H, D), meta(TOTAL_K, HK, D)
@@ -251,3 +252,35 @@ def test_the_packed_schedule_is_resolved_on_the_packed_problem():
                            Mask("causal"))
     assert p.is_packed and (p.block_m, p.block_n) == backend.backward_tiles(D, "causal")
     assert p.seqlens_q == (5, 0, 37, 16) and p.mask == "causal"
+
+
+def test_the_eager_function_hands_its_forward_lse_and_packing_to_its_backward(monkeypatch):
+    """:class:`EagerAttentionVarlen` returns ``O`` alone and gives its backward the ``O``,
+    ``LSE2`` and :class:`Packing` of its forward, with the incoming gradient; the gradients
+    come back in the order of the inputs."""
+    total, heads, d = 12, 2, 16
+    o_made, lse_made = torch.randn(total, heads, d), torch.randn(heads, total).t()
+    grads = [torch.randn(total, heads, d) for _ in range(3)]
+    packing = Packing(*offsets(), 37, 20, (5, 0, 37, 16), (9, 3, 20, 16))
+    seen = {}
+
+    def forward_views(q, k, v, options, packing=None, sink=None):
+        seen["forward_packing"] = packing
+        return o_made.clone(), lse_made
+
+    def backward_views(q, k, v, o, lse, do, options, packing=None, sink=None):
+        seen.update(o=o, lse=lse, do=do, packing=packing)
+        return (*grads, None, None)
+
+    monkeypatch.setattr(ops, "forward_views", forward_views)
+    monkeypatch.setattr(ops, "backward_views", backward_views)
+    q, k, v = (torch.randn(total, heads, d, requires_grad=True) for _ in range(3))
+    o = ops.EagerAttentionVarlen.apply(q, k, v, None, packing, Options.checked(d))
+    assert isinstance(o, torch.Tensor) and torch.equal(o, o_made)
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), do)
+    assert seen["lse"] is lse_made and torch.equal(seen["o"], o_made)
+    assert torch.equal(seen["do"], do)
+    assert seen["packing"] is packing and seen["forward_packing"] is packing
+    for g, want in zip(got, grads, strict=True):
+        assert torch.equal(g, want)
