@@ -273,3 +273,61 @@ def test_training_profile_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert training_profile.main(["--out", "/nonexistent"]) == 2
     assert "training_profile: needs a CUDA device" in capsys.readouterr().err
+
+
+def test_versus_fa4_times_every_row_three_ways_and_reports_both_columns(monkeypatch):
+    """A whole (mocked) run of ``versus_fa4``: every row timed as single calls and
+    back-to-back calls in every round, as replays where it captures (FA4's backward does
+    not), and each cell's ratios in both columns."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    timed = []
+
+    def fake_rows(*args, **kwargs):  # (fwd, bwd) closures that name their row
+        return ("fwd", "bwd")
+
+    def fa4_rows(fa, det, *args):
+        name = "fa4-det" if det else "fa4"
+        return (f"{name}:fwd", f"{name}:bwd")
+
+    def replayable(fn, warmup):
+        return (f"replay:{fn}", "eager" if fn == "fa4-det:bwd" or fn == "fa4:bwd"
+                else "graph")
+
+    def measure(kind):
+        def ms(run, reps):
+            timed.append((kind, run))
+            return 1.0 + 0.01 * len(timed)
+        return ms
+
+    monkeypatch.setattr(versus_fa4, "load_fa4", lambda: object())
+    monkeypatch.setattr(versus_fa4, "environment", lambda args: {"reps": args.reps})
+    monkeypatch.setattr(versus_fa4, "grid_inputs", lambda d, s, gen, group: (None,) * 4)
+    monkeypatch.setattr(versus_fa4, "dash_autograd_closures", fake_rows)
+    monkeypatch.setattr(versus_fa4, "fa4_closures", fa4_rows)
+    monkeypatch.setattr(versus_fa4, "replayable", replayable)
+    monkeypatch.setattr(versus_fa4, "median_ms", measure("events"))
+    monkeypatch.setattr(versus_fa4, "single_call_ms", measure("single"))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: SimpleNamespace(
+        manual_seed=lambda seed: None))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = argparse.Namespace(head_dims=[64], masks=["causal"], seqlens=[1024], schedules=1,
+                              rounds=2, reps=3, warmup=1, workers=None, group=1,
+                              time_budget=float("inf"), argv=[])
+    report = versus_fa4.run(args)
+    (cell,) = report["cells"]
+    assert set(cell["ms"]["single"]) == set(cell["ms"]["queued"]) == {
+        "cute:auto:bwd", "cute:symmetric_shift:bwd", "cute:fwd", "fa4:bwd", "fa4:fwd",
+        "fa4-det:bwd"}
+    assert set(cell["ms"]["graph"]) == {"cute:auto:bwd", "cute:symmetric_shift:bwd",
+                                        "cute:fwd", "fa4:fwd"}
+    assert all(len(t) == 2 for timing in cell["ms"].values() for t in timing.values())
+    assert len(timed) == 2 * (6 + 6 + 4)  # two rounds of every row in every timing
+    assert cell["fwd_vs_fa4"]["kernels"]["timing"] == "graph"
+    assert cell["bwd_best_vs_fa4_det"]["kernels"]["timing"] == "queued"
+    report["environment"].update(command="c", gpu="g", torch="t", git_revision="r",
+                                 date_utc="d", rounds=2)
+    assert "| 64 | causal | 1024 |" in versus_fa4.markdown(report)
