@@ -35,34 +35,28 @@ FORWARD_RANGE = "attention_forward"
 
 
 class Trainer:
-    """One attention's model, optimizer and batches, a step at a time."""
+    """One attention's model, optimizer and batches, a step at a time (the example's
+    :func:`reproducible_training.train_step`)."""
 
     def __init__(self, cfg, attention: str, data):
         import reproducible_training as example
         import torch
-        import torch.nn.functional as F
 
-        self.F, self.torch, self.cfg, self.data = F, torch, cfg, data
+        self.example, self.torch, self.cfg, self.data = example, torch, cfg, data
         self.attention = attention
         torch.manual_seed(cfg.seed)
         self.model = example.GPT(cfg, attention).cuda()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.1,
                                      foreach=True)
+        self.amp = torch.autocast("cuda", dtype=torch.bfloat16)
         self.index = 0
 
     def step(self) -> float:
-        torch, cfg = self.torch, self.cfg
+        torch = self.torch
         torch.use_deterministic_algorithms(True, warn_only=not self.attention.endswith("-det"))
         batch = self.data[self.index % len(self.data)].cuda()
         self.index += 1
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = self.model(batch[:, :-1])
-        loss = self.F.cross_entropy(logits.float().view(-1, cfg.vocab),
-                                    batch[:, 1:].reshape(-1))
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
+        return self.example.train_step(self.model, self.opt, self.amp, batch, self.cfg.vocab)
 
 
 def wall_ms(trainer: Trainer, steps: int) -> float:

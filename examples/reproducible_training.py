@@ -162,6 +162,20 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, amp, batch: torch.Tensor,
+               vocab: int) -> float:
+    """One step on ``batch`` (``(B, S + 1)`` tokens: inputs and next-token targets): the
+    forward under ``amp``, the loss, the backward and the optimizer's step; the loss."""
+    tokens, targets = batch[:, :-1], batch[:, 1:]
+    with amp:
+        logits = model(tokens)
+    loss = F.cross_entropy(logits.float().view(-1, vocab), targets.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 def train(cfg: Config, attention: str, data: torch.Tensor, device: torch.device,
           log=print) -> dict:
     """One run from the seeded initial weights: per-step losses, final digest, tokens/s."""
@@ -176,15 +190,7 @@ def train(cfg: Config, attention: str, data: torch.Tensor, device: torch.device,
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-        batch = data[step].to(device)
-        tokens, targets = batch[:, :-1], batch[:, 1:]
-        with amp:
-            logits = model(tokens)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), targets.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(train_step(model, opt, amp, data[step].to(device), cfg.vocab))
         if (step % 50 == 0 or step == cfg.steps - 1
                 or time.perf_counter() - last_line > PROGRESS_S):
             log(f"  {attention:10s} step {step:4d} loss {losses[-1]:.4f}")
