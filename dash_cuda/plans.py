@@ -6,8 +6,8 @@ kernel's arguments and compiled handle. For one :func:`signature` (options, the 
 strides, dtypes and 16-byte alignment of the tensors, the device) all of that is the same
 on every call. The first call of a signature runs that general path and keeps what it
 launched as a plan, made by the same functions from its own decisions (so the same kernels
-with the same arguments, and the same bits: ``tests/test_backward_plan.py``,
-``tests/gpu/test_backward_plan.py``); a later call only allocates its outputs and scratch
+with the same arguments, and the same bits: ``tests/test_plans.py``,
+``tests/gpu/test_cuda_plans.py``); a later call only allocates its outputs and scratch
 and launches.
 
 Only the common case has a plan: a rectangular call without poisoning, without learnable

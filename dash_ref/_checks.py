@@ -74,24 +74,14 @@ def attention_inputs(q, k, v, **more) -> None:
     ``o``) have the shape of ``q`` with ``v``'s head dim, ``(B, S_q, H, d_v)``. A
     ``ValueError``/``TypeError`` names the tensor.
     """
-    import torch
-
-    named = {"q": q, "k": k, "v": v, **more}
-    for name, x in named.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have 4 dims (B, S, H, d), got shape "
-                             f"{tuple(x.shape)}")
+    _tensors({"q": q, "k": k, "v": v, **more}, "(B, S, H, d)")
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k and v must have one shape (B, S_k, H_kv; v's head dim may "
                          f"differ), got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch and "
                          "head dim (B, S, H, d)")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"q has {q.shape[2]} heads, k and v {k.shape[2]}: the query heads "
-                         "must be a positive multiple of the key/value heads")
+    _heads(q.shape[2], k.shape[2])
     want = (*q.shape[:3], v.shape[3])
     for name, x in more.items():
         if tuple(x.shape) != want:
@@ -103,15 +93,25 @@ def packed_inputs(**named) -> None:
     """Ranks and heads of packed ``(total, H, d)`` attention tensors, ``q`` and ``k`` among
     ``named`` (in the order given): each a tensor of 3 dims, and the query heads a positive
     multiple of the key/value heads. A ``ValueError``/``TypeError`` names the tensor."""
+    _tensors(named, "(total, H, d)", " for a packed batch")
+    _heads(named["q"].shape[1], named["k"].shape[1])
+
+
+def _tensors(named: dict, layout: str, where: str = "") -> None:
+    """Each of ``named`` a tensor with one dim per name of ``layout``."""
     import torch
 
+    rank = layout.count(",") + 1
     for name, x in named.items():
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3:
-            raise ValueError(f"{name} must have 3 dims (total, H, d) for a packed batch, got "
-                             f"shape {tuple(x.shape)}")
-    q, k = named["q"], named["k"]
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q has {q.shape[1]} heads, k and v {k.shape[1]}: the query heads "
-                         "must be a positive multiple of the key/value heads")
+        if x.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dims {layout}{where}, got shape "
+                             f"{tuple(x.shape)}")
+
+
+def _heads(heads: int, heads_kv: int) -> None:
+    """Query heads a positive multiple of the key/value heads."""
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"q has {heads} heads, k and v {heads_kv}: the query heads must be a "
+                         "positive multiple of the key/value heads")
