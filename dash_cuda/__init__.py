@@ -38,7 +38,7 @@ from .api import (
     flash_attn_varlen_qkvpacked_func,
 )
 from .backends import BACKENDS
-from .backends.triton.config import HEAD_DIMS
+from .backends import HEAD_DIMS
 from .launch import BackwardAudit
 
 __all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from .backends import get_backend
-from .backends.triton.config import HEAD_DIMS
+from .backends import HEAD_DIMS
 from .checks import (
     LAYOUTS,
     as_bshd,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from dash_cuda.backends import new_row_stats
-from dash_cuda.tile_io import load_tile, store_tile
+from dash_cuda.tile_io import load_tile, padded, store_tile
 from dash_cuda.triton_launch import launch
 
 #: fp32 elements a program of :func:`dash_delta_kernel` zeroes per store of the workspace
@@ -45,7 +45,8 @@ def _halve(x):
 
 @triton.jit
 def _rowsum_pairwise(x):
-    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 7``) as the pairwise tree of ``delta``.
+    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 7``) as the pairwise tree of ``delta``
+    (a head dim that is not a power of two comes zero-padded, as that tree pads it).
 
     ``tl.sum``'s order (per-thread adds, then a shuffle tree) is Triton's to choose; this
     one is written down. Each level adds neighbouring columns, one fp32 RNE add each (the
@@ -133,8 +134,8 @@ def dash_gqa_kernel(
         dk = load_tile(DK_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
         dv = load_tile(DV_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
     else:
-        dk = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
-        dv = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+        dk = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
+        dv = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
         for g in range(GROUP):  # ascending query head, from +0.0
             dk += load_tile(DK_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
             dv += load_tile(DV_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)

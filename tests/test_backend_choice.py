@@ -42,8 +42,19 @@ def test_auto_names_every_backend_it_could_not_use(without):
 def test_a_named_backend_refuses_what_it_does_not_support():
     if get_backend("cute").missing():
         pytest.skip("CuTe DSL is not installed here")
-    with pytest.raises(ValueError, match="backend 'cute' cannot run this call"):
-        choose_backend("cute", Case(96, torch.bfloat16, exact=False, deterministic=True))
+    with pytest.raises(ValueError, match="backend 'cute' cannot run this call: head dim 32"):
+        choose_backend("cute", Case(32, torch.bfloat16, exact=False, deterministic=True))
+    with pytest.raises(ValueError, match="backend 'triton' cannot run this call: head dim 96"):
+        choose_backend("triton", Case(96, torch.bfloat16, exact=False, deterministic=True))
+
+
+def test_auto_takes_each_head_dim_to_a_backend_that_runs_it():
+    """d = 96 runs on the CuTe kernels only, d = 32 on the Triton ones only."""
+    if get_backend("cute").missing() or get_backend("triton").missing():
+        pytest.skip("CuTe DSL or Triton is not installed here")
+    for head_dim, name in ((96, "cute"), (32, "triton"), (128, "cute")):
+        case = Case(head_dim, torch.bfloat16, exact=False, deterministic=True)
+        assert choose_backend("auto", case).name == name
 
 
 def test_an_unknown_backend_lists_the_known_ones():

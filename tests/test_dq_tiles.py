@@ -28,7 +28,7 @@ launch = pytest.importorskip("dash_cuda.backends.cute.launch")  # staging order 
 from dash_cuda.backends.cute.config import backward_config  # noqa: E402
 
 # head dim -> BM of the staged tiles (both masks tile alike)
-TILES = {d: backward_config(d, "full").block_m for d in (64, 128)}
+TILES = {d: backward_config(d, "full").block_m for d in (64, 96, 128)}
 
 # (head dim, dtype, batch, heads, S_q): S_q not a multiple of BM, one tile, a partial
 # single tile, and exact multiples
@@ -40,6 +40,9 @@ CASES = [
     (128, torch.bfloat16, 3, 1, 200),
     (128, torch.bfloat16, 1, 2, 17),
     (128, torch.float16, 1, 1, 64),
+    # d = 96: not a power of two, the tile is moved one register group at a time
+    (96, torch.float16, 2, 2, 131),
+    (96, torch.bfloat16, 1, 1, 64),
 ]
 
 INTERPRETED = """
@@ -123,12 +126,14 @@ def test_rows_past_seqlen_are_not_written(interpreted):
     assert c["dq"][:, seqlen_q:].isnan().all()
 
 
-def test_only_the_two_staged_tile_shapes_are_accepted():
-    """The kernel knows the staging order of 128 x 64 and 64 x 128 tiles, nothing else."""
-    from dash_cuda.backends.cute.finish_dq import finish_dq_tiles
+def test_only_the_staged_tile_shapes_of_the_backward_are_accepted():
+    """The kernel knows the staging order of 128 x 64, 64 x 96 and 64 x 128 tiles (the
+    backward's, one per head dim), nothing else."""
+    from dash_cuda.backends.cute.finish_dq import TILE_SHAPES, finish_dq_tiles
 
+    assert set(TILE_SHAPES) == {(b, d) for d, b in TILES.items()}
     dq = torch.empty(1, 64, 1, 64, dtype=torch.float16)
-    with pytest.raises(ValueError, match="128 x 64 or 64 x 128"):
+    with pytest.raises(ValueError, match="128 x 64, 64 x 96 or 64 x 128"):
         finish_dq_tiles(torch.empty(1, 64 * 64), dq, 1.0, 64)
 
 

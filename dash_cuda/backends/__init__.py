@@ -256,3 +256,15 @@ def choose_backend(name: str, case: Case) -> Backend:
             return backend
         reasons.append(f"{candidate}: {reason}")
     raise ValueError("no backend can run this call (" + "; ".join(reasons) + ")")
+
+
+def _head_dims() -> tuple[int, ...]:
+    from .cute.config import HEAD_DIMS as cute_dims
+    from .triton.config import HEAD_DIMS as triton_dims
+
+    return tuple(sorted(set(cute_dims) | set(triton_dims)))
+
+
+#: head dims some backend runs (each backend's ``unsupported`` says which it does): ``"auto"``
+#: takes a call to one that can
+HEAD_DIMS = _head_dims()

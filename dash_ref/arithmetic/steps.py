@@ -422,18 +422,19 @@ def delta(a: Arithmetic, o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """``D = rowsum(dO * O)`` over the head dim, fp32, for ``(..., d)`` inputs.
 
     The products are exact upcasts multiplied in fp32 (``mul.f32``, RNE, subnormals kept).
-    IEEE: summed by ``torch.sum``. Pairwise (:data:`EXACT`): level 0 holds the products in
-    ascending column; each level replaces elements ``2m`` and ``2m + 1`` by their fp32 sum
-    and carries an odd last element, until one value is left. A kernel gets the same bits
-    by halving an ``(M, d)`` tile ``log2(d)`` times (a sum of two is one commutative add).
+    IEEE: summed by ``torch.sum``. Pairwise (:data:`EXACT`, :data:`FAST`): level 0 holds
+    the products in ascending column, then ``+0.0`` up to the next power of two; each level
+    replaces elements ``2m`` and ``2m + 1`` by their fp32 sum, until one value is left. A
+    kernel gets the same bits by halving a zero-padded ``(M, 2^k)`` tile ``k`` times (a sum
+    of two is one commutative add; the padding is what makes d = 96 a tile).
     """
     x = do.to(F32) * o.to(F32)
     if a.delta_order == "torch":
         return x.sum(-1)
+    width = 1 << (x.shape[-1] - 1).bit_length()
+    x = torch.nn.functional.pad(x, (0, width - x.shape[-1]))  # +0.0
     while x.shape[-1] > 1:
-        even = x.shape[-1] // 2 * 2
-        summed = x[..., 0:even:2] + x[..., 1:even:2]
-        x = torch.cat([summed, x[..., even:]], dim=-1)
+        x = x[..., 0::2] + x[..., 1::2]
     return x[..., 0]
 
 

@@ -14,7 +14,7 @@
 - :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
-It runs head dims 64 and 128 in the fast arithmetic, every mask (full, causal, sliding
+It runs head dims 64, 96 and 128 in the fast arithmetic, every mask (full, causal, sliding
 windows: :mod:`.mask`), rectangular and packed batches (:data:`PACKED_BACKWARD`).
 Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first use.
 """
@@ -26,8 +26,7 @@ import importlib.util
 import torch
 
 from ...backends import Case, Launch
-
-HEAD_DIMS = (64, 128)
+from .config import HEAD_DIMS
 
 #: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
 #: them (``backend="auto"`` then runs them on Triton): the one switch for packed calls

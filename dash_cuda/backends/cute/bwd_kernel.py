@@ -95,26 +95,27 @@ BAR_EPILOGUE = 2
 def staging_coords(block_m: int, head_dim: int) -> list[tuple[int, int]]:
     """(row, col) inside a BM x d tile of every fp32 position of a staged dQ partial.
 
-    A math thread ``t`` of warpgroup ``w`` holds its wgmma accumulator in registers
-    ``r = 0 .. 31``; it stores register ``r`` at position
-    ``w * (BM * d / 2) + (r // 4) * 512 + 4 * t + r % 4`` (16-byte stores, one warp writes
-    512 consecutive bytes: no bank conflicts). The register's coordinates are the wgmma
-    accumulator layout of an m64n64 tile: row ``16 * (t // 32) + (t % 32) // 4 + 8 * ((r // 2)
-    % 2)``, column ``8 * (r // 4) + 2 * (t % 4) + r % 2``; warpgroup ``w`` owns rows
-    ``64 w ..`` (d = 64, BM = 128) or columns ``64 w ..`` (d = 128, BM = 64).
+    Warpgroup ``w`` holds an m64 x n wgmma accumulator: rows ``64 w ..`` with ``n = d``
+    (d = 64, BM = 128) or columns ``(d / 2) w ..`` with ``n = d / 2`` (BM = 64). Its math
+    thread ``t`` holds registers ``r = 0 .. n / 2 - 1`` and stores register ``r`` at position
+    ``w * (BM * d / 2) + (r // 4) * 512 + 4 * t + r % 4`` (16-byte stores, one warp writes 512
+    consecutive bytes: no bank conflicts). The register's coordinates in the warpgroup's
+    block are the wgmma accumulator layout: row ``16 * (t // 32) + (t % 32) // 4 + 8 * ((r //
+    2) % 2)``, column ``8 * (r // 4) + 2 * (t % 4) + r % 2``.
     """
     half = block_m * head_dim // 2
+    cols = head_dim if block_m == 128 else head_dim // 2
     out = [(0, 0)] * (2 * half)
     for w in range(2):
         for t in range(128):
             warp, lane = divmod(t, 32)
-            for r in range(32):
+            for r in range(cols // 2):
                 row = 16 * warp + lane // 4 + 8 * ((r // 2) % 2)
                 col = 8 * (r // 4) + 2 * (lane % 4) + r % 2
                 if block_m == 128:
                     row += 64 * w
                 else:
-                    col += 64 * w
+                    col += cols * w
                 out[w * half + (r // 4) * 512 + 4 * t + r % 4] = (row, col)
     return out
 
@@ -218,9 +219,12 @@ class DashBackwardSm90:
         self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
-        # registers per math thread of the dQ accumulator (one m64n64 wgmma tile per warpgroup)
+        # columns of one warpgroup's dQ accumulator: BM = 128 splits the rows (each warpgroup
+        # m64 x d), BM = 64 the head dim (m64 x d / 2); registers per math thread of it,
+        # staged four at a time (:func:`staging_coords`)
+        self.dq_cols = head_dim if self.bm == 128 else head_dim // 2
         self.dq_regs = self.dq_tile_elems // MATH_THREADS
-        assert self.dq_regs == 32
+        assert self.dq_regs == self.dq_cols // 2 and self.dq_regs % 4 == 0
         # The chain epilogue's dK and dV tiles (BN x d each) go to the dS buffers. Where one
         # dS buffer holds both (BM >= 2 d), they take the buffer the next visit does not
         # write, and the stores drain while the next chain runs ("overlapped"); otherwise
@@ -247,7 +251,7 @@ class DashBackwardSm90:
                 self.dtype, self.dtype, mn_major, mn_major, Float32, (2, 1, 1), (64, self.d))
         else:  # BM = 64: two warpgroups split the head dim
             mma_dq = sm90.make_trivial_tiled_mma(
-                self.dtype, self.dtype, mn_major, mn_major, Float32, (1, 2, 1), (64, self.d // 2))
+                self.dtype, self.dtype, mn_major, mn_major, Float32, (1, 2, 1), (64, self.dq_cols))
         return mma_sdp, mma_dkv, mma_dq
 
     # -- host side -----------------------------------------------------------------------------
@@ -317,7 +321,9 @@ class DashBackwardSm90:
         )
 
         sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
-        sK_layout = smem_layout(self.dtype, bn, d, None)
+        # K is also the dQ MMA's MN-major B operand, whose columns two warpgroups split
+        # where BM = 64 (:meth:`_tiled_mmas`): each half must start on a swizzle atom
+        sK_layout = smem_layout(self.dtype, bn, d, None, block_cols=self.dq_cols)
         sdS_layout = smem_layout(self.dtype, bm, bn, self.q_stages, mn_major=True)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, (None, None, 0)),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -95,16 +95,16 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
     _supported(head_dim)
     if head_dim == 64:
         return BackwardConfig(128, 128)
-    return BackwardConfig(64, 128, select_every_tile=mask == "full")
+    return BackwardConfig(64, 128, select_every_tile=mask == "full")  # d = 96 as d = 128
 
 
 #: causal problems with S_q up to this keep 128-row forward tiles at d = 64
 SHORT_CAUSAL = 1024
 
 # Three math warpgroups (192 rows) keep the tensor cores busier while each runs its softmax
-# (d = 64); d = 128 needs 240 registers per math thread, so two.
+# (d = 64); d = 96 and 128 need more registers per math thread than three leave, so two.
 _FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3)},
-            128: {128: ForwardConfig(128, 128, 2)}}
+            96: {128: ForwardConfig(128, 128, 2)}, 128: {128: ForwardConfig(128, 128, 2)}}
 
 
 def tiling_mask(rule) -> str:

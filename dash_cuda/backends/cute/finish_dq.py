@@ -45,11 +45,42 @@ def staged_to_rows(tile, BM: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def load_staged_tile(DQ_ACC, t, BM: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Tile ``t`` of the accumulator, row-major: contiguous (16-byte vector) loads, then
-    :func:`staged_to_rows` (Triton moves the values through shared memory)."""
-    tile = tl.load(DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM) + tl.arange(0, BM * HEAD_DIM))
-    return staged_to_rows(tile, BM, HEAD_DIM)
+def chunk_to_rows(chunk):
+    """One register group of a staged tile, 512 values (``g`` fixed in
+    :func:`staged_to_rows`'s dims), as the ``(64, 8)`` block it holds: rows ``(warp, vh,
+    lq)``, columns ``(lr, vl)``."""
+    chunk = tl.reshape(chunk, [4, 8, 4, 2, 2])
+    return tl.reshape(tl.permute(chunk, [0, 3, 1, 2, 4]), [64, 8])
+
+
+@triton.jit
+def store_staged_tile(DQ_ACC, t, DQ, rows, n_rows, stride_s, softmax_scale,
+                      BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Tile ``t`` of the accumulator, ``rnd(tile * softmax_scale)`` (one fp32 multiply, one
+    RNE cast), into rows ``rows`` of the ``(S, d)`` slice ``DQ``; rows past ``n_rows`` are
+    not written.
+
+    ``(BM, HEAD_DIM)`` = (128, 64) or (64, 128): the whole tile in contiguous 16-byte
+    loads, made row-major by :func:`staged_to_rows` (Triton moves the values through shared
+    memory). (64, 96) (not a power of two, which a Triton tile must be): each warpgroup's
+    ``HEAD_DIM / 16`` register groups one by one, each a ``(64, 8)`` block at columns
+    ``(HEAD_DIM / 2) w + 8 g`` (:func:`chunk_to_rows`).
+    """
+    first = DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM)
+    if (BM * HEAD_DIM) & (BM * HEAD_DIM - 1) == 0:
+        tile = staged_to_rows(tl.load(first + tl.arange(0, BM * HEAD_DIM)), BM, HEAD_DIM)
+        dq = (tile * softmax_scale).to(DQ.dtype.element_ty)
+        store_tile(DQ, rows, n_rows, stride_s, dq, HEAD_DIM)
+    else:
+        tl.static_assert(BM == 64)
+        for w in tl.static_range(2):
+            for g in tl.static_range(HEAD_DIM // 16):
+                chunk = tl.load(first + (w * (BM * HEAD_DIM // 2) + g * 512)
+                                + tl.arange(0, 512))
+                dq = (chunk_to_rows(chunk) * softmax_scale).to(DQ.dtype.element_ty)
+                cols = w * (HEAD_DIM // 2) + g * 8 + tl.arange(0, 8)
+                tl.store(DQ + rows[:, None] * stride_s + cols[None, :], dq,
+                         mask=rows[:, None] < n_rows)
 
 
 @triton.jit(do_not_specialize=["H", "S_Q", "N_Q"])
@@ -60,15 +91,14 @@ def dash_dq_tiles_kernel(
     BM: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """``dQ = rnd(dQacc * scale)`` from tiles in staging order: tile ``t = (b * H + h) * N_Q
-    + i`` is ``BM * HEAD_DIM`` contiguous fp32 values (:func:`load_staged_tile`); program
+    + i`` is ``BM * HEAD_DIM`` contiguous fp32 values (:func:`store_staged_tile`); program
     ``t`` writes whole rows of dQ."""
     t = tl.program_id(0)
-    tile = load_staged_tile(DQ_ACC, t, BM, HEAD_DIM)
     bh = (t // N_Q).to(tl.int64)
     b, h = bh // H, bh % H
     rows = (t % N_Q) * BM + tl.arange(0, BM)
-    dq = (tile * softmax_scale).to(DQ.dtype.element_ty)  # one fp32 multiply, one RNE cast
-    store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
+    store_staged_tile(DQ_ACC, t, DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs,
+                      softmax_scale, BM, HEAD_DIM)
 
 
 @triton.jit(do_not_specialize=["stride_dqs", "stride_dqh"])
@@ -81,11 +111,10 @@ def dash_dq_packed_tiles_kernel(
     numbering) into the packed rows :func:`.packed_rows.tile_table` places it at; rows
     past its sequence's end land nowhere."""
     t = tl.program_id(0)
-    tile = load_staged_tile(DQ_ACC, t, BM, HEAD_DIM)
     first, count, head = tile_place(TILES, t)
     rows = first + tl.arange(0, BM)
-    dq = (tile * softmax_scale).to(DQ.dtype.element_ty)  # one fp32 multiply, one RNE cast
-    store_tile(DQ + head * stride_dqh, rows, first + count, stride_dqs, dq, HEAD_DIM)
+    store_staged_tile(DQ_ACC, t, DQ + head * stride_dqh, rows, first + count, stride_dqs,
+                      softmax_scale, BM, HEAD_DIM)
 
 
 def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
@@ -101,9 +130,14 @@ def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: floa
         dict(BM=problem.block_m, HEAD_DIM=problem.head_dim))
 
 
+#: (BM, d) of the staged tiles the kernels know the order of
+TILE_SHAPES = ((128, 64), (64, 96), (64, 128))
+
+
 def _check_tile_shape(block_m: int, head_dim: int) -> None:
-    if (block_m, head_dim) not in ((128, 64), (64, 128)):
-        raise ValueError(f"staged dQ tiles are 128 x 64 or 64 x 128, not {block_m} x {head_dim}")
+    if (block_m, head_dim) not in TILE_SHAPES:
+        raise ValueError(f"staged dQ tiles are 128 x 64, 64 x 96 or 64 x 128, not "
+                         f"{block_m} x {head_dim}")
 
 
 def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
@@ -111,7 +145,7 @@ def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float
     """``dQ = rnd(dQacc * scale)`` from ``(B * H * n_q, BM * d)`` tiles in staging order.
 
     The order is :func:`dash_cuda.backends.cute.bwd_kernel.staging_coords`, which the
-    kernel knows (``(BM, d)`` is ``(128, 64)`` or ``(64, 128)``). Rows past ``S_q`` are not
+    kernel knows (``(BM, d)``: one of :data:`TILE_SHAPES`). Rows past ``S_q`` are not
     written.
     """
     kernel, grid, args, named, options = finish_dq_launch(dq_acc, dq, softmax_scale, block_m)

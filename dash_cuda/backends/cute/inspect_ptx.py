@@ -38,6 +38,7 @@ import cutlass.cute as cute  # noqa: E402
 from . import launch  # noqa: E402
 from .bwd_kernel import staging_coords  # noqa: E402
 from .config import HEAD_DIMS  # noqa: E402
+from .layouts import atom_columns  # noqa: E402
 from .variants import ForwardVariant, Variant, backward_variant, shipped_variants  # noqa: E402
 
 
@@ -105,14 +106,15 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     need(mma == want, f"{mma} wgmma, expected {want}")
     n_load = count(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global")
     n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
-    need(n_load == 3 * (d // 64), f"{n_load} TMA loads, expected {3 * (d // 64)}")
+    boxes = d // atom_columns(d, 2)  # per tile of Q, K, V or O: one per swizzle atom
+    need(n_load == 3 * boxes, f"{n_load} TMA loads, expected {3 * boxes}")
     # packed: a warpgroup's rows that lie inside the sequence leave by the TMA store, and
     # those of a sequence's last, partial rows from registers by stores predicated on the
     # sequence's end (a TMA store would write the next sequence's rows), d / 2 per thread
     # (two rows, bf16 / fp16 each); LSE2 by two row stores on each path; each of the
     # loader and the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
     packed = getattr(v, "packed", False)
-    need(n_store == d // 64, f"{n_store} TMA stores, expected {d // 64}")
+    need(n_store == boxes, f"{n_store} TMA stores, expected {boxes}")
     if packed:
         o_stores, lse_stores = count(r"st\.global\.b16"), count(r"st\.global\.b32")
         need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
@@ -194,12 +196,15 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
          "no setmaxnreg.dec 24")
     need(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx) is not None,
          "no setmaxnreg.inc 240")
-    # loads of Q, dO, K, V: one box per 64 columns (a 128-byte swizzle row)
+    # loads of Q, dO, K, V: one box per swizzle atom (K and V: atoms that the dQ MMA's
+    # column halves start on)
+    dq_cols = d if v.config.block_m == 128 else d // 2
+    loads = 2 * (d // atom_columns(d, 2)) + 2 * (d // atom_columns(d, 2, dq_cols))
     n_load = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", ptx))
-    need(n_load == 4 * (d // 64), f"{n_load} TMA tensor loads, expected {4 * (d // 64)}")
+    need(n_load == loads, f"{n_load} TMA tensor loads, expected {loads}")
     n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
-    # (dK and dV; a box per 128-byte swizzle row: 64 bf16 columns or 32 fp32 ones per head)
-    stores = 2 * (d // 32) if v.per_head else 2 * (d // 64)
+    # (dK and dV; a box per swizzle atom of the bf16 / fp16 outputs or the fp32 per-head ones)
+    stores = 2 * (d // atom_columns(d, 4 if v.per_head else 2))
     # packed: the rounded dK and dV of a whole KV tile leave by the TMA stores; those of a
     # sequence's last, partial tile, and per head every tile's fp32, from registers by
     # stores predicated on the sequence's end (a TMA store would write the next sequence's

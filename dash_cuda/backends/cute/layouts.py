@@ -31,17 +31,41 @@ def tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor
                                  cute.group_modes(gmem, 0, 2))
 
 
-def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False):
+#: K-major swizzle atoms by their width in bytes, widest first
+_K_ATOMS = ((128, "K_SW128"), (64, "K_SW64"), (32, "K_SW32"))
+
+
+def atom_columns(cols: int, elem_bytes: int, block_cols: int | None = None) -> int:
+    """Columns of the K-major swizzle atom :func:`smem_layout` tiles a row-major tile with:
+    the widest (128, 64 or 32 bytes) that divides ``block_cols`` (default ``cols``), the
+    narrowest column block an MMA takes of the tile as an MN-major operand, which must
+    start on an atom. d = 64, 128: 64 columns of 16-bit values; d = 96: 32, or 16 where two
+    warpgroups split the 96 columns in halves of 48. A TMA box is one atom wide, so a tile
+    moves as ``cols // atom_columns(...)`` boxes."""
+    width = (cols if block_cols is None else block_cols) * elem_bytes
+    for atom_bytes, _ in _K_ATOMS:
+        if width % atom_bytes == 0:
+            return atom_bytes // elem_bytes
+    raise ValueError(f"{cols} columns (blocks of {block_cols}) of {elem_bytes}-byte values "
+                     "are not a whole number of 32-byte swizzle atoms")
+
+
+def smem_layout(dtype, rows: int, cols: int, stages: int | None, *, mn_major: bool = False,
+                block_cols: int | None = None):
     """A swizzled (rows, cols[, stages]) shared-memory layout that wgmma and TMA both accept.
 
-    Row-major tiles (``cols`` contiguous) use 128-byte-swizzled K-major atoms of 64 columns;
-    the columns are cut into 64-wide blocks that each hold every row. The same bytes then
-    also read as a valid MN-major operand of the transposed tile, which is how K, Q and dO
-    serve both as K-major operands (S, dP) and as MN-major ones (dQ, dK, dV).
+    Row-major tiles (``cols`` contiguous) use the K-major atoms of :func:`atom_columns`; the
+    columns are cut into atom-wide blocks that each hold every row. The same bytes then also
+    read as a valid MN-major operand of the transposed tile, which is how K, Q and dO serve
+    both as K-major operands (S, dP) and as MN-major ones (dQ, dK, dV).
     ``mn_major`` makes ``rows`` the contiguous dimension instead (used for dS).
     """
-    kind = (warpgroup.SmemLayoutAtomKind.MN_SW128 if mn_major
-            else warpgroup.SmemLayoutAtomKind.K_SW128)
+    if mn_major:
+        kind = warpgroup.SmemLayoutAtomKind.MN_SW128
+    else:
+        elem_bytes = dtype.width // 8
+        atom_bytes = atom_columns(cols, elem_bytes, block_cols) * elem_bytes
+        kind = getattr(warpgroup.SmemLayoutAtomKind, dict(_K_ATOMS)[atom_bytes])
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     order = (0, 1) if stages is None else (0, 1, 2)
@@ -90,4 +114,5 @@ def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_frag: cute.Tensor, b_frag
 
 
 __all__ = ["MATH_REGS", "MATH_THREADS", "NUM_THREADS", "PRODUCER_REGS", "acc_as_operand_a",
+           "atom_columns",
            "bshd_as_sdhb", "gemm", "smem_layout", "tma_tiles", "transposed"]
