@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated masks of the long audit (one shape each; "
                          "empty: none)")
     ap.add_argument("--long-head-dims", default="64",
-                    help="comma-separated head dims of the long audit (hidden 2048, S 4096)")
+                    help="comma-separated head dims of the long audit (hidden 2048: "
+                         "2048 // d heads; S 4096)")
     ap.add_argument("--long-packed", default="",
                     help="comma-separated MIX:TOTAL packed batches of the long audit "
                          "(MIX: equal, uniform, heavy), e.g. heavy:16384,uniform:65536")
@@ -150,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         head_dims = [int(d) for d in args.long_head_dims.split(",")]
     except ValueError:
         head_dims = []
-    if not head_dims or any(d <= 0 or HIDDEN % d for d in head_dims):
-        print(f"--long-head-dims: expected divisors of {HIDDEN}, got {args.long_head_dims!r}",
-              file=sys.stderr)
+    if not head_dims or any(not 0 < d <= HIDDEN for d in head_dims):
+        print(f"--long-head-dims: expected head dims in 1..{HIDDEN}, got "
+              f"{args.long_head_dims!r}", file=sys.stderr)
         return 2
     try:
         packed = [packed_problem(mix, int(total)) for mix, total in

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=DTYPES)
-    parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--head-dims", nargs="+", type=int, default=None,
+                        help="default: every head dim the backend runs")
     parser.add_argument("--audit", action="store_true", help="also the audit variants")
     parser.add_argument("--exact", action="store_true", help="also the exact=True variants")
     parser.add_argument("--cute-aot", metavar="DIR", default=None,
@@ -94,13 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.cute_aot:
-        from dash_cuda.backends.cute import HEAD_DIMS
+        from dash_cuda.backends.cute.config import HEAD_DIMS
 
         todo = [(v, args.cute_aot) for v in
-                cute_variants(args.dtypes, [d for d in args.head_dims if d in HEAD_DIMS])]
+                cute_variants(args.dtypes, [d for d in args.head_dims or HEAD_DIMS
+                                            if d in HEAD_DIMS])]
         job, context = export_cute, multiprocessing.get_context("spawn")
     else:
-        todo = variants(args.dtypes, args.head_dims, args.audit, args.exact)
+        from dash_cuda.backends.triton.config import HEAD_DIMS
+
+        head_dims = [d for d in args.head_dims or (64, 128) if d in HEAD_DIMS]
+        todo = variants(args.dtypes, head_dims, args.audit, args.exact)
         job = compile_variant
         context = multiprocessing.get_context("spawn")  # each process its own CUDA context
     with context.Pool(args.processes) as pool:

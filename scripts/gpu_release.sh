@@ -46,13 +46,17 @@
 #                                        # time of one forward + backward call beside FA4
 #                                        # and SDPA (benchmarks/host_overhead.py) and the
 #                                        # primitives' (benchmarks/host_costs.py)
+#   scripts/gpu_release.sh headdims OUT  # the CuTe head dim 96: its GPU tests (float64,
+#                                        # L0, L1, L2, windows, packed), 1000-trial L0
+#                                        # report
+#   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -243,6 +247,24 @@ versus)
     # else queued calls) and single calls, host included
     step versus 560 $PY benchmarks/versus_fa4.py --out "$LOG" --rounds 4 --time-budget 450
     [ -f "$LOG/versus_fa4.md" ] && cat "$LOG/versus_fa4.md"
+    ;;
+headdims)
+    fa4_unpack
+    # the test files that run d = 96, its cases only, side by side
+    export PYTEST_ADDOPTS="-k 96"
+    side_by_side 240 tests/gpu/test_cuda_correctness.py tests/gpu/test_cuda_fast_l2.py \
+        tests/gpu/test_cuda_audit.py tests/gpu/test_cuda_determinism.py \
+        tests/gpu/test_cuda_cute_window.py tests/gpu/test_cuda_cute_varlen.py
+    unset PYTEST_ADDOPTS
+    step determinism 240 $PY benchmarks/determinism_report.py --out "$LOG" --no-grid \
+        --backends cute --long-head-dims 96 --long-trials 1000 --tag determinism_d96
+    grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 12
+    ;;
+headdims-versus)
+    fa4_unpack
+    step versus 540 $PY benchmarks/versus_fa4.py --out "$LOG" --tag versus_fa4_d96 \
+        --head-dims 96 --seqlens 1024 4096 16384 --schedules 2 --rounds 3 --time-budget 420
+    [ -f "$LOG/versus_fa4_d96.md" ] && cat "$LOG/versus_fa4_d96.md"
     ;;
 hostpath)
     fa4_unpack

@@ -49,6 +49,9 @@ VARIANTS = [
     backward_variant(torch.bfloat16, 64, "causal", True, audit=False, per_head=False,
                      packed=True),
     backward_variant(torch.float16, 128, "full", True, audit=True, per_head=True, packed=True),
+    # d = 96: 64-byte swizzle atoms, and 32-byte ones for K and V (dQ's column halves)
+    backward_variant(torch.bfloat16, 96, "causal", True, audit=False, per_head=False),
+    forward_variant(torch.bfloat16, 96, "causal", 128),
 ]
 
 

@@ -196,7 +196,7 @@ def learnable_sinks(heads: int) -> st.SearchStrategy:
     return st.lists(value, min_size=heads, max_size=heads).map(tuple)
 
 
-def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 128),
+def problems(max_elements: int = 200_000, head_dims: tuple[int, ...] = (16, 32, 64, 96, 128),
              masks: tuple[str, ...] = ("full", "causal"),
              blocks: tuple[tuple[int, int], ...] = ((16, 16), (32, 16), (64, 64), (128, 128)),
              max_len: int = 300, windows: bool = False,

@@ -24,6 +24,7 @@ AUDIT_SHAPES = [  # (B, H, H_kv, S_q, S_k), d, dtype
     ((2, 2, 2, 512, 640), 128, torch.bfloat16),
     ((1, 3, 3, 129, 385), 64, torch.float16),
     ((1, 4, 2, 700, 700), 128, torch.float16),
+    ((1, 2, 1, 333, 260), 96, torch.bfloat16),
 ]
 
 

@@ -15,7 +15,7 @@ from dash_ref import NAMES
 CASES = [
     (name, causal, dtype, d, SHAPES[n % len(SHAPES)])
     for n, (name, causal, dtype, d) in enumerate(
-        itertools.product(NAMES, (False, True), DTYPES, (64, 128)))
+        itertools.product(NAMES, (False, True), DTYPES, (64, 96, 128)))
 ]
 
 
@@ -110,7 +110,7 @@ def test_zero_softmax_scale_averages_the_visible_values(backend, causal):
                                                                        .max())
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_cute_forward_bits_do_not_depend_on_the_grid(d, causal):
     """A CTA computes whole Q tiles, so the grid (one CTA, seven, one per SM, one per tile),

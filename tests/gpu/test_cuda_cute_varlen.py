@@ -48,6 +48,7 @@ CASES = [
     (True, (-1, -1), 2, 1, 128, torch.bfloat16),
     (False, (-1, -1), 2, 2, 64, torch.float16),
     (False, (64, 32), 4, 2, 64, torch.bfloat16),
+    (True, (-1, -1), 4, 2, 96, torch.bfloat16),
 ]
 IDS = [f"{'causal' if c else 'full'}-{w}-h{h}x{hk}-d{d}-{str(t)[6:]}"
        for c, w, h, hk, d, t in CASES]

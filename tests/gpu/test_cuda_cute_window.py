@@ -41,6 +41,7 @@ CASES = [
     ((-1, 32), False, (1, 2, 2, 200, 330), 128, torch.bfloat16),
     ((100, -1), False, (1, 3, 1, 257, 300), 128, torch.float16),
     ((100, -1), True, (1, 2, 2, 390, 270), 64, torch.bfloat16),
+    ((128, 0), False, (1, 2, 1, 300, 333), 96, torch.bfloat16),
 ]
 IDS = [f"{w}-{'causal' if c else 'nc'}-{s}-d{d}-{str(t)[6:]}" for w, c, s, d, t in CASES]
 

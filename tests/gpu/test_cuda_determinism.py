@@ -47,7 +47,7 @@ def run_trials(args, kwargs, trials: int, busy: BusyStream | None):
 
 @pytest.mark.parametrize("schedule", DETERMINISTIC)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d, heads", [(64, (8, 8)), (128, (8, 2))])
+@pytest.mark.parametrize("d, heads", [(64, (8, 8)), (96, (8, 4)), (128, (8, 2))])
 def test_deterministic_schedules_repeat_bit_for_bit(backend, schedule, causal, d, heads):
     q, k, v, do = inputs((2, *heads, 1536, 1536), d, torch.bfloat16, seed=21)
     o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
@@ -114,7 +114,7 @@ def test_portable_auto_repeats_across_worker_counts(backend):
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_cute_forward_repeats_with_tiles_handed_out_from_a_counter(d):
     """L0 for the forward's dynamic tile hand-out (causal, S_q >= DYNAMIC_CAUSAL): which CTA
     takes which tile changes from run to run, more so with a busy second stream; O and LSE2
