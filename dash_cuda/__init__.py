@@ -37,8 +37,7 @@ from .api import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-from .backends import BACKENDS
-from .backends import HEAD_DIMS
+from .backends import BACKENDS, HEAD_DIMS
 from .launch import BackwardAudit
 
 __all__ = ["__version__", "BACKENDS", "HEAD_DIMS", "LAYOUTS", "BackwardAudit", "attention",

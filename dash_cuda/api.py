@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from .backends import get_backend
-from .backends import HEAD_DIMS
+from .backends import HEAD_DIMS, get_backend
 from .checks import (
     LAYOUTS,
     as_bshd,

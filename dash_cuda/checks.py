@@ -14,8 +14,7 @@ import torch
 
 from dash_ref import BANDED, NAMES, PORTABLE, RAGGED
 
-from .backends import BACKENDS
-from .backends import HEAD_DIMS
+from .backends import BACKENDS, HEAD_DIMS
 
 LAYOUTS = ("bshd", "bhsd")
 DTYPES = (torch.bfloat16, torch.float16)

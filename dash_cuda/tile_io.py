@@ -3,8 +3,9 @@
 A tile is ``rows`` (a vector of row indices) by the whole head dim, padded to
 :func:`padded` columns (a Triton tile's sizes are powers of two; d = 96 is held as 128).
 Rows past ``n_rows`` and padding columns are read as zero and never written, which is how
-every kernel handles lengths that are not a multiple of its tile. In a packed batch a sequence's slice starts at its first row
-(:func:`sequence_rows`), and its rows are counted from there.
+every kernel handles lengths that are not a multiple of its tile. In a packed batch a
+sequence's slice starts at its first row (:func:`sequence_rows`), and its rows are counted
+from there.
 """
 
 from __future__ import annotations
