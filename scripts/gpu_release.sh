@@ -256,6 +256,8 @@ headdims)
         tests/gpu/test_cuda_audit.py tests/gpu/test_cuda_determinism.py \
         tests/gpu/test_cuda_cute_window.py tests/gpu/test_cuda_cute_varlen.py
     unset PYTEST_ADDOPTS
+    # the packed eager path (EagerAttentionVarlen returns O alone), both backends
+    side_by_side 150 tests/gpu/test_cuda_varlen.py
     step determinism 240 $PY benchmarks/determinism_report.py --out "$LOG" --no-grid \
         --backends cute --long-head-dims 96 --long-trials 1000 --tag determinism_d96
     grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 12
