@@ -34,6 +34,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from functools import partial
+
+from dash_cuda.backends.triton.config import HEAD_DIMS as TRITON_HEAD_DIMS
 from pathlib import Path
 
 # -- the grid ----------------------------------------------------------------------------------
@@ -383,8 +385,8 @@ def environment(args) -> dict:
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
         "num_workers": workers or props.multi_processor_count,
-        "tiles": {d: list(vars(triton_backward_tiles(d)).values())
-                  for d in getattr(args, "head_dims", HEAD_DIMS)},
+        "tiles": {d: list(vars(triton_backward_tiles(d)).values())  # the Triton backward's
+                  for d in getattr(args, "head_dims", HEAD_DIMS) if d in TRITON_HEAD_DIMS},
         "tiles_fields": ["block_m", "block_n", "num_warps", "num_stages"],
         "warmup": args.warmup, "reps": args.reps,
     }
