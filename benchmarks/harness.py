@@ -34,9 +34,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 
 from dash_cuda.backends.triton.config import HEAD_DIMS as TRITON_HEAD_DIMS
-from pathlib import Path
 
 # -- the grid ----------------------------------------------------------------------------------
 TOKENS, HIDDEN = 16384, 2048
