@@ -20,6 +20,7 @@ pytest.importorskip("cutlass")
 from dash_cuda.backends import Case, choose_backend, get_backend  # noqa: E402
 from dash_cuda.backends.cute import mask as rule  # noqa: E402
 from dash_cuda.backends.cute.config import (  # noqa: E402
+    HEAD_DIMS,
     backward_config,
     forward_config,
     forward_configs,
@@ -190,13 +191,14 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
     fwd = [v for v in windows if isinstance(v, ForwardVariant)]
     bwd = [v for v in windows if not isinstance(v, ForwardVariant)]
     assert all("_window_" in v.name for v in windows)
-    assert len(bwd) == 2 * 2 * 2 * 3 * 2  # rectangular and packed (cu_seqlens)
+    # dtypes, head dims, deterministic or atomic, three dK/dV forms; rectangular and packed
+    assert len(bwd) == 2 * len(HEAD_DIMS) * 2 * 3 * 2
     assert sum(v.packed for v in bwd) == len(bwd) // 2
     assert {(v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head) for v in bwd} == {
         (v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head)
         for v in shipped if getattr(v, "mask", None) == "causal" and v not in fwd
         and not isinstance(v, ForwardVariant)}
-    for d in (64, 128):
+    for d in HEAD_DIMS:
         assert backward_config(d, "window") == backward_config(d, "causal")
         assert set(forward_configs(d, "window")) == (set(forward_configs(d, "full"))
                                                    | set(forward_configs(d, "causal")))
