@@ -4,16 +4,18 @@ rectangular problem behaves exactly as before".
 
 ``tests/data/rectangular_baseline.json`` was written by this module run against the code
 of the commit before variable lengths (459e658), never by the code under test, with one
-change to that code: its fp32 ``torch.log2`` (the IEEE and exact forward's ``LSE2 = m +
-log2(l)``) correctly rounded, in float64 then to fp32, as ``dash_ref`` computes it since
-torch's fp32 ``log2`` was found to give other bits on AVX2 hosts than on AVX-512 ones (the
-step's contract says correctly rounded)::
+change to that code: its fp32 ``torch.log2`` and ``torch.exp2`` (the IEEE and exact
+forward's ``P``, ``alpha`` and ``LSE2 = m + log2(l)``, the IEEE backward's ``P``) correctly
+rounded, in float64 then to fp32, as ``dash_ref`` computes them (``steps.exp2_rn``,
+``steps.log2_rn``) since torch's fp32 routines were found to give other bits on AVX2 hosts
+than on AVX-512 ones, Intel's and AMD's (the steps' contract says correctly rounded)::
 
     git worktree add /tmp/varlen_base 459e658
     cd /tmp/varlen_base && PYTHONPATH=/tmp/varlen_base python -c "
     import runpy, sys, torch
-    log2 = torch.log2
+    log2, exp2 = torch.log2, torch.exp2
     torch.log2 = lambda x: log2(x.double()).float() if x.dtype == torch.float32 else log2(x)
+    torch.exp2 = lambda x: exp2(x.double()).float() if x.dtype == torch.float32 else exp2(x)
     sys.argv = ['', 'OUT.json']; runpy.run_path('PATH/TO/tests/rectangular_baseline.py',
                                                 run_name='__main__')"
 

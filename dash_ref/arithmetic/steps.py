@@ -78,6 +78,20 @@ from .numerics import fma_f32, fp32_add_rne
 from .tensorcore import K_STEP, mma
 
 F32 = torch.float32
+
+
+def exp2_rn(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``2^x``, correctly rounded: float64 ``exp2`` rounded once to fp32. torch's fp32
+    ``exp2`` and ``log2`` are the host's vector routines, within an ulp, and their bits
+    differ between AVX2 and AVX-512 hosts; a float64 result (error below an ulp of float64)
+    rounds to the correctly rounded fp32 unless the exact value lies within 2^-29 fp32 ulp
+    of a tie."""
+    return torch.exp2(x.double()).to(F32)
+
+
+def log2_rn(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``log2(x)``, correctly rounded as :func:`exp2_rn` is."""
+    return torch.log2(x.double()).to(F32)
 LOG2E = 1.4426950408889634
 
 
@@ -88,7 +102,7 @@ class Arithmetic:
 
     name: str
     tensor_cores: bool  # matrix products by the tensor-core model (else PyTorch's CPU fp32)
-    # the backward's exp2: "ieee": torch.exp2 of a rounded product and difference; "fma":
+    # the backward's exp2: "ieee": exp2_rn of a rounded product and difference; "fma":
     # exp2_fma of an fma; "mufu": the MUFU.EX2 model of an fma
     exp2: str
     delta_order: str  # "torch": torch.sum; "pairwise": an ascending pairwise tree
@@ -319,7 +333,7 @@ def fwd_probs(a: Arithmetic, s: torch.Tensor, m: torch.Tensor, m_safe: torch.Ten
     if a.forward == "cute":
         p = ex2_approx_ftz(fma_f32(s, c, -m_safe[:, None]))
         return p, ex2_approx_ftz(m - m_safe)
-    return torch.exp2(s - m_safe[:, None]), torch.exp2(m - m_safe)
+    return exp2_rn(s - m_safe[:, None]), exp2_rn(m - m_safe)
 
 
 def quad_sums(p: torch.Tensor, block_n: int) -> torch.Tensor:
@@ -383,8 +397,8 @@ def fwd_sink(a: Arithmetic, m: torch.Tensor, ell: torch.Tensor, acc: torch.Tenso
     """
     require_feature(a, "sinks")
     m_new = torch.maximum(m, sink2.expand_as(m))
-    alpha = torch.exp2(m - m_new)
-    ell = ell * alpha + torch.exp2(sink2 - m_new)
+    alpha = exp2_rn(m - m_new)
+    ell = ell * alpha + exp2_rn(sink2 - m_new)
     return m_new, ell, acc * alpha[:, None]
 
 
@@ -410,9 +424,7 @@ def fwd_finish(a: Arithmetic, acc: torch.Tensor, m: torch.Tensor, ell: torch.Ten
         return acc * inv[:, None], lse2
     unseen = ell == 0
     o = torch.where(unseen[:, None], 0.0, acc / torch.where(unseen, 1.0, ell)[:, None])
-    # correctly rounded: in float64, then to fp32 (torch's fp32 log2 is the CPU's vector
-    # routine, within an ulp, and its bits differ between AVX2 and AVX-512 hosts)
-    lse2 = torch.where(unseen, torch.tensor(-math.inf), m + torch.log2(ell.double()).to(F32))
+    lse2 = torch.where(unseen, torch.tensor(-math.inf), m + log2_rn(ell))
     return o, lse2
 
 
@@ -461,7 +473,7 @@ def softmax_p(a: Arithmetic, s: torch.Tensor, c: torch.Tensor, lse2_i: torch.Ten
     elif a.exp2 == "mufu":
         p = ex2_approx_ftz(fma_f32(s, c, -lse2_i[:, None]))
     else:
-        p = torch.exp2(s * c - lse2_i[:, None])
+        p = exp2_rn(s * c - lse2_i[:, None])
     return torch.where(visible, p, torch.zeros((), dtype=F32))
 
 
@@ -564,7 +576,7 @@ def sink_grad(a: Arithmetic, sink2: torch.Tensor, lse2: torch.Tensor, delta: tor
     keys has ``O = 0``, so ``D = 0`` and it adds ``-0``.
     """
     require_feature(a, "sinks")
-    terms = torch.exp2(sink2[None, :] - lse2) * delta
+    terms = exp2_rn(sink2[None, :] - lse2) * delta
     acc = torch.zeros(sink2.shape, dtype=F32)
     for r in range(terms.shape[0]):
         acc = acc - terms[r]
