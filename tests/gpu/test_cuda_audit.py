@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from gpu_cases import inputs
+from gpu_cases import inputs, need
 
 import dash_cuda
 from dash_ref import DETERMINISTIC
@@ -29,6 +29,7 @@ AUDIT_SHAPES = [  # (B, H, H_kv, S_q, S_k), d, dtype
 
 
 def audited(backend, shape, d, dtype, causal, schedule, num_workers, seed):
+    need(backend, d, dtype)
     q, k, v, do = inputs(shape, d, dtype, seed)
     o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend=backend)
     return dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal, schedule=schedule,
