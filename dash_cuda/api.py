@@ -281,7 +281,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         softmax_scale, deterministic, num_workers, exact, backend, portable, window_size,
             softcap, learnable_sink: as in :func:`attention` (a window per sequence, on its
             own lengths; the sinks' gradient sums over every sequence's rows). Packed
-            calls run on the CuTe backend (d 64 and 128, bf16/fp16, every mask;
+            calls run on the CuTe backend (d 64, 96 and 128, bf16/fp16, every mask;
             ``backend="auto"`` picks it) or on Triton (every head dim, ``exact=True``,
             softcap and sinks).
 
