@@ -215,8 +215,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     ``window_size=(left, right)``: FlashAttention's sliding window (``-1`` unbounded; with
     ``causal`` the window is ``(left, 0)``), in every arithmetic. ``v`` may have its own
     head dim; ``O`` has it. ``softcap`` (> 0; 0 for none) and ``learnable_sink`` (``(H,)``
-    logits) add the optional steps ``softcap`` and ``fwd_sink``, in ``"ieee"`` arithmetic
-    only (module docstring); ``LSE2`` then includes the sink.
+    logits) add the optional steps ``softcap`` and ``fwd_sink``, in the arithmetics that
+    model them (``"ieee"`` both, ``"fast"`` the sinks; module docstring); ``LSE2`` then
+    includes the sink.
 
     With ``seqlens_q`` and ``seqlens_k`` (one length per sequence, both or neither) the
     inputs are a packed batch (module docstring): ``(total_q, H, d)`` and

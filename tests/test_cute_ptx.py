@@ -24,10 +24,10 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 )
 
 
-def forward_variant(dtype, head_dim, mask, block_m, packed=False):
+def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False):
     tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
     return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
-                                                                block_m), packed)
+                                                                block_m), packed, sinks)
 
 
 # a few of the shipped variants (the module's main compiles every one)
@@ -52,6 +52,9 @@ VARIANTS = [
     # d = 96: 64-byte swizzle atoms, and 32-byte ones for K and V (dQ's column halves)
     backward_variant(torch.bfloat16, 96, "causal", True, audit=False, per_head=False),
     forward_variant(torch.bfloat16, 96, "causal", 128),
+    # learnable sinks: folded into each row after its last KV tile
+    forward_variant(torch.bfloat16, 64, "causal", 192, sinks=True),
+    forward_variant(torch.float16, 128, "window", 128, packed=True, sinks=True),
 ]
 
 

@@ -78,3 +78,65 @@ def test_the_fast_probabilities_are_mufu_of_one_fma_and_not_exact_modes():
     other = steps.softmax_p(steps.EXACT, s, c, lse2, visible)
     assert 0.2 < (p != other).float().mean() < 0.8  # another exp2: other bits, often
     assert FAST.flush_dq_adds is False and FAST.delta_order == "pairwise"
+
+
+# -- learnable sinks in the fast forward (the CuTe forward folds them into each row) --------
+def _sinks(heads, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    sink = torch.randn(heads, generator=gen) * 2
+    sink[0], sink[-1] = 12.0, -12.0  # far above and far below the scores
+    return sink
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_fast_forward_with_sinks_is_within_the_float64_bound(causal):
+    from verify.reference import attention_f64, grad_checks
+
+    q, k, v, do = inputs(s_q=190, s_k=150, h=4, h_kv=2, seed=7)
+    sink = _sinks(4)
+    got = forward(q, k, v, causal, None, 128, 128, arithmetic="fast", learnable_sink=sink)
+    ref = attention_f64(q, k, v, do, causal, learnable_sink=sink)
+    check = grad_checks({"o": got.o}, ref, q.dtype)["o"]
+    assert check.ok, check
+    # the sinks matter: the reference without them rejects the output
+    assert not grad_checks({"o": got.o}, attention_f64(q, k, v, do, causal), q.dtype)["o"].ok
+
+
+def test_rows_that_see_no_key_get_the_sink_as_lse2_and_zero_output():
+    q, k, v, _ = inputs(s_q=200, s_k=130, h=2, h_kv=2, seed=8)  # causal rows 0 .. 69 see none
+    sink = torch.tensor([0.5, -3.0])
+    got = forward(q, k, v, True, None, 128, 128, arithmetic="fast", learnable_sink=sink)
+    unseen = slice(0, 70)
+    assert torch.equal(got.o[:, unseen], torch.zeros_like(got.o[:, unseen]))
+    assert torch.equal(got.lse2[:, unseen], steps.sink_logit(sink).expand(1, 70, 2))
+    assert torch.isfinite(got.lse2[:, 70:]).all()
+
+
+def test_a_very_negative_sink_gives_the_no_sink_bits_and_a_mild_one_does_not():
+    q, k, v, _ = inputs(seed=9)
+    plain = forward(q, k, v, True, None, 128, 128, arithmetic="fast")
+    low = forward(q, k, v, True, None, 128, 128, arithmetic="fast",
+                  learnable_sink=torch.full((2,), -1e4))
+    assert torch.equal(low.o, plain.o) and torch.equal(low.lse2, plain.lse2)
+    mild = forward(q, k, v, True, None, 128, 128, arithmetic="fast",
+                   learnable_sink=torch.zeros(2))
+    assert not torch.equal(mild.lse2, plain.lse2)
+
+
+def test_the_fast_sink_step_sums_the_rows_threads_then_rescales_by_mufu():
+    """``fwd_sink`` of the fast forward on hand-made row state: one sum of the four partial
+    sums, then the MUFU exp2 of the sink's and the old maximum's distances to the new one."""
+    m = torch.tensor([1.5, -float("inf"), 30.0])
+    ell = torch.tensor([[1.0, 0.25, 0.5, 2.0**-30], [0.0] * 4, [1.0, 1.0, 1.0, 1.0]])
+    acc = torch.ones(3, 5)
+    s2 = torch.tensor(4.0)
+    m_new, ell_new, acc_new = steps.fwd_sink(FAST, m, ell, acc, s2)
+    assert m_new.tolist() == [4.0, 4.0, 30.0]
+    total = (ell[:, 0] + ell[:, 1]) + (ell[:, 2] + ell[:, 3])
+    alpha = mufu.ex2_approx_ftz(m - m_new)
+    want = fma_f32(total, alpha, mufu.ex2_approx_ftz(s2 - m_new))
+    assert torch.equal(ell_new[:, 0], want) and not ell_new[:, 1:].any()
+    assert alpha[1] == 0 and want[1] == 1.0  # a row that saw no key: l = 1 from the sink
+    assert torch.equal(acc_new, acc * alpha[:, None])
+    with pytest.raises(ValueError, match="^softcap is emulated in"):
+        steps.require_feature(FAST, "softcap")

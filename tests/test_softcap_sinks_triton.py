@@ -310,18 +310,21 @@ def test_good_values_pass_the_checks_and_reach_the_cuda_check():
                                          learnable_sink=torch.zeros(2))
 
 
-def test_cute_refuses_both_and_auto_chooses_triton():
-    for flags, word in ((dict(softcap=True), "softcap"), (dict(sink=True), "learnable_sink")):
-        case = Case(64, BF16, False, True, **flags)
-        with pytest.raises(ValueError) as info:
-            choose_backend("cute", case)
-        assert word in _one_line(info)
-        assert choose_backend("auto", case).name == "triton"
+def test_cute_refuses_softcap_runs_sinks_and_auto_chooses_by_feature():
+    """Softcap runs on Triton alone; learnable sinks on both (CuTe folds them into its
+    forward), so ``"auto"`` takes a sink call to CuTe where CuTe is installed."""
+    case = Case(64, BF16, False, True, softcap=True)
+    with pytest.raises(ValueError) as info:
+        choose_backend("cute", case)
+    assert "softcap" in _one_line(info)
+    assert choose_backend("auto", case).name == "triton"
     from dash_cuda.backends import _lacks_feature
 
     cute = get_backend("cute")
     assert _lacks_feature(cute, Case(64, BF16, False, True, softcap=True)).startswith("softcap")
-    assert _lacks_feature(cute, Case(64, BF16, False, True)) is None
+    assert _lacks_feature(cute, Case(64, BF16, False, True, sink=True)) is None
+    assert _lacks_feature(cute, Case(64, BF16, False, True, softcap=True, sink=True)
+                          ).startswith("softcap")
     assert _lacks_feature(get_backend("triton"),
                           Case(64, BF16, False, True, softcap=True, sink=True)) is None
 

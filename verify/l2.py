@@ -75,15 +75,18 @@ def visit_rows(schedule: Schedule) -> list[int]:
 def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
                   kernel_lse2: torch.Tensor, causal: bool, softmax_scale: float | None,
                   block_n: int, arithmetic: str | Arithmetic = "fast", *,
-                  window_size: tuple[int, int] | None = (-1, -1)) -> Steps:
+                  window_size: tuple[int, int] | None = (-1, -1),
+                  learnable_sink: torch.Tensor | None = None) -> Steps:
     """``[("O", kernel, emulated), ("LSE2", kernel, emulated)]`` for one forward.
 
     ``inputs`` is ``(q, k, v)`` on the CPU, ``block_n`` the forward's KV tile (its query
-    tile does not change the bits), ``window_size`` the forward's sliding window.
+    tile does not change the bits), ``window_size`` the forward's sliding window,
+    ``learnable_sink`` its sinks (``(H,)``, any device).
     """
     q, k, v = inputs
+    sink = None if learnable_sink is None else learnable_sink.cpu()
     emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic,
-                  window_size=window_size)
+                  window_size=window_size, learnable_sink=sink)
     return [("O", kernel_o, emu.o), ("LSE2", kernel_lse2.contiguous(), emu.lse2)]
 
 

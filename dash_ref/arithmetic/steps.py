@@ -32,12 +32,13 @@ generated from the two.
 
 **Optional features** (FlashAttention's ``softcap`` and FlashAttention-4's
 ``learnable_sink``) are steps of their own, each registered with its ``feature``
-(:attr:`Step.feature`). No kernel computes them yet, so they are not among the steps a
-backend's contract must list (:func:`steps_of` leaves them out unless asked), and only
-:data:`IEEE` carries them (:attr:`Arithmetic.features`): :data:`FAST` and :data:`EXACT`
-refuse them with a one-line error (:func:`require_feature`), so that an L2 comparison never
-compares a step nobody has modelled in the kernels' arithmetic (a kernel's
-``tanh.approx.f32`` needs a bit-exact model first, as ``ex2.approx`` has).
+(:attr:`Step.feature`). They are not among the steps every backend's contract must list
+(:func:`steps_of` leaves them out unless asked). An arithmetic carries the features whose
+steps it models (:attr:`Arithmetic.features`): :data:`IEEE` both, :data:`FAST` the sinks
+(the CuTe forward computes them), :data:`EXACT` neither; the others are refused with a
+one-line error (:func:`require_feature`), so that an L2 comparison never compares a step
+nobody has modelled in the kernels' arithmetic (a kernel's ``tanh.approx.f32`` needs a
+bit-exact model first, as ``ex2.approx`` has).
 
 - *Softcap* (Gemma 2, Grok; FlashAttention's ``softcap``): the scores become
   ``softcap * tanh(S * softmax_scale / softcap)`` before the softmax, which then takes no
@@ -112,7 +113,7 @@ class Arithmetic:
     # four partial sums per row, a reciprocal, the MUFU models), or None (not emulated)
     forward: str | None = "ieee"
     # the optional features whose steps this arithmetic computes ("softcap", "sinks"): the
-    # IEEE arithmetic has them; the kernels' arithmetics not until a kernel does
+    # IEEE arithmetic has both; a kernel's arithmetic those its kernels compute
     features: tuple[str, ...] = ()
 
     def with_dq_adds(self, flush_subnormals: bool) -> Arithmetic:
@@ -127,7 +128,7 @@ IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
                    flush_dq_adds=True, forward=None)
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
-                  flush_dq_adds=False, forward="cute")
+                  flush_dq_adds=False, forward="cute", features=("sinks",))
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
 ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
@@ -147,12 +148,13 @@ _FEATURE_ARGUMENT = {"softcap": "softcap", "sinks": "learnable_sink"}
 
 def require_feature(a: Arithmetic, feature: str) -> None:
     """Refuse, in one line naming the argument, an optional feature ``a`` does not compute
-    (module docstring: only :data:`IEEE` computes softcap and sinks for now)."""
+    (module docstring)."""
     choice("feature", feature, FEATURES)
     if feature not in a.features:
-        raise ValueError(f"{_FEATURE_ARGUMENT[feature]} is emulated in 'ieee' arithmetic only, "
-                         f"not {a.name!r}: no kernel computes it yet, so there is no "
-                         "bit-exact model of its steps to compare with")
+        having = [x.name for x in ARITHMETICS.values() if feature in x.features]
+        raise ValueError(f"{_FEATURE_ARGUMENT[feature]} is emulated in {having} arithmetic "
+                         f"only, not {a.name!r}: there is no bit-exact model of its steps "
+                         "in that arithmetic to compare with")
 
 
 # -- the step registry ----------------------------------------------------------------------
@@ -394,12 +396,30 @@ def fwd_sink(a: Arithmetic, m: torch.Tensor, ell: torch.Tensor, acc: torch.Tenso
     scale_log2)``; a row that saw no key gets ``m' = s2``, ``l = 1``, ``acc = 0``, so
     ``O = 0`` and ``LSE2 = s2`` (FlashAttention-4: ``lse = sink``); a sink far above the
     row's scores rescales the row instead of overflowing its sum.
+
+    Fast (the CuTe forward's finish): the row's four partial sums first become one
+    (:func:`_row_total`), then ``alpha = ex2(m - m')`` and ``l = fma.rn(l, alpha,
+    ex2(s2 - m'))`` with the MUFU model, and ``acc * alpha`` (one ``mul.f32``, before
+    :func:`fwd_finish`'s reciprocal); the sum is returned as the first of four partial sums,
+    the others ``+0``, so that :func:`fwd_finish`'s butterfly gives it back unchanged.
     """
     require_feature(a, "sinks")
     m_new = torch.maximum(m, sink2.expand_as(m))
+    if a.forward == "cute":
+        alpha = ex2_approx_ftz(m - m_new)
+        total = fma_f32(_row_total(ell), alpha, ex2_approx_ftz(sink2 - m_new).expand_as(m))
+        ell = torch.cat([total[:, None], ell.new_zeros(len(total), 3)], 1)
+        return m_new, ell, acc * alpha[:, None]
     alpha = exp2_rn(m - m_new)
     ell = ell * alpha + exp2_rn(sink2 - m_new)
     return m_new, ell, acc * alpha[:, None]
+
+
+def _row_total(ell: torch.Tensor) -> torch.Tensor:
+    """The fast forward's row sum from its four threads' partial sums: ``(l_0 + l_1) + (l_2 +
+    l_3)``, the butterfly over the row's threads (``shfl.sync.bfly`` 1, then 2; each thread
+    gets these bits, the additions being commutative)."""
+    return (ell[:, 0] + ell[:, 1]) + (ell[:, 2] + ell[:, 3])
 
 
 @step("fwd_finish", "forward", "O = rnd(acc / l), LSE2 = m + log2(l); rows that see no key: "
@@ -416,7 +436,7 @@ def fwd_finish(a: Arithmetic, acc: torch.Tensor, m: torch.Tensor, ell: torch.Ten
     propagate NaN as IEEE does).
     """
     if a.forward == "cute":
-        total = (ell[:, 0] + ell[:, 1]) + (ell[:, 2] + ell[:, 3])
+        total = _row_total(ell)
         seen = total > 0
         inv = (1.0 / total.double()).to(F32)  # rcp.rn: division double-rounds innocuously
         inv = torch.where(seen, inv, torch.zeros((), dtype=F32))

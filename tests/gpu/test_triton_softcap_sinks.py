@@ -12,7 +12,8 @@
 - a sink of -1e4 gives the no-sink bits (``exp2`` of it underflows to 0 against any score);
 - ``torch.compile(fullgraph=True)`` of a model with softcap and a trainable sink gives the
   eager bits, ``dsink`` included; ``opcheck`` accepts both ops with a sink;
-- ``backend="auto"`` runs these calls on Triton (CuTe has no softcap or sinks).
+- ``backend="auto"`` runs softcap on Triton (CuTe has none) and sinks alone on CuTe where
+  it is installed (``tests/gpu/test_cute_sinks.py`` tests them there).
 """
 
 from __future__ import annotations
@@ -162,11 +163,14 @@ def test_opcheck_accepts_both_ops_with_a_sink():
                            "triton", [-1, -1], 30.0))
 
 
-def test_auto_runs_softcap_and_sinks_on_triton():
+def test_auto_runs_softcap_on_triton_and_sinks_on_cute():
+    from dash_cuda.backends import get_backend
     from dash_cuda.ops import resolve_backend
     from dash_cuda.options import Options
 
     q, *_ = inputs((1, 2, 2, 64, 64), 64, torch.bfloat16, seed=87)
     options = Options.checked(64, softcap=30.0)
     assert resolve_backend(q, options).name == "triton"
-    assert resolve_backend(q, Options.checked(64), sink=True).name == "triton"
+    assert resolve_backend(q, options, sink=True).name == "triton"
+    cute = "triton" if get_backend("cute").missing() else "cute"
+    assert resolve_backend(q, Options.checked(64), sink=True).name == cute

@@ -15,7 +15,8 @@
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
 It runs head dims 64, 96 and 128 in the fast arithmetic, every mask (full, causal, sliding
-windows: :mod:`.mask`), rectangular and packed batches (:data:`PACKED_BACKWARD`).
+windows: :mod:`.mask`), rectangular and packed batches (:data:`PACKED_BACKWARD`), with or
+without learnable sinks (folded into the forward's rows: step ``fwd_sink``).
 Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first use.
 """
 
@@ -42,7 +43,8 @@ class CuteBackend:
     #: its default arithmetic is reproduced by ``dash_ref``'s ``FAST`` (MUFU models, pairwise
     #: ``D``, dQ adds that keep subnormals): the L2 level holds for default runs
     default_arithmetic = "fast"
-    features: frozenset[str] = frozenset()  # no softcap, no sinks in its kernels
+    #: learnable sinks in its forward (the backward needs nothing more); no softcap yet
+    features: frozenset[str] = frozenset({"sink"})
 
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
@@ -79,20 +81,20 @@ class CuteBackend:
 
         return forward_block_n(head_dim)
 
-    def forward(self, q, k, v, mask, softmax_scale, poison):
+    def forward(self, q, k, v, mask, softmax_scale, poison, sink2=None):
         from .launch import run_forward
 
-        return run_forward(q, k, v, mask, softmax_scale, poison)
+        return run_forward(q, k, v, mask, softmax_scale, poison, sink2=sink2)
 
     def bind_forward(self, q, k, v, o, mask, softmax_scale):
         from .launch import bind_forward
 
         return bind_forward(q, k, v, o, mask, softmax_scale)
 
-    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison):
+    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison, sink2=None):
         from .launch import run_forward_varlen
 
-        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison)
+        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison, sink2=sink2)
 
     def dq_acc_shape(self, problem):
         from .launch import dq_acc_shape

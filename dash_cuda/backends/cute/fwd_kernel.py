@@ -44,6 +44,11 @@ fp32 products ``Q_i K_j^T``, ``c`` = scale_log2 > 0)::
     [fwd_accumulate] l = l * alpha + rowsum(P)               fma.rn.f32; each thread sums its own
                                                            columns, in register order
                      acc = acc * alpha + rnd(P) V_j         mul.f32, wgmma (P from registers)
+    [fwd_sink]       (sinks only, after the last KV tile)
+                     l = the row's 4 partial sums           shfl butterfly (xor 1, then 2)
+                     m' = max(m, s2); alpha = exp2(m - m')  max.f32; sub.rn.f32, ex2.approx.ftz
+                     l = l * alpha + exp2(s2 - m')          sub.rn, ex2.approx.ftz, fma.rn.f32
+                     acc = acc * alpha                      mul.f32
     [fwd_finish]     l = the row's 4 partial sums           shfl butterfly (xor 1, then 2)
                      O = rnd(acc * (1 / l))                 rcp.rn.f32 per row, mul.f32
                      LSE2 = m + log2(l)                     lg2.approx.ftz.f32 + add.rn.f32
@@ -97,7 +102,7 @@ MASK_KINDS = mask.KINDS
 LAUNCH_ARGS = (
     ("q_ptr", "input"), ("k_ptr", "input"), ("v_ptr", "input"), ("o_ptr", "input"),
     ("lse_ptr", "f32"), ("counter_ptr", "i32"), ("cu_seqlens_q_ptr", "i32"),
-    ("cu_seqlens_k_ptr", "i32"),
+    ("cu_seqlens_k_ptr", "i32"), ("sink2_ptr", "f32"),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "num_ctas",
                            "l2_heads", "dynamic", "window_left", "window_right",
                            "max_seqlen_q")),
@@ -110,7 +115,7 @@ class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig,
-                 packed: bool = False):
+                 packed: bool = False, sinks: bool = False):
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
@@ -122,6 +127,7 @@ class DashForwardSm90:
         self.causal = mask == "causal"
         self.window = mask == "window"
         self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
+        self.sinks = sinks  # learnable sinks, one base-2 logit per query head ([fwd_sink])
 
     def _tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -154,7 +160,7 @@ class DashForwardSm90:
         self,
         q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer, o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer, counter_ptr: cute.Pointer, cu_seqlens_q_ptr: cute.Pointer,
-        cu_seqlens_k_ptr: cute.Pointer,
+        cu_seqlens_k_ptr: cute.Pointer, sink2_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         num_ctas: Int32, l2_heads: Int32, dynamic: Int32, window_left: Int32,
         window_right: Int32, max_seqlen_q: Int32,
@@ -173,6 +179,9 @@ class DashForwardSm90:
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, views * heads),
                                                           stride=(1, seqlen_q)))
         mCounter = cute.make_tensor(counter_ptr, cute.make_layout(1))
+        # the sinks reach kernels compiled with them only (the others take no argument)
+        mSink2 = cute.make_tensor(sink2_ptr, cute.make_layout(heads)) if const_expr(
+            self.sinks) else None
 
         sQ_layout = smem_layout(self.dtype, bm, d, None)
         sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
@@ -211,7 +220,7 @@ class DashForwardSm90:
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            l2_heads, dynamic, scale_log2, window, packing, Storage,
+            l2_heads, dynamic, scale_log2, window, packing, mSink2, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -226,7 +235,7 @@ class DashForwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window, packing,
+        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window, packing, mSink2,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -281,7 +290,7 @@ class DashForwardSm90:
             cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
                       pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k,
-                      scale_log2, window, packing)
+                      scale_log2, window, packing, mSink2)
 
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
@@ -474,7 +483,7 @@ class DashForwardSm90:
     @cute.jit
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
              pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2,
-             window, packing=None):
+             window, packing=None, mSink2=None):
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -590,6 +599,8 @@ class DashForwardSm90:
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
             q_state.advance()
+            if const_expr(self.sinks):
+                m, ell = self.fold_sink(acc_o, m, ell, mSink2[h])
             self.finish(acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE,
                         o_ready, tid, wg, i, b, h, heads, seqlen_q, q_first, packing)
             t = self.take_tile(tile_ids, tile_state, lane)
@@ -718,6 +729,35 @@ class DashForwardSm90:
             acc_s[e] = cutlass.select_(seen, acc_s[e], Float32(-math.inf))
 
     @cute.jit
+    def fold_sink(self, acc_o, m, ell, sink2):
+        """[fwd_sink] the head's sink joins each row after its last KV tile: the row's
+        partial sums become one (the butterfly of :meth:`finish`), ``m' = max(m, s2)``,
+        ``l = fma(l, alpha, exp2(s2 - m'))`` and ``acc * alpha`` with ``alpha = exp2(m -
+        m')``; returns ``(m', l)``, whose butterfly in :meth:`finish` adds ``+0`` (the
+        other threads' partial sums are zeroed) and so changes no bit. A row that saw no
+        key gets ``alpha = exp2(-inf) = 0``, ``l = 1``: ``O = 0``, ``LSE2 = s2``."""
+        lane0 = cute.arch.lane_idx() % 4 == 0
+        m_out, ell_out, alpha = [], [], []
+        for r in cutlass.range_constexpr(2):
+            total = self.row_total(ell[r])
+            m_new = cute.arch.fmax(m[r], sink2)
+            alpha.append(exp2_minus(m[r], m_new))
+            total = rescaled_sum(total, alpha[r], exp2_minus(sink2, m_new))
+            m_out.append(m_new)
+            ell_out.append(cutlass.select_(lane0, total, Float32(0.0)))
+        self.rescale(acc_o, alpha)
+        return (m_out[0], m_out[1]), (ell_out[0], ell_out[1])
+
+    @cute.jit
+    def row_total(self, ell):
+        """A row's sum from its four threads' partial sums: shfl butterflies 1 then 2, so
+        every thread of the row holds ``(l_0 + l_1) + (l_2 + l_3)`` (commutative adds)."""
+        total = ell
+        for step in cutlass.range_constexpr(2):
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=1 << step)
+        return total
+
+    @cute.jit
     def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
                tid, wg, i, b, h, heads, seqlen_q, q_first=0, packing=None):
         """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
@@ -728,9 +768,7 @@ class DashForwardSm90:
         """
         lse2, inv = [], []
         for r in cutlass.range_constexpr(2):
-            total = ell[r]
-            for step in cutlass.range_constexpr(2):
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=1 << step)
+            total = self.row_total(ell[r])
             seen = total > Float32(0.0)
             lse2.append(cutlass.select_(seen, lse2_of(m[r], total), Float32(-math.inf)))
             # a row that sees no key has acc = +0 and gets O = +0 * 0

@@ -81,20 +81,26 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     probs = re.findall(r"fma\.rn\.f32\s+(\w+),[^;]*;\s*ex2\.approx\.ftz\.f32\s+[^,]+,\s*(\w+);",
                        ptx)
     alphas = count(r"sub\.rn\.f32 \S+, \S+, \S+;\s*ex2\.approx\.ftz\.f32")
+    # [fwd_sink], once per row after the last KV tile: alpha and the sink's probability,
+    # each ex2 of one sub.rn.f32; l by one fma.rn.f32; the row's sum by two butterflies
+    sinks = 2 if getattr(v, "sinks", False) else 0
     need(len(probs) == copies * scores and all(x == y for x, y in probs),
          f"{len(probs)} fma.rn.f32 -> ex2 pairs, expected {copies * scores}")
-    need(alphas == copies * 2, f"{alphas} sub.rn.f32 -> ex2 pairs, expected {copies * 2}")
-    need(count(r"\bex2\.") == copies * (scores + 2),
-         f"{count(r'ex2[.]')} ex2, expected {copies * (scores + 2)}")
+    need(alphas == copies * 2 + 2 * sinks,
+         f"{alphas} sub.rn.f32 -> ex2 pairs, expected {copies * 2 + 2 * sinks}")
+    need(count(r"\bex2\.") == copies * (scores + 2) + 2 * sinks,
+         f"{count(r'ex2[.]')} ex2, expected {copies * (scores + 2) + 2 * sinks}")
     # [fwd_max]: the scale multiplies each row's largest raw score once (two rows a thread)
     need(count(r"\bmul\.rn\.f32") == copies * 2,
          f"{count(r'mul[.]rn[.]f32')} mul.rn.f32, expected {copies * 2}")
     # [fwd_max]: two butterfly steps per row; [fwd_finish]: two more per row for l
     shfl = count(r"shfl\.sync\.bfly\.b32")
-    need(shfl == copies * 4 + 4, f"{shfl} shfl.sync.bfly, expected {copies * 4 + 4}")
+    want = copies * 4 + 4 + 2 * sinks
+    need(shfl == want, f"{shfl} shfl.sync.bfly, expected {want}")
     # [fwd_accumulate]: one fma.rn.f32 per row per KV tile (l * alpha + sum), besides P's
-    need(count(r"\bfma\.rn\.f32") == copies * (scores + 2),
-         f"{count(r'fma[.]rn[.]f32')} fma.rn.f32, expected {copies * (scores + 2)}")
+    want = copies * (scores + 2) + sinks
+    need(count(r"\bfma\.rn\.f32") == want,
+         f"{count(r'fma[.]rn[.]f32')} fma.rn.f32, expected {want}")
     # [fwd_finish]: one rcp.rn per row (no division per element), lg2
     need(count(r"\brcp\.rn\.f32") == 2 and count(r"\bdiv\.[\w.]*f32") == 0,
          "expected 2 rcp.rn.f32 and no f32 division")
@@ -119,10 +125,13 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
         o_stores, lse_stores = count(r"st\.global\.b16"), count(r"st\.global\.b32")
         need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
         need(lse_stores == 4, f"{lse_stores} st.global.b32 (LSE2), expected 4")
-        offsets = count(r"ld\.global\.b32")
+        offsets = count(r"ld\.global\.b32") - (sinks > 0)
         need(offsets == 8, f"{offsets} ld.global.b32 (cu_seqlens), expected 8")
-    else:  # O by the TMA store alone
+    else:  # O by the TMA store alone; no offsets
         need(count(r"st\.global\.b16") == 0, "st.global.b16 in a rectangular forward")
+        loads = count(r"ld\.global\.b32")
+        need(loads == (sinks > 0), f"{loads} ld.global.b32, expected {int(sinks > 0)} (the "
+             "sink)")
     bad += check_forward_mask(ptx, v)
     return bad
 

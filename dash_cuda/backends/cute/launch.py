@@ -311,10 +311,13 @@ def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: in
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | bool,
                 softmax_scale: float, poison: bool = False, block_m: int | None = None,
                 num_ctas: int | None = None, sections: int | None = None,
-                dynamic: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                dynamic: bool | None = None, sink2: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
     ``(B, H, S_q)`` buffer: the convention both backwards read. ``rule``: the
-    :class:`dash_ref.Mask` (or ``causal`` as a bool). ``block_m``, ``num_ctas``,
+    :class:`dash_ref.Mask` (or ``causal`` as a bool). ``sink2``: learnable sinks in base 2,
+    fp32 ``(H,)`` on the device (:func:`dash_ref.arithmetic.steps.sink_logit`); ``LSE2``
+    then includes them. ``block_m``, ``num_ctas``,
     ``sections`` and ``dynamic`` (tests, measurements) override the measured tile height,
     the grid, the heads per causal section (:func:`l2_heads`) and how persistent CTAs pick
     their tiles (:func:`forward_grid`), none of which changes the bits. A window runs as a
@@ -336,12 +339,23 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
     kernel, static, by_counter = _forward_plan(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
-        rule, softmax_scale, block_m, num_ctas, sections, dynamic)
+        rule, softmax_scale, block_m, num_ctas, sections, dynamic, sink2 is not None)
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
+    sink = () if sink2 is None else (_sink_pointer(sink2, q.shape[2], q.device),)
     kernel(*static.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                        lse2.data_ptr(), counter.data_ptr() if by_counter else 0, _stream(q)))
+                        lse2.data_ptr(), counter.data_ptr() if by_counter else 0, _stream(q),
+                        *sink))
     return o, lse2
+
+
+def _sink_pointer(sink2: torch.Tensor, heads: int, device: torch.device) -> int:
+    """The address of the base-2 sinks a forward reads, one fp32 per query head."""
+    if sink2.dtype != torch.float32 or tuple(sink2.shape) != (heads,) or (
+            sink2.device != device) or not sink2.is_contiguous():
+        raise ValueError(f"sink2 must be a contiguous fp32 ({heads},) tensor on {device}, got "
+                         f"{sink2.dtype} {tuple(sink2.shape)} on {sink2.device}")
+    return sink2.data_ptr()
 
 
 def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -354,7 +368,7 @@ def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         return None
     _check_tma(q=q, k=k, v=v, o=o)
     return _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
-                         q.dtype, q.device, rule, softmax_scale, None, None, None, None)
+                         q.dtype, q.device, rule, softmax_scale, None, None, None, None, False)
 
 
 #: the forward's arguments that change every call, in the order ``fill`` takes them
@@ -363,14 +377,15 @@ _FORWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr
 
 @lru_cache(maxsize=256)
 def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, dtype, device,
-                  rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic
-                  ) -> tuple[object, arguments.Template, bool]:
+                  rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic,
+                  sinks: bool) -> tuple[object, arguments.Template, bool]:
     """What a forward launch of these shapes, strides and options needs beside its
     pointers and stream, worked out once: ``(kernel, the other launch arguments, whether
-    tiles are taken from a counter)``."""
+    tiles are taken from a counter)``; with ``sinks`` the template also takes the sinks'
+    pointer, last."""
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_shape[1], k_shape[2]
-    variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m)
+    variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m, sinks=sinks)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
         head_dim, rule.kind == "causal", seqlen_q, tiles,
@@ -384,7 +399,10 @@ def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, 
         dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
         q_strides=q_strides[:3], k_strides=k_strides[:3], v_strides=v_strides[:3],
         o_strides=o_strides[:3], scale_log2=scale_log2_value(softmax_scale))
-    return (get_kernel(variant), arguments.template(_FORWARD_ARGS, static, _FORWARD_PER_CALL),
+    per_call = _FORWARD_PER_CALL + ("sink2_ptr",) if sinks else _FORWARD_PER_CALL
+    if not sinks:
+        static["sink2_ptr"] = 0
+    return (get_kernel(variant), arguments.template(_FORWARD_ARGS, static, per_call),
             by_counter)
 
 
@@ -406,23 +424,25 @@ def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: M
 
 
 def forward_variant(dtype: torch.dtype, head_dim: int, rule: Mask, seqlen_q: int,
-                    packed: bool = False, block_m: int | None = None) -> ForwardVariant:
+                    packed: bool = False, block_m: int | None = None, sinks: bool = False
+                    ) -> ForwardVariant:
     """The forward variant of a call (packed: ``seqlen_q`` the longest sequence's)."""
     return ForwardVariant(dtype, head_dim, rule.kind,
                           forward_config(head_dim, tiling_mask(rule), seqlen_q, dtype,
-                                         block_m), packed)
+                                         block_m), packed, sinks)
 
 
 def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
                        rule: Mask, softmax_scale: float, poison: bool = False,
-                       block_m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       block_m: int | None = None, sink2: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``, ``(total_q,
     H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)`` buffer. Each
     sequence is tiled from its own first row, so its bits are those of its batch-1 call
     (the forward's bits depend on its KV tile only; ``block_m`` overrides the tile
-    height, as :func:`run_forward`'s). Key rows past a sequence's end that a last partial
-    KV tile reads are the next sequence's (masked: P = 0 there, so inputs must be finite,
-    as FlashAttention's varlen kernels assume)."""
+    height, as :func:`run_forward`'s; ``sink2`` as there). Key rows past a sequence's end
+    that a last partial KV tile reads are the next sequence's (masked: P = 0 there, so
+    inputs must be finite, as FlashAttention's varlen kernels assume)."""
     total_q, heads, head_dim = q.shape
     total_k, heads_kv = k.shape[0], k.shape[1]
     o = torch.empty_like(q)
@@ -434,7 +454,8 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
     if softmax_scale <= 0:  # as run_forward
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
-    variant = forward_variant(q.dtype, head_dim, rule, packing.max_seqlen_q, True, block_m)
+    variant = forward_variant(q.dtype, head_dim, rule, packing.max_seqlen_q, True, block_m,
+                              sinks=sink2 is not None)
     tiles = packing.batch * heads * -(-packing.max_seqlen_q // variant.block_m)
     if tiles == 0:
         return o, lse2
@@ -445,6 +466,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
     kernel(*arguments.values(_FORWARD_ARGS, dict(
         q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=lse2.data_ptr(), counter_ptr=0, heads_kv=heads_kv,
+        sink2_ptr=0 if sink2 is None else _sink_pointer(sink2, heads, q.device),
         **forward_varlen_args(packing, heads, total_q, total_k, rule, tiles,
                               device_properties(q.device).multi_processor_count),
         q_strides=_packed_strides(q), k_strides=_packed_strides(k),

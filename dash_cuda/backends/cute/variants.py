@@ -80,6 +80,7 @@ class ForwardVariant:
     mask: str
     config: ForwardConfig
     packed: bool = False  # a packed batch of variable lengths (cu_seqlens)
+    sinks: bool = False  # learnable sinks ([fwd_sink]; LSE2 includes them)
 
     @property
     def block_m(self) -> int:
@@ -89,11 +90,13 @@ class ForwardVariant:
     def name(self) -> str:
         flags = [_dtype_name(self.dtype), f"d{self.head_dim}", self.mask]
         flags += ["varlen"] if self.packed else []
+        flags += ["sink"] if self.sinks else []
         return "_".join(["dash_fwd", *flags, self.config.name])
 
     def kernel_object(self) -> fwd_kernel.DashForwardSm90:
         return fwd_kernel.DashForwardSm90(DTYPES[self.dtype], self.head_dim, mask=self.mask,
-                                          config=self.config, packed=self.packed)
+                                          config=self.config, packed=self.packed,
+                                          sinks=self.sinks)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -112,14 +115,18 @@ def backward_variant(dtype: torch.dtype, head_dim: int, mask: str, deterministic
 
 def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant | ForwardVariant]:
     """Every variant a call can run: the forwards (each configuration the forward's rule can
-    pick; rectangular, then packed), then the backwards (deterministic and atomic; dK/dV
-    rounded, per-head for GQA, and per-head with audit; rectangular, then packed)."""
+    pick; rectangular, then packed; without, then with sinks), then the backwards
+    (deterministic and atomic; dK/dV rounded, per-head for GQA, and per-head with audit;
+    rectangular, then packed)."""
     out: list[Variant | ForwardVariant] = [
         ForwardVariant(dtype, d, mask, config)
         for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
         for config in forward_configs(d, mask)]
     # packed batches: the same forwards, reading cu_seqlens (run_forward_varlen)
     out += [replace(v, packed=True) for v in out]
+    # learnable sinks: the same forwards, folding each head's sink in after the last KV tile
+    # (the backward needs nothing more: LSE2 includes the sinks)
+    out += [replace(v, sinks=True) for v in out]
     for dtype, d, mask, det in itertools.product(dtypes, head_dims, MASK_KINDS, (True, False)):
         out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
                 backward_variant(dtype, d, mask, det, audit=False, per_head=True),
