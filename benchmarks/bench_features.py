@@ -1,4 +1,4 @@
-"""Packed batches and sliding windows against FlashAttention-4, timed in interleaved rounds.
+"""Packed batches, sliding windows and sinks against FlashAttention-4, in interleaved rounds.
 
 Cells (bf16, d = 128, 16 heads, causal):
 
@@ -7,19 +7,21 @@ Cells (bf16, d = 128, 16 heads, causal):
   predicts for, fixed seeds), through ``dash_cuda.attention_varlen`` and FlashAttention-4's
   ``flash_attn_varlen_func``;
 * ``window``: causal sliding windows ``(w, 0)`` of 256, 1024 and 4096 at S = 8k (B = 2) and
-  16k (B = 1), through ``window_size=``.
+  16k (B = 1), through ``window_size=``;
+* ``sinks``: learnable sinks (one float32 logit per head, fresh random, gradients taken) at
+  S = 4k (B = 4) and 16k (B = 1), through ``learnable_sink=``.
 
 Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedule, with the
 schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
-with ``naive`` (the schedule's gain), and FlashAttention-4 with ``deterministic=True``
-(``fa4-det``) and without (``fa4``). Every row is timed by plain (eager) calls: a packed call
-reads its offsets to the host, which a CUDA graph cannot hold, so no row is replayed (the
-rows share one offsets tensor, as a model's layers do, so ``dash_cuda`` reads it once:
-``dash_cuda.options.host_offsets``). Each of ``--rounds`` rounds times every row once
-(``--reps`` calls, CUDA events, median), in an order that rotates; ratios are taken within a
-round and reported as medians with their range. Forward: the call on inputs that require
-gradients; backward: ``torch.autograd.grad`` of one forward's output, the graph kept, the
-same for every row (as a training step runs it)::
+with ``naive`` (the schedule's gain; a sink cell has no schedule of its own), and
+FlashAttention-4 with ``deterministic=True`` (``fa4-det``) and without (``fa4``). Every row
+is timed by plain (eager) calls: a packed call reads its offsets to the host, which a CUDA
+graph cannot hold, so no row is replayed (the rows share one offsets tensor, as a model's
+layers do, so ``dash_cuda`` reads it once: ``dash_cuda.options.host_offsets``). Each of
+``--rounds`` rounds times every row once (``--reps`` calls, CUDA events, median), in an order
+that rotates; ratios are taken within a round and reported as medians with their range.
+Forward: the call on inputs that require gradients; backward: ``torch.autograd.grad`` of one
+forward's output, the graph kept, the same for every row (as a training step runs it)::
 
     python benchmarks/bench_features.py --out benchmarks/results
 
@@ -42,11 +44,15 @@ from model_varlen import lengths
 HEAD_DIM, HEADS = 128, 16
 VARLEN = [(total, mix) for total in (16384, 65536) for mix in ("equal", "uniform", "heavy")]
 WINDOWS = [(s, w) for s in (8192, 16384) for w in (256, 1024, 4096)]
+SINKS = [4096, 16384]
+KINDS = ["varlen", "window", "sinks"]
 
 
 def cell_name(cell: dict) -> str:
     if cell["kind"] == "varlen":
         return f"varlen {cell['mix']} {cell['total'] // 1024}k"
+    if cell["kind"] == "sinks":
+        return f"sinks S={cell['seqlen'] // 1024}k B={cell['batch']}"
     return f"window ({cell['window']}, 0) S={cell['seqlen'] // 1024}k B={cell['batch']}"
 
 
@@ -57,6 +63,8 @@ def cells(kinds: list[str]) -> list[dict]:
     if "window" in kinds:
         out += [{"kind": "window", "seqlen": s, "batch": 16384 // s, "window": w}
                 for s, w in WINDOWS]
+    if "sinks" in kinds:
+        out += [{"kind": "sinks", "seqlen": s, "batch": 16384 // s} for s in SINKS]
     return out
 
 
@@ -113,6 +121,8 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
 
                 rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
         return rows
+    if cell["kind"] == "sinks":
+        return _sink_rows(cell, gen, fa, leaves)
     b, s, w = cell["batch"], cell["seqlen"], cell["window"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
                    for _ in range(4))
@@ -133,6 +143,41 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
 
             def fwd(det=det, x=x):
                 out = fa(*x, causal=True, window_size=(w, None), deterministic=det)
+                return out[0] if isinstance(out, tuple) else out
+
+            rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
+    return rows
+
+
+def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
+    """The rows of a sink cell: ``dash_cuda`` on each backend that runs sinks (``auto`` and
+    ``naive``), FlashAttention-4 with and without ``deterministic=True``; the sink logits are
+    leaves of every row's gradient, as a model trains them."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import get_backend
+
+    b, s = cell["batch"], cell["seqlen"]
+    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device="cuda",
+                               dtype=torch.bfloat16) for _ in range(4))
+    sink = torch.randn(HEADS, generator=gen, device="cuda", dtype=torch.float32)
+    rows: dict[str, tuple] = {}
+    for backend in ("cute", "triton"):
+        chosen = get_backend(backend)
+        if chosen.missing() or "sink" not in chosen.features:
+            continue
+        for schedule in ("auto", "naive"):
+            x = leaves(q, k, v, sink)
+            rows[f"{backend}:{schedule}"] = grad_row(
+                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
+                    *x[:3], causal=True, learnable_sink=x[3], schedule=sc, backend=bk), x, do)
+    if fa is not None:
+        for det in (True, False):
+            x = leaves(q, k, v, sink)
+
+            def fwd(det=det, x=x):
+                out = fa(*x[:3], causal=True, learnable_sink=x[3], deterministic=det)
                 return out[0] if isinstance(out, tuple) else out
 
             rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
@@ -188,15 +233,15 @@ MODELS = Path(__file__).parent / "results"
 
 def made_for(cell: dict) -> str:
     """The schedule made for the cell's shape: ``lpt`` (packed) or ``banded`` (windows)."""
-    return "lpt" if cell["kind"] == "varlen" else "banded"
+    return {"varlen": "lpt", "window": "banded"}.get(cell["kind"], "auto")
 
 
 def model_gain(cell: dict) -> str:
     """The DAG model's prediction of ``naive`` over :func:`made_for` (the simulator with the
     calibrated hand-off latency; ``model_varlen.json``, ``model_window.json``)."""
-    stem = "model_varlen" if cell["kind"] == "varlen" else "model_window"
+    stem = {"varlen": "model_varlen", "window": "model_window"}.get(cell["kind"])
     path = MODELS / f"{stem}.json"
-    if not path.is_file():
+    if stem is None or not path.is_file():
         return "-"
     for row in json.loads(path.read_text())["rows"]:
         if cell["kind"] == "varlen":
@@ -211,7 +256,7 @@ def model_gain(cell: dict) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
-        "# Packed batches and sliding windows against FlashAttention-4",
+        "# Packed batches, sliding windows and sinks against FlashAttention-4",
         "",
         f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
         f"{env['torch']}, triton {env['triton']}. bf16, d = 128, 16 heads, causal. Every "
@@ -221,7 +266,8 @@ def markdown(report: dict) -> str:
         f"{env['reps']} calls per round, interleaved rounds; ms are "
         "medians over the rounds; ratios are the peer's time over ours within a round, "
         "median (range). `BACKEND:auto` is the schedule `dash_cuda` picks, `lpt` and "
-        "`banded` the schedules made for packed batches and bands, `naive` the baseline "
+        "`banded` the schedules made for packed batches and bands (a sink cell: `auto` "
+        "itself), `naive` the baseline "
         "order; `fa4-det` is FlashAttention-4 with `deterministic=True`.",
         "",
         "| cell | rows (backward ms) | fa4-det / ours | fa4 / ours | naive / lpt or banded "
@@ -275,7 +321,7 @@ def plot(path: Path) -> Path:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells_))])
     ax.set_xticklabels([cell_name(c) for c in cells_], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("backward speed / FA4 deterministic")
-    ax.set_title(f"Packed batches and sliding windows, backward, H200, bf16, d = 128 "
+    ax.set_title(f"Packed batches, sliding windows and sinks, backward, H200, bf16, d = 128 "
                  f"(git {report['git_revision']})")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -287,8 +333,7 @@ def plot(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--kinds", nargs="+", default=["varlen", "window"],
-                        choices=["varlen", "window"])
+    parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)

@@ -50,13 +50,17 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
+#   scripts/gpu_release.sh sinks OUT     # learnable sinks on the CuTe backend: its GPU tests
+#                                        # (L2 of forward and backward, float64, busy-stream
+#                                        # trials), Triton's, then against FA4 in rounds
+#                                        # (bench_features.py --kinds sinks)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|sinks|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only
 cd "$(dirname "$0")/.."
@@ -268,6 +272,12 @@ headdims-versus)
     step versus $((BUDGET + 120)) $PY benchmarks/versus_fa4.py --out "$LOG" --tag versus_fa4_d96 \
         --head-dims 96 --seqlens 1024 4096 16384 --schedules 2 --rounds 3 --time-budget "$BUDGET"
     [ -f "$LOG/versus_fa4_d96.md" ] && cat "$LOG/versus_fa4_d96.md"
+    ;;
+sinks)
+    fa4_unpack
+    side_by_side 300 tests/gpu/test_cute_sinks.py tests/gpu/test_triton_softcap_sinks.py
+    step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds sinks --time-budget 150
+    [ -f "$LOG/bench_features.md" ] && grep -E '^\| sinks' "$LOG/bench_features.md"
     ;;
 hostpath)
     fa4_unpack
