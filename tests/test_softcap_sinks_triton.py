@@ -329,6 +329,19 @@ def test_cute_refuses_softcap_runs_sinks_and_auto_chooses_by_feature():
                           Case(64, BF16, False, True, softcap=True, sink=True)) is None
 
 
+def test_every_shipped_cute_forward_has_its_sink_twin():
+    """A sink call never compiles on demand: each shipped forward, rectangular and packed,
+    ships with sinks too, under a name that says so; the backward has no sink variant."""
+    from dash_cuda.backends.cute.variants import ForwardVariant, shipped_variants
+
+    forwards = [v for v in shipped_variants() if isinstance(v, ForwardVariant)]
+    plain = {v for v in forwards if not v.sinks}
+    sunk = {v for v in forwards if v.sinks}
+    assert plain and {ForwardVariant(v.dtype, v.head_dim, v.mask, v.config, v.packed, True)
+                      for v in plain} == sunk
+    assert all("_sink_" in v.name for v in sunk) and not any("sink" in v.name for v in plain)
+
+
 # -- the custom ops: the sinks' gradient through autograd, and tracing -----------------------
 def _meta(*shape, grad=False, dtype=BF16):
     return torch.randn(*shape, device="meta", dtype=dtype, requires_grad=grad)

@@ -41,11 +41,13 @@ def sinks(heads, dtype=torch.float32, seed=0):
     return base.to(dtype)
 
 
-def run(q, k, v, do, sink, **kw):
+def run(q, k, v, do, sink, mask, **backward):
+    """``(O, LSE2, gradients)``: the forward under ``mask``, the backward under ``mask`` with
+    the ``backward`` keywords (schedule, workers, audit)."""
     o, lse = dash_cuda.attention_forward(q, k, v, learnable_sink=sink, _poison=True, **CUTE,
-                                         **kw)
+                                         **mask)
     got = dash_cuda.attention_backward(q, k, v, o, lse, do, learnable_sink=sink,
-                                       _poison=True, **CUTE, **kw)
+                                       _poison=True, **CUTE, **mask, **backward)
     return o, lse, got
 
 
@@ -78,7 +80,7 @@ def test_within_the_float64_bound(shape, d, dtype, mask):
     q, k, v, do = inputs(shape, d, dtype, seed=92)
     q = (q.float() * 3).to(dtype)
     sink = sinks(shape[1])
-    o, lse, got = run(q, k, v, do, sink, **mask)
+    o, lse, got = run(q, k, v, do, sink, mask)
     out = dict(zip(("o", "dq", "dk", "dv", "dsink"), (o, *got)))
     ref = attention_f64(q, k, v, do, learnable_sink=sink, **mask)
     for check in grad_checks(out, ref, dtype).values():
@@ -101,8 +103,8 @@ def test_the_backward_from_the_sinks_lse2_is_reproduced_by_the_cpu(schedule):
 
     q, k, v, do = inputs((1, 2, 2, 260, 300), 64, torch.bfloat16, seed=93)
     sink = sinks(2)
-    o, lse, got = run(q, k, v, do, sink, causal=True, schedule=schedule, num_workers=4,
-                      audit=True)
+    o, lse, got = run(q, k, v, do, sink, dict(causal=True), schedule=schedule,
+                      num_workers=4, audit=True)
     dq, dk, dv, dsink, record = got
     assert record.arithmetic == "fast"
     steps = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv))
@@ -112,7 +114,7 @@ def test_the_backward_from_the_sinks_lse2_is_reproduced_by_the_cpu(schedule):
 def test_one_bit_pattern_in_100_runs_with_a_busy_stream():
     q, k, v, do = inputs((2, 4, 2, 384, 512), 64, torch.bfloat16, seed=94)
     sink = sinks(4, torch.bfloat16)
-    first = run(q, k, v, do, sink, causal=True)
+    first = run(q, k, v, do, sink, dict(causal=True))
     first = (first[0], first[1], *first[2])
     busy = torch.cuda.Stream()
     x = torch.randn(2048, 2048, device="cuda")
@@ -120,7 +122,7 @@ def test_one_bit_pattern_in_100_runs_with_a_busy_stream():
         with torch.cuda.stream(busy):
             for _ in range(4):
                 x = (x @ x).tanh_()
-        o, lse, got = run(q, k, v, do, sink, causal=True)
+        o, lse, got = run(q, k, v, do, sink, dict(causal=True))
         for name, a, b in zip(("O", "LSE2", "dQ", "dK", "dV", "dsink"), first, (o, lse, *got)):
             assert torch.equal(a, b), name
     assert first[-1].dtype == torch.bfloat16
@@ -129,8 +131,8 @@ def test_one_bit_pattern_in_100_runs_with_a_busy_stream():
 
 def test_a_very_negative_sink_gives_the_no_sink_bits():
     q, k, v, do = inputs((1, 4, 2, 256, 300), 128, torch.float16, seed=95)
-    base = run(q, k, v, do, None)
-    sunk = run(q, k, v, do, torch.full((4,), -1e4, device="cuda"))
+    base = run(q, k, v, do, None, {})
+    sunk = run(q, k, v, do, torch.full((4,), -1e4, device="cuda"), {})
     for name, a, b in zip(("O", "LSE2", "dQ", "dK", "dV"), (*base[:2], *base[2]),
                           (*sunk[:2], *sunk[2][:3])):
         assert torch.equal(a, b), name
