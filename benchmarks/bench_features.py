@@ -25,8 +25,8 @@ forward's output, the graph kept, the same for every row (as a training step run
 
     python benchmarks/bench_features.py --out benchmarks/results
 
-Writes ``bench_features.json`` and ``bench_features.md``; ``--plot JSON`` draws
-``bench_features.png`` from a report on any machine.
+Writes ``<tag>.json`` and ``<tag>.md`` (``--tag``, ``bench_features``); ``--plot JSON`` draws
+``<tag>.png`` from a report on any machine.
 """
 
 from __future__ import annotations
@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    parser.add_argument("--tag", default="bench_features", help="the report's file stem")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if no_cuda("bench_features"):
         return 2
     report = run(args)
-    save_report(args.out, "bench_features", report, markdown(report))
+    save_report(args.out, args.tag, report, markdown(report))
     return 0
 
 
