@@ -6,7 +6,7 @@
   carries the sinks);
 - accuracy: ``O``, ``dQ``, ``dK``, ``dV`` and ``dsink`` within the float64 reference's
   bound, GQA, ``S_q != S_k`` (causal rows that see no key: ``O = 0``, ``LSE2`` the sink's);
-- determinism: 100 runs with a busy stream give one bit pattern, ``dsink`` included;
+- determinism (L0): 1000 runs with a busy stream give one bit pattern, ``dsink`` included;
 - a sink of -1e4 gives the no-sink bits; a packed sequence's bits are its batch-1 call's;
 - ``backend="auto"`` runs a sink call here.
 """
@@ -111,14 +111,14 @@ def test_the_backward_from_the_sinks_lse2_is_reproduced_by_the_cpu(schedule):
     assert first_difference(steps) is None
 
 
-def test_one_bit_pattern_in_100_runs_with_a_busy_stream():
+def test_one_bit_pattern_in_1000_runs_with_a_busy_stream():
     q, k, v, do = inputs((2, 4, 2, 384, 512), 64, torch.bfloat16, seed=94)
     sink = sinks(4, torch.bfloat16)
     first = run(q, k, v, do, sink, dict(causal=True))
     first = (first[0], first[1], *first[2])
     busy = torch.cuda.Stream()
     x = torch.randn(2048, 2048, device="cuda")
-    for _ in range(99):
+    for _ in range(999):
         with torch.cuda.stream(busy):
             for _ in range(4):
                 x = (x @ x).tanh_()
