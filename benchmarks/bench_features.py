@@ -151,7 +151,8 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
 
 def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
     """The rows of a sink cell: ``dash_cuda`` on each backend that runs sinks (``auto`` and
-    ``naive``), FlashAttention-4 with and without ``deterministic=True``; the sink logits are
+    ``naive``, and ``BACKEND-nosink``: ``auto`` without the sinks, no candidate for ours'
+    row), FlashAttention-4 with and without ``deterministic=True``; the sink logits are
     leaves of every row's gradient, as a model trains them."""
     import torch
 
@@ -172,6 +173,9 @@ def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
             rows[f"{backend}:{schedule}"] = grad_row(
                 lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
                     *x[:3], causal=True, learnable_sink=x[3], schedule=sc, backend=bk), x, do)
+        x = leaves(q, k, v)  # the same call without sinks: what the sinks cost
+        rows[f"{backend}-nosink"] = grad_row(
+            lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
     if fa is not None:
         for det in (True, False):
             x = leaves(q, k, v, sink)
