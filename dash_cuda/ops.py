@@ -186,11 +186,11 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsink, None
     if packing is None:
         kept, key = None, None
-        if not (audit or poison or sink is not None):
+        if not (audit or poison):
             kept, key = plans.lookup("backward", options, q, k, v, o, lse, do)
         if kept is not None:
             with on_device(q.device):
-                return (*kept.run(q, k, v, o, lse, do), None, None)
+                return (*kept.run(q, k, v, o, lse, do, sink), None)
         resolved = resolution_for(q, k, options, sink is not None)
         return run_backward(resolved.backend, q, k, v, o, lse, do, options, resolved.schedule,
                             audit, poison, sink=sink, problem=resolved.problem, plan_key=key)

@@ -10,12 +10,13 @@ with the same arguments, and the same bits: ``tests/test_plans.py``,
 ``tests/gpu/test_cuda_plans.py``); a later call only allocates its outputs and scratch
 and launches.
 
-Only the common case has a plan: a rectangular call without poisoning, without learnable
-sinks or softcap, on a backend that binds its kernels (``bind_forward``, ``bind_schedule``,
-``bind_finish_dq``: the CuTe backend); a backward also without audit, with ``LSE2`` as
-every forward writes it and ``S_q`` a multiple of the query tile (the kernel reads it in
-place), and ``dO`` with a contiguous last dim (no copies). Any other call takes the general
-path every time (its signature is kept as one without a plan).
+Only the common case has a plan: a rectangular call without poisoning or softcap, on a
+backend that binds its kernels (``bind_forward``, ``bind_schedule``, ``bind_finish_dq``:
+the CuTe backend); a forward also without learnable sinks (a backward's launches do not
+change with them, and its plan adds their gradient); a backward also without audit, with
+``LSE2`` as every forward writes it and ``S_q`` a multiple of the query tile (the kernel
+reads it in place), and ``dO`` with a contiguous last dim (no copies). Any other call
+takes the general path every time (its signature is kept as one without a plan).
 """
 
 from __future__ import annotations
@@ -154,8 +155,11 @@ class BackwardPlan:
     finish_dq: object
     gqa: object | None
 
-    def run(self, q, k, v, o, lse2, do) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(dQ, dK, dV)`` of a call of the plan's signature."""
+    def run(self, q, k, v, o, lse2, do, sink: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(dQ, dK, dV, dsink)`` of a call of the plan's signature; ``dsink`` None without
+        learnable sinks ``sink`` (the other launches do not change with them: ``LSE2``
+        carries the sinks)."""
         device = self.device
         workspace = torch.empty(self.workspace, device=device, dtype=F32)
         delta = torch.empty(self.delta_shape, device=device, dtype=F32)
@@ -172,7 +176,12 @@ class BackwardPlan:
         self.finish_dq(workspace, dq)
         if self.gqa is not None:
             self.gqa(dk_out, dv_out, dk, dv)
-        return dq, dk, dv
+        dsink = None
+        if sink is not None:  # D as the kernels read it: (B, S_q, H), strided like LSE2
+            from . import prepost
+
+            dsink = prepost.sink_grad(lse2, delta.transpose(1, 2), sink)
+        return dq, dk, dv, dsink
 
 
 def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,

@@ -31,6 +31,7 @@ import triton.language as tl
 from dash_cuda.backends import new_row_stats
 from dash_cuda.tile_io import load_tile, padded, store_tile
 from dash_cuda.triton_launch import launch
+from dash_ref.arithmetic.steps import sink_logit
 
 #: fp32 elements a program of :func:`dash_delta_kernel` zeroes per store of the workspace
 CLEAR_BLOCK = 1024
@@ -239,16 +240,16 @@ def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
         GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim), dict(num_warps=4)
 
 
-def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink2: torch.Tensor) -> torch.Tensor:
-    """``dsink`` fp32 ``(H,)`` of learnable sinks from the forward's ``LSE2`` and ``D``, fp32
-    ``(B, S_q, H)`` views with one set of strides, and the sinks in base 2 ``sink2``
-    (fp32 ``(H,)``, :func:`dash_ref.arithmetic.steps.sink_logit`); see
-    :func:`dash_sink_grad_kernel` for its fixed summation order."""
+def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """``dsink`` ``(H,)``, of ``sink``'s dtype, of learnable sinks ``sink`` from the forward's
+    ``LSE2`` and ``D``, fp32 ``(B, S_q, H)`` views with one set of strides; the kernel
+    reads the sinks in base 2 (:func:`dash_ref.arithmetic.steps.sink_logit`) and sums in
+    fp32 in the fixed order of :func:`dash_sink_grad_kernel`."""
     batch, seqlen_q, heads = lse2.shape
     if lse2.stride() != delta.stride():
         raise ValueError("sink_grad reads LSE2 and D with one set of strides")
     dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
-    launch(dash_sink_grad_kernel, (heads,), (lse2, delta, sink2.contiguous(), dsink, batch,
-                                             seqlen_q, *lse2.stride()),
+    launch(dash_sink_grad_kernel, (heads,), (lse2, delta, sink_logit(sink).contiguous(), dsink,
+                                             batch, seqlen_q, *lse2.stride()),
            dict(BLOCK=1024), num_warps=4)
-    return dsink
+    return dsink.to(sink.dtype)

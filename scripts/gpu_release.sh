@@ -275,7 +275,8 @@ headdims-versus)
     ;;
 sinks)
     fa4_unpack
-    side_by_side 300 tests/gpu/test_cute_sinks.py tests/gpu/test_triton_softcap_sinks.py
+    side_by_side 300 tests/gpu/test_cute_sinks.py tests/gpu/test_triton_softcap_sinks.py \
+        tests/gpu/test_cuda_plans.py
     step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds sinks --tag bench_sinks \
         --time-budget 150
     [ -f "$LOG/bench_sinks.md" ] && grep -E '^\| sinks' "$LOG/bench_sinks.md"

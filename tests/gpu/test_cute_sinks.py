@@ -172,3 +172,29 @@ def test_auto_runs_a_sink_call_on_cute():
 
     q, *_ = inputs((1, 2, 2, 64, 64), 64, torch.bfloat16, seed=97)
     assert resolve_backend(q, Options.checked(64), sink=True).name == "cute"
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2])  # GQA: the per-head sum before dsink
+def test_a_sink_backward_takes_its_plan_with_the_general_paths_bits(heads_kv):
+    """Repeated sink backwards run their signature's kept plan, as calls without sinks do
+    (no per-call set-up); dQ, dK, dV and dsink are the general path's (forced by poisoning,
+    which never takes a plan), bit for bit."""
+    from dash_cuda import ops, plans
+    from dash_cuda.options import Options
+
+    options = Options.checked(128, backend="cute", causal=True)
+    q, k, v, do = inputs((2, 4, heads_kv, 384, 512), 128, torch.bfloat16, seed=98)
+    sink = sinks(4)
+    o, lse = ops.forward_views(q, k, v, options, sink=sink)
+    plans.clear()
+    first = ops.backward_views(q, k, v, o, lse, do, options, sink=sink)[:4]
+    assert [type(p) for p in plans._plans.values()] == [plans.BackwardPlan]
+    general = ops.backward_views(q, k, v, o, lse, do, options, poison=True, sink=sink)[:4]
+    assert general[3] is not None
+    for trial in range(3):
+        planned = ops.backward_views(q, k, v, o, lse, do, options, sink=sink)[:4]
+        for name, ref, got, before in zip(("dQ", "dK", "dV", "dsink"), general, planned, first):
+            assert torch.equal(got, ref), f"{name} of planned call {trial}"
+            assert torch.equal(before, ref), f"{name} of the first call"
+    plain = ops.backward_views(q, k, v, o, lse, do, options)
+    assert plain[3] is None and torch.equal(plain[0], general[0])  # one plan for both
