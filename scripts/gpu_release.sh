@@ -52,7 +52,8 @@
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
 #   scripts/gpu_release.sh sinks OUT     # learnable sinks on the CuTe backend: its GPU tests
 #                                        # (L2 of forward and backward, float64, busy-stream
-#                                        # trials), Triton's, then against FA4 in rounds
+#                                        # trials, the planned backward), Triton's, the
+#                                        # plan tests, then against FA4 in rounds
 #                                        # (bench_features.py --kinds sinks)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
