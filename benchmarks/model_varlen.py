@@ -93,7 +93,8 @@ def markdown(report: dict) -> str:
         "",
         "Each cell: the DAG model's critical path / the simulator with the hand-off latency, "
         "in units of c; `bound` is max(total work / W, longest chain), each visit costing "
-        "c + r. `lpt` (longest chain first across the batch, `descending`'s orders) and the "
+        "c + r. `lpt` (head group by head group, longest chain first, `descending`'s orders) "
+        "and the "
         "other four are portable: the same bits for every W and, per sequence, for every "
         "packing. `best other / lpt`: the fastest of the other four over `lpt`, simulated "
         "(above 1: `lpt` is faster).", "",

@@ -91,7 +91,8 @@ def markdown(report: dict) -> str:
         "in units of c; `bound` is max(total work / W, longest chain), each visit costing "
         "c + r; `load` is `banded`'s most loaded worker (its makespan if no visit ever "
         "waited). `banded` (`dash_ref.BANDED`: `descending`'s orders, launched j by j "
-        "across heads) is portable, as are naive, spt, descending, interleaved and lpt; "
+        "across the heads of a head group) is portable, as are naive, spt, descending, "
+        "interleaved and lpt; "
         "shift and symmetric_shift order their sums by W. `best peer / banded`: the "
         "fastest of naive, descending and interleaved over `banded`, simulated (above 1: "
         "`banded` is faster).", "",

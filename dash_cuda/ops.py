@@ -134,7 +134,8 @@ def _schedule_for(backend: Backend, q_shape: tuple, k_shape: tuple, mask: Mask,
 def resolve_packed_schedule(backend: Backend, q: Tensor, k: Tensor, packing: Packing,
                             options: Options) -> str:
     """The schedule a backward of a packed batch runs: ``atomic`` or a name, resolved on
-    the packed problem (``"auto"`` by its longest sequence)."""
+    the packed problem (``"auto"`` by its longest sequence, or ``lpt`` where the lengths
+    are ragged: :func:`dash_ref.schedules.schedule.is_ragged`)."""
     if not options.deterministic:
         return "atomic"
     problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, q.shape[1],

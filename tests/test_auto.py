@@ -98,3 +98,39 @@ def test_auto_takes_banded_for_windows_where_the_committed_measurement_says_so()
         if cell["window"] >= 1024:
             assert speed[WINDOWS_MEASURED_ON] > 1.0, cell["window"]
         assert speed["triton"] < 1.0  # why Triton keeps the table
+
+
+def test_auto_takes_lpt_for_ragged_packed_batches_where_the_committed_measurement_says_so():
+    """On the backend of ``RAGGED_MEASURED_ON`` a packed batch whose longest sequence is more
+    than ``RAGGED_SPREAD`` times the mean length resolves to ``lpt``, any other to the
+    table's choice; in the committed H200 measurement that pick is the faster of the two
+    (grouped ``lpt``, ``lpt_f4``, against ``auto`` before this rule) on every packed batch;
+    on the other backend, and on rectangular problems, the table decides."""
+    from model_varlen import lengths
+
+    from dash_ref import resolve_name
+    from dash_ref.schedules.schedule import GROUP_FILL, RAGGED_MEASURED_ON, is_ragged
+
+    assert GROUP_FILL == 4  # the fill the measurement's lpt_f4 rows ran
+    report = json.loads((ROOT / "benchmarks/results/experiments/head_groups.json")
+                        .read_text())
+    seen = set()
+    for run in report["runs"]:
+        for cell in run:
+            kind, total, mix = cell["cell"]
+            if kind != "varlen":
+                continue
+            seqlens = lengths(mix, total)
+            p = Problem.packed(seqlens, seqlens, 16, 16, 128, "causal", 64, 128)
+            alone = Problem(1, 16, 16, max(seqlens), max(seqlens), 128, "causal", 64, 128)
+            assert resolve_name("auto", p, "triton") == resolve_name("auto", alone, "triton")
+            table = resolve_name("auto", alone, RAGGED_MEASURED_ON)
+            picked = resolve_name("auto", p, RAGGED_MEASURED_ON)
+            assert picked == ("lpt" if is_ragged(p) else table)
+            ms = cell["median_ms"]
+            faster = "lpt" if ms["lpt_f4"] < ms["auto"] else table
+            assert picked == faster, (mix, total)
+            seen.add((mix, is_ragged(p)))
+    assert seen == {("equal", False), ("uniform", False), ("heavy", True)}
+    assert not is_ragged(Problem(2, 4, 4, 300, 300, 64, "causal", 64, 64))
+    assert not is_ragged(Problem.packed((0, 0), (0, 0), 2, 2, 64, "causal", 64, 64))

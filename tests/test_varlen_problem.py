@@ -32,6 +32,7 @@ from dash_ref import (
     simulate,
 )
 from dash_ref.model.dag import build_dag
+from dash_ref.schedules.schedule import GROUP_FILL
 from verify.strategies import packed_problems
 
 DATA = Path(__file__).parent / "data" / "rectangular_baseline.json"
@@ -372,26 +373,46 @@ def test_lpt_is_deadlock_free_on_every_worker_count_up_to_an_h200(mask):
         simulate(s, "sync", 1.0, 0.5, handoff_latency=0.25)  # and the simulator finishes
 
 
+def launch_groups(s) -> dict[tuple[int, int], int]:
+    """An independent statement of the head groups (``GROUP_FILL``'s comment): the heads by
+    visits, descending, ties by ``(b, h)``; a group closes at ``GROUP_FILL * W`` chains."""
+    p = s.problem
+    heads = [(b, h) for b in range(p.batch) for h in range(p.heads)]
+    visits = {bh: sum(len(c.visits) for _, c in s.chains() if (c.b, c.h) == bh)
+              for bh in heads}
+    out, group, chains = {}, 0, 0
+    for bh in sorted(heads, key=lambda bh: (-visits[bh], bh)):
+        out[bh] = group
+        chains += sum(1 for _, c in s.chains() if (c.b, c.h) == bh)
+        if chains >= GROUP_FILL * s.num_workers:
+            group, chains = group + 1, 0
+    return out
+
+
 @pytest.mark.parametrize("mask", ["full", "causal"])
-def test_lpt_launches_the_longest_chains_first_and_adds_in_descendings_orders(mask):
-    p = ragged(mask)
-    s = build_schedule(p, "lpt", 5)
+def test_lpt_launches_head_group_by_group_longest_chains_first_in_descendings_orders(mask):
+    p = Problem.packed(RAGGED_Q * 3, RAGGED_K * 3, 4, 2, 16, mask, 16, 16)
+    s = build_schedule(p, "lpt", 3)
+    groups = launch_groups(s)
+    assert 1 < len(set(groups.values())) < p.batch * p.heads  # groups of several heads
     for chains in s.workers:  # greedy placement keeps the launch order on every worker
-        lengths = [len(c.visits) for c in chains]
-        assert lengths == sorted(lengths, reverse=True)
-    every = sorted((len(c.visits) for _, c in s.chains()), reverse=True)
-    assert sorted((len(w[0].visits) for w in s.workers), reverse=True) == every[:5]
+        keys = [(groups[c.b, c.h], -len(c.visits)) for c in chains]
+        assert keys == sorted(keys)
+    first = [c for c in (w[0] for w in s.workers)]
+    longest = max(len(c.visits) for _, c in s.chains())
+    assert all(groups[c.b, c.h] == 0 for c in first) and len(first[0].visits) == longest
     for _, c in s.chains():
         assert list(c.visits) == sorted(c.visits, reverse=True)
-    d = build_schedule(p, "descending", 5)
-    assert s.fingerprint() == d.fingerprint() and s.dq_orders == d.dq_orders
+    d = build_schedule(p, "descending", 3)
+    assert s.fingerprint() == d.fingerprint() and s.dq_orders == d.dq_orders  # the bits
     assert resolve_name("lpt", p, portable=True) == "lpt"
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])
-def test_on_a_rectangular_problem_lpt_is_placed_as_interleaved(mask):
-    p = Problem(2, 3, 3, 96, 128, 16, mask, 16, 32)
+def test_in_one_head_group_lpt_is_placed_as_interleaved(mask):
+    p = Problem(2, 3, 3, 96, 128, 16, mask, 16, 32)  # 24 chains: one group on 7 workers
     lpt, inter = build_schedule(p, "lpt", 7), build_schedule(p, "interleaved", 7)
+    assert set(launch_groups(lpt).values()) == {0}
     assert [[(c.b, c.h, c.j) for c in w] for w in lpt.workers] == [
         [(c.b, c.h, c.j) for c in w] for w in inter.workers]
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from dash_ref import BANDED, NAMES, PORTABLE, RAGGED, Mask, Problem, build_schedule
 from dash_ref.emulate import backward, emulate, forward
 from dash_ref.model import critical_path, simulate
+from dash_ref.schedules.schedule import GROUP_FILL
 from verify.highprec import error_bound, reference_grads
 from verify.reference import (
     attention_f64,
@@ -217,6 +218,29 @@ def test_banded_is_portable_packing_invariant_and_adds_in_descendings_orders():
             assert s.dq_order(b, 0, i) == alone.dq_order(0, 0, i)
 
 
+def test_banded_launches_head_group_by_group_and_j_by_j_inside_a_group():
+    """Placement only (the bits are descending's): the heads by work in groups of at least
+    ``GROUP_FILL * W`` chains, one group after the other on every worker, and inside a
+    group chain ``j`` of each of its heads before chain ``j + 1`` of any."""
+    p = Problem(3, 4, 2, 200, 200, 16, "causal", 16, 16, window_size=(40, 0))
+    s = build_schedule(p, "banded", 5)
+    chains_of = {(b, h): p.n_kv_of(b) for b in range(p.batch) for h in range(p.heads)}
+    per_group = GROUP_FILL * 5
+    assert sum(chains_of.values()) > 2 * per_group  # several groups
+    order = sorted(chains_of)  # equal work: (b, h) order
+    group, count, groups = 0, 0, {}
+    for bh in order:
+        groups[bh] = group
+        count += chains_of[bh]
+        if count >= per_group:
+            group, count = group + 1, 0
+    for chains in s.workers:
+        keys = [(groups[c.b, c.h], c.j) for c in chains]
+        assert keys == sorted(keys)
+    assert {groups[c.b, c.h] for c in (w[0] for w in s.workers)} == {0}
+    assert s.fingerprint() == build_schedule(p, "descending", 5).fingerprint()
+
+
 def test_banded_waits_for_a_few_hand_offs_at_most_and_beats_its_peers_in_the_model():
     """d = 128 with the CuTe tiles, 16 heads, W = 132, the calibrated r / c and hand-off
     latency of ``benchmarks/results/model_vs_measured.json``: ``banded``'s makespan is its
@@ -241,17 +265,22 @@ def test_banded_waits_for_a_few_hand_offs_at_most_and_beats_its_peers_in_the_mod
             assert mine < theirs, peer
 
 
-def test_the_committed_model_table_has_banded_ahead_of_its_peers():
+def test_the_committed_model_table_has_banded_within_a_visit_of_its_load():
+    """The DAG model has no cache, so what ``banded``'s head groups gain there is nothing
+    and what they cost is a few waits: its critical path within one visit of its most
+    loaded worker's work, and simulated within 1.5 % of that work and of the best of
+    naive, descending and interleaved (on the H200 it is ahead of the ungrouped launch
+    order by 0.5 - 9 %: ``benchmarks/results/experiments/head_groups.md``)."""
     report = json.loads((RESULTS / "model_window.json").read_text())
     assert {(r["S"], r["side"], r["window"]) for r in report["rows"]} == {
         (s, side, w) for s in (8192, 16384) for side in ("causal", "two-sided")
         for w in (256, 1024, 4096)}
+    visit = 1 + report["r_over_c"]
     for r in report["rows"]:
-        assert r["sim"]["banded"] <= min(r["sim"][n] for n in
-                                         ("naive", "descending", "interleaved")) + 1e-9
-        assert (r["load"] - 1e-9 <= r["dag"]["banded"]
-                <= r["load"] + 4 * report["r_over_c"] + 1e-9)
-        assert r["sim"]["banded"] <= r["load"] * 1.007
+        best_peer = min(r["sim"][n] for n in ("naive", "descending", "interleaved"))
+        assert r["sim"]["banded"] <= best_peer * 1.015
+        assert r["load"] - 1e-9 <= r["dag"]["banded"] <= r["load"] + visit
+        assert r["sim"]["banded"] <= r["load"] * 1.015
 
 
 # -- the emulator on bands -----------------------------------------------------------------

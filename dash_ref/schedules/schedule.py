@@ -19,8 +19,8 @@ Schedules (``docs/design.md`` section 3), placement / visit order / dQ order:
 ``shift``           round-robin waves / cyclic shift by wave index / by (wave, step)
 ``symmetric_shift`` round-robin pairs ``(j, n_kv-1-j)`` / shift then fold / by (wave, step)
 ``interleaved``     greedy in ``(j, b, h)`` order / ascending / ``j`` ascending
-``lpt``             greedy, longest chain first / descending / ``j`` in launch order
-``banded``          greedy in ``(j, b, h)`` order / descending / ``j`` ascending
+``lpt``             greedy, head groups, longest chain first / descending / ``j`` in launch order
+``banded``          greedy, head groups, ``(j, b, h)`` order / descending / ``j`` ascending
 
 *Portable* schedules (:data:`PORTABLE`) fix their visit and dQ orders from the problem
 alone, so their bits are the same for every ``num_workers`` (every GPU); the wave
@@ -74,21 +74,23 @@ their order, or the number of workers. Placement (who runs which chain when) is 
 batch's. The wave schedules number their waves over the whole batch, so their orders
 depend on the other sequences as they depend on ``num_workers``.
 
-``lpt`` (longest processing time first, made for ragged batches: :data:`RAGGED`): every
-chain of the batch, longest first (ties in ``(j, b, h)`` order), placed greedily;
-``descending``'s visit order; dQ order: the tile's ``j`` in launch order (see
-:func:`_lpt`). Under full and causal masks a sequence's chains are never longer for a
+``lpt`` (longest processing time first, made for ragged batches: :data:`RAGGED`): the
+heads in groups of a few (the heads with the most work first; a group holds enough chains
+to fill the workers, and few enough heads that what they stream stays in the L2 cache:
+:func:`_head_groups`), each group's chains longest first (ties in ``(j, b, h)`` order),
+placed greedily; ``descending``'s visit order; dQ order: the tile's ``j`` in launch order
+(see :func:`_lpt`). Under full and causal masks a sequence's chains are never longer for a
 larger ``j``, so that order is ``j`` ascending and ``lpt`` adds in ``descending``'s orders
-(as ``interleaved`` adds in ``naive``'s); on a rectangular problem its launch order, and so
-its placement, is ``interleaved``'s. Under a sliding window the chains at both ends of a
-band are the short ones, so ``lpt``'s orders are its own there (still deadlock-free).
+(as ``interleaved`` adds in ``naive``'s). Under a sliding window the chains at both ends of
+a band are the short ones, so ``lpt``'s orders are its own there (still deadlock-free).
+Placement, the groups included, never changes the bits.
 
 **Sliding windows** (:attr:`Problem.window_size`): every schedule covers a windowed
 problem (its active tiles come from the one rule, :class:`~dash_ref.schedules.mask.Mask`)
 and stays deadlock-free, by the arguments above, which never assumed a mask. ``banded``
 (:data:`BANDED`, built by name, portable, not yet in :data:`NAMES`) adds in
-``descending``'s orders and launches the chains ``j`` by ``j`` across heads; why that is
-the band's shift order, from the DAG model: :func:`_banded`.
+``descending``'s orders and launches the chains ``j`` by ``j`` across the heads of a head
+group; why that is the band's shift order, from the DAG model: :func:`_banded`.
 """
 
 from __future__ import annotations
@@ -605,6 +607,39 @@ def _heads(p: Problem) -> Iterator[tuple[int, int]]:
             yield b, h
 
 
+#: a head group of ``lpt`` and ``banded`` closes once it holds this many chains per worker
+#: (:func:`_head_groups`; measured on the H200 from 1 to 8: 4 was the fastest, or within
+#: 0.5 % of it, on the ragged packed batches and the 4096 windows, within 5 % on the rest,
+#: and 1.08 - 1.34x (packed) and 1.005 - 1.09x (windows) the ungrouped order:
+#: ``benchmarks/results/experiments/head_groups.md``)
+GROUP_FILL = 4
+
+
+def _head_groups(p: Problem, num_workers: int) -> dict[tuple[int, int], int]:
+    """The launch group of every head ``(b, h)``: the heads by their work (visits),
+    descending (ties in ``(b, h)`` order), cut into groups of at least ``GROUP_FILL *
+    num_workers`` chains.
+
+    Why: a schedule that launches chain ``j`` of every head before chain ``j + 1`` of any
+    keeps every head of the batch in flight at once, and each streams its own Q, dO and
+    dQ accumulator rows, far more than the L2 cache holds on a 16k-token batch (``lpt`` was
+    1.4x slower than ``symmetric_shift`` there on the H200). A group keeps a few heads in
+    flight and still enough chains to fill every worker and its tail. Launching a group's
+    heads one at a time would make a head's chains, which start together, wait for each
+    other's hand-offs (the DAG model: up to 35 % slower); a group of several heads
+    spaces them out.
+    """
+    work = {(b, h): sum(len(rows) for rows in p.chain_rows_of(b)) for b, h in _heads(p)}
+    groups: dict[tuple[int, int], int] = {}
+    group, chains = 0, 0
+    for bh in sorted(work, key=lambda bh: (-work[bh], bh)):
+        groups[bh] = group
+        chains += p.n_kv_of(bh[0])
+        if chains >= GROUP_FILL * num_workers:
+            group, chains = group + 1, 0
+    return groups
+
+
 def _greedy_schedule(p: Problem, name: str, num_workers: int, j_descending: bool,
                      visits_descending: bool, dq: dict[TileKey, tuple[int, ...] | None],
                      heads_inner: bool = False) -> Schedule:
@@ -698,8 +733,9 @@ def _banded(p: Problem, num_workers: int) -> Schedule:
 
     **Portable**: its visit and dQ orders are ``descending``'s (the same fingerprint, the
     same bits), fixed by the problem alone, so they are the same for every ``num_workers``
-    and, per sequence, for every packing; only the placement is new (greedy, in
-    ``(j, b, h)`` order, as ``interleaved`` launches ``naive``'s orders).
+    and, per sequence, for every packing; only the placement is new (greedy, head group
+    by head group, :func:`_head_groups`, and inside a group in ``(j, b, h)`` order, as
+    ``interleaved`` launches ``naive``'s orders).
 
     Why, from the DAG model. Under a sliding window chain ``j``'s active Q tiles are a
     band ``lo_j .. hi_j`` whose ends move ``BN / BM`` tiles per chain, and every chain away
@@ -713,31 +749,35 @@ def _banded(p: Problem, num_workers: int) -> Schedule:
     together want different dQ tiles at each step (each starts at its own top, ``BN / BM``
     tiles above the previous one: a shift with no wrap-around). The chains that share a top
     tile are those clipped by the end of the sequence (their bands end at the last Q tile,
-    a small causal triangle); launching ``j`` by ``j`` across heads starts two of them at
-    least ``B H`` launches apart, so they do not meet there at the same time either. Every
-    edge runs forward in launch order (greedy placement keeps it on every worker, and each
-    tile adds in ``j`` order, which is launch order within a head), so the schedule is
-    deadlock-free for every ``num_workers``. In the DAG model its makespan is within four
-    hand-offs (``r``) of its most loaded worker's work, and within 0.7 % of it with the
-    calibrated hand-off latency: the waits left are those of clipped chains that greedy
-    placement starts at the same moment (``benchmarks/results/model_window.md``). Valid
-    for every mask; on a full or causal mask it is ``lpt``'s placement of rectangular
-    problems.
+    a small causal triangle); launching ``j`` by ``j`` across the heads of a group starts
+    two of them at least as many launches apart as the group has heads, so they rarely meet
+    there at the same time either. Every edge runs forward in launch order (greedy
+    placement keeps it on every worker, and each tile adds in ``j`` order, which is launch
+    order within a head), so the schedule is deadlock-free for every ``num_workers``. The
+    DAG model, which has no cache, predicts it within 1 - 4 % of its most loaded worker's
+    work with the calibrated hand-off latency (``benchmarks/results/model_window.md``);
+    the head groups cost that much there and gain more on the GPU (:func:`_head_groups`).
+    Valid for every mask.
     """
-    return _greedy_schedule(p, "banded", num_workers, False, True, _order_by_j(p, False),
-                            heads_inner=True)
+    groups = _head_groups(p, num_workers)
+    chains = [Chain(b, h, j, rows[::-1])
+              for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
+    chains.sort(key=lambda c: (groups[c.b, c.h], c.j, c.b, c.h))
+    return _assemble(p, "banded", num_workers,
+                     _place_greedy([(c,) for c in chains], num_workers), _order_by_j(p, False))
 
 
 def _lpt(p: Problem, num_workers: int) -> Schedule:
-    """Longest processing time first: every chain of the batch, longest first, placed greedily.
+    """Longest processing time first, head group by head group, placed greedily.
 
     Made for packed batches of ragged lengths, where launching sequence by sequence leaves
-    a long sequence's chains for last. Launch order: by visits, descending; ties in
-    ``(j, b, h)`` order (a sequence's chain ``j + 1`` is never longer than its chain ``j``,
-    so on a rectangular problem this is ``interleaved``'s launch order: chain ``j`` of every
-    head before chain ``j + 1`` of any). Visits descending, as in
-    ``descending`` (chains of one head that start together then meet each dQ tile in the
-    same order, one hand-off apart, instead of one visit apart).
+    a long sequence's chains for last. Launch order: the heads in groups
+    (:func:`_head_groups`: the heads with the most work first), and inside a group by
+    visits, descending, ties in ``(j, b, h)`` order (a sequence's chain ``j + 1`` is never
+    longer than its chain ``j``, so inside a group chain ``j`` of every head comes before
+    chain ``j + 1`` of any). Visits descending, as in ``descending`` (chains of one head
+    that start together then meet each dQ tile in the same order, one hand-off apart,
+    instead of one visit apart).
 
     Why the dQ order is the tile's ``j`` in launch order (by visits descending, then ``j``):
     greedy placement keeps the launch order on every worker, so every program-order edge
@@ -753,7 +793,8 @@ def _lpt(p: Problem, num_workers: int) -> Schedule:
     """
     chains = [Chain(b, h, j, rows[::-1])
               for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
-    chains.sort(key=lambda c: (-len(c.visits), c.j, c.b, c.h))
+    groups = _head_groups(p, num_workers)
+    chains.sort(key=lambda c: (groups[c.b, c.h], -len(c.visits), c.j, c.b, c.h))
     dq: dict[TileKey, tuple[int, ...] | None] = {}
     for b, h in _heads(p):
         chain_rows = p.chain_rows_of(b)
@@ -800,6 +841,23 @@ def default_schedule(mask: str, head_dim: int, seqlen: int = 4096,
 #: and 1.26 - 1.33 at 4096; on the Triton kernels at 0.96 - 0.99, so Triton keeps the table
 WINDOWS_MEASURED_ON = "cute"
 
+#: ``auto`` takes ``lpt`` for a packed batch whose longest sequence (keys) is more than
+#: this many times the mean length, on the backend of :data:`RAGGED_MEASURED_ON`: on the
+#: H200 (``benchmarks/results/experiments/head_groups.md``, causal, d = 128, 16k and 64k
+#: tokens) ``lpt`` ran at 1.15 - 1.19x and 1.04 - 1.06x the table's choice on the
+#: heavy-tailed mixes (longest 3.6 and 13 times the mean), and at 0.93 - 0.94x and 0.98x
+#: on the equal and uniform ones (1.0 and 1.7 times)
+RAGGED_SPREAD = 2.0
+RAGGED_MEASURED_ON = "cute"
+
+
+def is_ragged(problem: Problem) -> bool:
+    """Whether ``auto`` treats a packed problem as ragged (:data:`RAGGED_SPREAD`)."""
+    if not problem.is_packed or not any(problem.seqlens_k):
+        return False
+    lengths = problem.seqlens_k
+    return max(lengths) > RAGGED_SPREAD * sum(lengths) / len(lengths)
+
 
 def resolve_name(name: str, problem: Problem, backend: str | None = None,
                  portable: bool = False) -> str:
@@ -807,7 +865,8 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
 
     The one place ``"auto"`` is resolved (by :func:`default_schedule`, from the longer of
     the two sequence lengths, with the entries measured on ``backend`` where there are;
-    ``banded`` for a sliding window on the backend of :data:`WINDOWS_MEASURED_ON`).
+    ``banded`` for a sliding window on the backend of :data:`WINDOWS_MEASURED_ON`, ``lpt``
+    for a ragged packed batch, :func:`is_ragged`, on that of :data:`RAGGED_MEASURED_ON`).
     ``portable=True`` keeps to :data:`PORTABLE`, :data:`RAGGED` and :data:`BANDED` (the
     same bits for every ``num_workers``): ``auto`` picks the fastest measured portable
     schedule, and a named schedule outside the sets is refused. Unknown names raise a
@@ -820,6 +879,8 @@ def resolve_name(name: str, problem: Problem, backend: str | None = None,
     if name == "auto":
         if problem.is_windowed and backend == WINDOWS_MEASURED_ON:
             return "banded"  # measured on this backend's kernels: see WINDOWS_MEASURED_ON
+        if backend == RAGGED_MEASURED_ON and is_ragged(problem):
+            return "lpt"  # measured on this backend's kernels: see RAGGED_SPREAD
         return default_schedule(problem.mask, problem.head_dim,
                                 max(problem.seqlen_q, problem.seqlen_k), backend, portable)
     if not isinstance(name, str) or name not in BUILDERS:
