@@ -10,12 +10,13 @@ majorness and shared-memory layouts of ``dash_cuda/backends/cute`` (``layouts.ge
 with :func:`dash_ref.arithmetic.tensorcore.mma_bits` (k16 steps, ascending) exactly as
 validate_mma.py does (its ``compare`` and ``examples``).
 
-Variants (72): operand form x N x K x dtype x C:
+Variants (96): operand form x N x K x dtype x C:
 
 * form ``ss_kk`` (A, B from shared memory, K-major: S = Q K^T, S^T = K Q^T, dP^T = V dO^T),
   ``rs_mn`` (A from registers through ``acc_as_operand_a``, B MN-major: acc += P V,
   dV += P^T dO, dK += dS^T Q), ``ss_mn`` (A shared MN-major, B MN-major: dQ = dS K);
-* N in {64, 128}; K in {16, 64, 128}; bf16, fp16;
+* N in {64, 128} with K in {16, 64, 128} (head dims 64 and 128), and the six (form, N, K)
+  of head dim 96 (``wgmma_kernel.D96_FORMS``: K = 96, N = 96 and 48); bf16, fp16;
 * ``C`` loaded into the accumulator (every wgmma accumulates) or not (the first k16 block
   runs with scale-d = 0, as the kernels' fresh accumulators do).
 
@@ -72,7 +73,7 @@ from mma_cases import FAMILIES, MMACases, generate  # noqa: E402
 from dash_ref.arithmetic.tensorcore import HOPPER, mma_bits  # noqa: E402
 
 #: tiles per (dtype, N, K) set, by K: about the same number of products per set
-DEFAULT_TILES = {16: 1024, 64: 256, 128: 128}
+DEFAULT_TILES = {16: 1024, 64: 256, 96: 170, 128: 128}
 MANIFEST = "wgmma_manifest.json"
 _STATE: dict = {}  # the test sets, shared with the forked model workers
 
@@ -557,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--tiles16", type=int, default=DEFAULT_TILES[16])
     ap.add_argument("--tiles64", type=int, default=DEFAULT_TILES[64])
+    ap.add_argument("--tiles96", type=int, default=DEFAULT_TILES[96])
     ap.add_argument("--tiles128", type=int, default=DEFAULT_TILES[128])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--examples", type=int, default=20, help="mismatches kept per variant")
@@ -583,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     t0 = time.time()
-    tiles = {16: args.tiles16, 64: args.tiles64, 128: args.tiles128}
+    tiles = {16: args.tiles16, 64: args.tiles64, 96: args.tiles96, 128: args.tiles128}
     sets = build_sets(variants, tiles, args.seed)
     _STATE["cases"] = sets
     print(f"{len(sets)} test sets built in {time.time() - t0:.1f} s", flush=True)

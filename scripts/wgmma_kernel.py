@@ -52,8 +52,13 @@ from dash_cuda.backends.cute.layouts import (  # noqa: E402
 M = 64
 THREADS = 128
 OPS = ("ss_kk", "rs_mn", "ss_mn")
-NS = (64, 128)
-KS = (16, 64, 128)
+NS = (48, 64, 96, 128)
+KS = (16, 64, 96, 128)
+#: the (form, N, K) the head dim 96 adds: S = Q K^T and S^T = K Q^T, dP^T = V dO^T over K
+#: = 96; acc += P V (K = 128), dV += P^T dO and dK += dS^T Q (K = 64) into N = 96; dQ = dS K
+#: into N = 96, or 48 where two warpgroups split d
+D96_FORMS = (("ss_kk", 128, 96), ("ss_kk", 64, 96), ("rs_mn", 96, 128), ("rs_mn", 96, 64),
+             ("ss_mn", 96, 128), ("ss_mn", 48, 128))
 DTYPES = ("bf16", "fp16")
 _CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 #: what each form stands for in the CuTe kernels
@@ -111,7 +116,11 @@ class WgmmaVariant:
 
 
 def all_variants() -> list[WgmmaVariant]:
-    return [WgmmaVariant(op, n, k, dt, lc) for op in OPS for n in NS for k in KS
+    """The forms of head dims 64 and 128 (every N in 64, 128 with every K in 16, 64, 128),
+    then those head dim 96 adds (:data:`D96_FORMS`), each in both dtypes, with and
+    without ``C``."""
+    forms = [(op, n, k) for op in OPS for n in (64, 128) for k in (16, 64, 128)]
+    return [WgmmaVariant(op, n, k, dt, lc) for op, n, k in (*forms, *D96_FORMS)
             for dt in DTYPES for lc in (True, False)]
 
 
