@@ -89,8 +89,10 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
     and would make the tiling depend on the mask). [dk_step] is issued after the partial's
     MMA, so that staging the partial overlaps it (issuing it before the dS barrier was 1 -
     6 % slower at d = 128 and 2 - 10 % at d = 64). A window keeps the masking branch (its
-    edge tiles need the selects, its interior ones do not; selecting on every tile was
-    measured for full masks only), so one configuration serves every window.
+    edge tiles need the selects, its interior ones do not; selecting on every tile ran 1 -
+    4.5 % slower at windows of 1024 and 4096 keys on the H200:
+    ``benchmarks/results/experiments/window_select.md``), so one configuration serves
+    every window.
     """
     _supported(head_dim)
     if head_dim == 64:
