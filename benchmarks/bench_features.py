@@ -1,4 +1,4 @@
-"""Packed batches, sliding windows and sinks against FlashAttention-4, in interleaved rounds.
+"""Packed batches, sliding windows, sinks and softcap against FlashAttention-4, in rounds.
 
 Cells (bf16, d = 128, 16 heads, causal):
 
@@ -9,11 +9,15 @@ Cells (bf16, d = 128, 16 heads, causal):
 * ``window``: causal sliding windows ``(w, 0)`` of 256, 1024 and 4096 at S = 8k (B = 2) and
   16k (B = 1), through ``window_size=``;
 * ``sinks``: learnable sinks (one float32 logit per head, fresh random, gradients taken) at
-  S = 4k (B = 4) and 16k (B = 1), through ``learnable_sink=``.
+  S = 4k (B = 4) and 16k (B = 1), through ``learnable_sink=``;
+* ``softcap``: logit softcap 50 (Gemma 2; its 27B model has d = 128) at S = 4k (B = 4), the
+  shape of FlashAttention-4's committed anchor, through ``softcap=``.
 
 Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedule, with the
 schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
-with ``naive`` (the schedule's gain; a sink cell has no schedule of its own), and
+with ``naive`` (the schedule's gain; sink and softcap cells have no schedule of their
+own; their ``BACKEND-nosink`` / ``BACKEND-nocap`` rows run the same call without the
+feature), and
 FlashAttention-4 with ``deterministic=True`` (``fa4-det``) and without (``fa4``). Every row
 is timed by plain (eager) calls: a packed call reads its offsets to the host, which a CUDA
 graph cannot hold, so no row is replayed (the rows share one offsets tensor, as a model's
@@ -45,7 +49,8 @@ HEAD_DIM, HEADS = 128, 16
 VARLEN = [(total, mix) for total in (16384, 65536) for mix in ("equal", "uniform", "heavy")]
 WINDOWS = [(s, w) for s in (8192, 16384) for w in (256, 1024, 4096)]
 SINKS = [4096, 16384]
-KINDS = ["varlen", "window", "sinks"]
+SOFTCAP = 50.0
+KINDS = ["varlen", "window", "sinks", "softcap"]
 
 
 def cell_name(cell: dict) -> str:
@@ -53,6 +58,8 @@ def cell_name(cell: dict) -> str:
         return f"varlen {cell['mix']} {cell['total'] // 1024}k"
     if cell["kind"] == "sinks":
         return f"sinks S={cell['seqlen'] // 1024}k B={cell['batch']}"
+    if cell["kind"] == "softcap":
+        return f"softcap {cell['softcap']:g} S={cell['seqlen'] // 1024}k B={cell['batch']}"
     return f"window ({cell['window']}, 0) S={cell['seqlen'] // 1024}k B={cell['batch']}"
 
 
@@ -65,6 +72,8 @@ def cells(kinds: list[str]) -> list[dict]:
                 for s, w in WINDOWS]
     if "sinks" in kinds:
         out += [{"kind": "sinks", "seqlen": s, "batch": 16384 // s} for s in SINKS]
+    if "softcap" in kinds:
+        out += [{"kind": "softcap", "seqlen": 4096, "batch": 4, "softcap": SOFTCAP}]
     return out
 
 
@@ -110,19 +119,15 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
                     lambda b=backend, s=schedule, x=x: dash_cuda.attention_varlen(
                         *x, *offsets, causal=True, schedule=s, backend=b), x, do)
         if fa_varlen is not None:
-            for det in (True, False):
-                x = leaves(q, k, v)
-
-                def fwd(det=det, x=x):
-                    out = fa_varlen(*x, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                    max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
-                                    deterministic=det)
-                    return out[0] if isinstance(out, tuple) else out
-
-                rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
+            rows.update(fa4_rows(lambda *x, det: fa_varlen(
+                *x, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                max_seqlen_k=longest, causal=True, deterministic=det), leaves(q, k, v),
+                leaves(q, k, v), do))
         return rows
     if cell["kind"] == "sinks":
         return _sink_rows(cell, gen, fa, leaves)
+    if cell["kind"] == "softcap":
+        return _softcap_rows(cell, gen, fa, leaves)
     b, s, w = cell["batch"], cell["seqlen"], cell["window"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
                    for _ in range(4))
@@ -138,14 +143,9 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
                 lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
                     *x, causal=True, window_size=window, schedule=sc, backend=bk), x, do)
     if fa is not None:
-        for det in (True, False):
-            x = leaves(q, k, v)
-
-            def fwd(det=det, x=x):
-                out = fa(*x, causal=True, window_size=(w, None), deterministic=det)
-                return out[0] if isinstance(out, tuple) else out
-
-            rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
+        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=True, window_size=(w, None),
+                                                deterministic=det),
+                             leaves(q, k, v), leaves(q, k, v), do))
     return rows
 
 
@@ -177,15 +177,55 @@ def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
         rows[f"{backend}-nosink"] = grad_row(
             lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
     if fa is not None:
-        for det in (True, False):
-            x = leaves(q, k, v, sink)
-
-            def fwd(det=det, x=x):
-                out = fa(*x[:3], causal=True, learnable_sink=x[3], deterministic=det)
-                return out[0] if isinstance(out, tuple) else out
-
-            rows["fa4-det" if det else "fa4"] = grad_row(fwd, x, do)
+        rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, learnable_sink=x[3],
+                                                deterministic=det),
+                             leaves(q, k, v, sink), leaves(q, k, v, sink), do))
     return rows
+
+
+def _softcap_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
+    """The rows of a softcap cell: ``dash_cuda`` on each backend that runs a softcap
+    (``auto`` and ``naive``, and ``BACKEND-nocap``: ``auto`` without it, no candidate for
+    ours' row), FlashAttention-4 with and without ``deterministic=True``."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import Case, get_backend
+
+    b, s, cap = cell["batch"], cell["seqlen"], cell["softcap"]
+    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device="cuda",
+                               dtype=torch.bfloat16) for _ in range(4))
+    rows: dict[str, tuple] = {}
+    for backend in ("cute", "triton"):
+        chosen = get_backend(backend)
+        if chosen.missing() or chosen.unsupported(Case(HEAD_DIM, torch.bfloat16, False, True,
+                                                       softcap=True)):
+            continue
+        for schedule in ("auto", "naive"):
+            x = leaves(q, k, v)
+            rows[f"{backend}:{schedule}"] = grad_row(
+                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
+                    *x, causal=True, softcap=cap, schedule=sc, backend=bk), x, do)
+        x = leaves(q, k, v)  # the same call without the cap: what the cap costs
+        rows[f"{backend}-nocap"] = grad_row(
+            lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
+    if fa is not None:
+        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=True, softcap=cap,
+                                                deterministic=det),
+                             leaves(q, k, v), leaves(q, k, v), do))
+    return rows
+
+
+def fa4_rows(call, det_inputs: tuple, inputs: tuple, do) -> dict[str, tuple]:
+    """The ``fa4-det`` and ``fa4`` rows: ``call(*inputs, det=...)``, FlashAttention-4 with and
+    without ``deterministic=True``, each on its own leaves (:func:`harness.grad_row`)."""
+    def row(x, det):
+        def fwd():
+            out = call(*x, det=det)
+            return out[0] if isinstance(out, tuple) else out
+        return grad_row(fwd, x, do)
+
+    return {"fa4-det": row(det_inputs, True), "fa4": row(inputs, False)}
 
 
 def run(args) -> dict:
@@ -260,7 +300,7 @@ def model_gain(cell: dict) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
-        "# Packed batches, sliding windows and sinks against FlashAttention-4",
+        "# Packed batches, sliding windows, sinks and softcap against FlashAttention-4",
         "",
         f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
         f"{env['torch']}, triton {env['triton']}. bf16, d = 128, 16 heads, causal. Every "
@@ -270,7 +310,7 @@ def markdown(report: dict) -> str:
         f"{env['reps']} calls per round, interleaved rounds; ms are "
         "medians over the rounds; ratios are the peer's time over ours within a round, "
         "median (range). `BACKEND:auto` is the schedule `dash_cuda` picks, `lpt` and "
-        "`banded` the schedules made for packed batches and bands (a sink cell: `auto` "
+        "`banded` the schedules made for packed batches and bands (a sink or softcap cell: `auto` "
         "itself), `naive` the baseline "
         "order; `fa4-det` is FlashAttention-4 with `deterministic=True`.",
         "",
@@ -325,7 +365,7 @@ def plot(path: Path) -> Path:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells_))])
     ax.set_xticklabels([cell_name(c) for c in cells_], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("backward speed / FA4 deterministic")
-    ax.set_title(f"Packed batches, sliding windows and sinks, backward, H200, bf16, d = 128 "
+    ax.set_title(f"Packed batches, windows, sinks and softcap, backward, H200, bf16, d = 128 "
                  f"(git {report['git_revision']})")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
