@@ -12,7 +12,9 @@ compiled graph and the eager call resolve them alike. The forward op takes the b
 options too: its registered autograd hands them to ``dash::attention_backward``.
 
 Rectangular calls of a signature seen before take its plan (:mod:`dash_cuda.plans`): the
-launches the general path made for it, with the call's own pointers.
+launches the general path made for it, with the call's own pointers. An eager backward
+whose forward ran a plan finds its own plan there, by ``dO`` alone
+(:attr:`~dash_cuda.plans.ForwardPlan.backwards`).
 
 Eager calls skip the custom-op dispatch: :func:`attention_call` runs the same two functions
 (:func:`attention_forward_impl`, :func:`attention_backward_impl`) behind a plain
@@ -157,22 +159,31 @@ def forward_views(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: boo
     """On validated ``(B, S, H, d)`` views: ``(O, LSE2)``, LSE2 fp32 ``(B, S_q, H)``; with
     ``packing``, on packed ``(total, H, d)`` tensors, LSE2 fp32 ``(total_q, H)``; ``sink``:
     the validated learnable sinks ``(H,)`` (LSE2 includes them)."""
+    return planned_forward(q, k, v, options, poison, packing, sink)[:2]
+
+
+def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: bool = False,
+                    packing: Packing | None = None, sink: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor, plans.ForwardPlan | None]:
+    """:func:`forward_views` and the :class:`~dash_cuda.plans.ForwardPlan` the call ran or
+    kept (None: it has none)."""
     if empty_problem(q, k):
         lse = _lse_like(q, -math.inf)
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
-        return torch.zeros_like(q), lse
+        return torch.zeros_like(q), lse, None
     if packing is not None:
         backend = resolve_backend(q, options, True, sink is not None)
-        return run_forward(backend, q, k, v, options, poison, packing, sink)
+        return *run_forward(backend, q, k, v, options, poison, packing, sink), None
     kept, key = None, None
     if not (poison or sink is not None):
         kept, key = plans.lookup("forward", options, q, k, v)
     if kept is not None:
         with on_device(q.device):
-            return kept.run(q, k, v)
+            return *kept.run(q, k, v), kept
     backend = resolution_for(q, k, options, sink is not None).backend
-    return run_forward(backend, q, k, v, options, poison, packing, sink, key)
+    o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
+    return o, lse, None if key is None else plans.kept("forward", options, q, k, v)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -285,16 +296,30 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, options: Options):
-        o, lse = forward_views(q, k, v, options, sink=sink)
+        o, lse, plan = planned_forward(q, k, v, options, sink=sink)
         ctx.save_for_backward(q, k, v, o, sink)
-        ctx.lse, ctx.options = lse, options
+        ctx.lse, ctx.options, ctx.plan = lse, options, plan
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o, sink = ctx.saved_tensors
+        # a forward that ran a plan finds its backward's plan by dO alone
+        # (:attr:`dash_cuda.plans.ForwardPlan.backwards`)
+        plan, key = ctx.plan, None
+        if plan is not None and plans.active():
+            key = plans.grad_key(grad_o)
+            kept = plan.backwards.get(key)
+            if kept is not None:
+                with on_device(q.device):
+                    dq, dk, dv, _ = kept.run(q, k, v, o, ctx.lse, grad_o)
+                return dq, dk, dv, None, None
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
                                               sink=sink)
+        if key is not None:
+            kept = plans.kept("backward", ctx.options, q, k, v, o, ctx.lse, grad_o)
+            if kept is not None:
+                plan.backwards[key] = kept
         return dq, dk, dv, dsink, None
 
 
@@ -419,5 +444,6 @@ __all__ = ["EagerAttention", "EagerAttentionVarlen", "attention_backward_impl",
            "attention_backward_op", "attention_call", "attention_forward_impl", "attention_op",
            "attention_varlen_backward_impl", "attention_varlen_backward_op",
            "attention_varlen_forward_impl", "attention_varlen_op", "backward_views",
-           "empty_problem", "forward_views", "resolve_backend", "resolve_packed_schedule",
+           "empty_problem", "forward_views", "planned_forward", "resolve_backend",
+           "resolve_packed_schedule",
            "resolve_schedule", "varlen_call"]

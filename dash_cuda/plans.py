@@ -8,7 +8,9 @@ on every call. The first call of a signature runs that general path and keeps wh
 launched as a plan, made by the same functions from its own decisions (so the same kernels
 with the same arguments, and the same bits: ``tests/test_plans.py``,
 ``tests/gpu/test_cuda_plans.py``); a later call only allocates its outputs and scratch
-and launches.
+and launches. A forward's plan also keeps the backward plans of its calls by ``dO``
+(:attr:`ForwardPlan.backwards`), so an eager training step looks up one signature, not
+two.
 
 Only the common case has a plan: a rectangular call without poisoning or softcap, on a
 backend that binds its kernels (``bind_forward``, ``bind_schedule``, ``bind_finish_dq``:
@@ -24,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +62,22 @@ def lookup(kind: str, options: Options, *tensors: torch.Tensor) -> tuple[object,
     if kept is _UNSEEN:
         return None, key
     return kept, None
+
+
+def active() -> bool:
+    """Whether calls of this thread may take plans (not inside :func:`suspended`)."""
+    return not getattr(_local, "suspended", 0)
+
+
+def kept(kind: str, options: Options, *tensors: torch.Tensor) -> ForwardPlan | BackwardPlan | None:
+    """The plan kept under the :func:`signature` of these arguments (None: none kept)."""
+    return _plans.get(signature(kind, options, *tensors))
+
+
+def grad_key(do: torch.Tensor) -> tuple:
+    """What a backward's :func:`signature` holds of ``dO`` beside what its forward's plan
+    fixes (:attr:`ForwardPlan.backwards`)."""
+    return do.shape, do.stride(), do.dtype, do.data_ptr() % 16 == 0
 
 
 @contextmanager
@@ -98,7 +116,14 @@ class ForwardPlan:
     """A rectangular forward with everything but its tensors worked out: ``kernel`` and
     its argument ``template`` (pointers and the stream per call), the shape and strides of
     ``LSE2`` (a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, allocated as such), and
-    whether the launch takes its tiles from a ``counter`` it zeroes."""
+    whether the launch takes its tiles from a ``counter`` it zeroes.
+
+    ``backwards``: the backward plans of calls whose forward ran this plan, by
+    :func:`grad_key`. Such a backward's :func:`signature` is the forward's (options, device,
+    ``Q``, ``K``, ``V``) with ``O`` and ``LSE2`` as this plan allocates them (their shapes and
+    strides follow from ``Q``'s, fresh buffers are aligned) and ``dO``: so ``dO`` alone
+    finds its plan, without the signature of six tensors (``ops.EagerAttention``).
+    """
 
     device: torch.device
     stats_shape: tuple[int, int, int]
@@ -106,6 +131,7 @@ class ForwardPlan:
     counter: bool
     kernel: object
     template: object
+    backwards: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` of a call of the plan's signature."""
@@ -219,5 +245,5 @@ def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,
                         delta, schedule, finish, gqa)
 
 
-__all__ = ["BackwardPlan", "ForwardPlan", "backward_plan", "clear", "forward_plan", "keep",
-           "lookup", "raw_stream", "signature", "suspended"]
+__all__ = ["BackwardPlan", "ForwardPlan", "active", "backward_plan", "clear", "forward_plan",
+           "grad_key", "keep", "kept", "lookup", "raw_stream", "signature", "suspended"]

@@ -180,14 +180,14 @@ def test_the_eager_function_hands_its_forward_lse_to_its_backward(monkeypatch, w
     grads = [torch.randn(b, s, h, d) for _ in range(3)] + [torch.randn(h)]
     seen = {}
 
-    def forward_views(q, k, v, options, sink=None):
-        return o_made.clone(), lse_made
+    def planned_forward(q, k, v, options, sink=None):
+        return o_made.clone(), lse_made, None  # no plan: the backward takes backward_views
 
     def backward_views(q, k, v, o, lse, do, options, sink=None):
         seen.update(o=o, lse=lse, do=do, options=options, sink=sink)
         return (*grads[:3], grads[3] if sink is not None else None, None)
 
-    monkeypatch.setattr(ops, "forward_views", forward_views)
+    monkeypatch.setattr(ops, "planned_forward", planned_forward)
     monkeypatch.setattr(ops, "backward_views", backward_views)
     q, k, v = (torch.randn(b, s, h, d, requires_grad=True) for _ in range(3))
     sink = torch.randn(h, requires_grad=True) if with_sink else None

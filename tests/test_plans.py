@@ -214,6 +214,41 @@ def test_a_forward_that_scales_q_first_has_no_plan(recorder):
     assert _forward(recorder, q, k, v, options) == first
 
 
+def _step(rec, q, k, v, do, options):
+    """One eager forward and ``grad`` (``ops.EagerAttention``): its launches, named."""
+    rec.launches.clear()
+    x = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = ops.EagerAttention.apply(*x, None, options)
+    dq, dk, dv = torch.autograd.grad(o, x, do)
+    return rec.named(dict(q=q, k=k, v=v, do=do, o=o, dq=dq, dk=dk, dv=dv))
+
+
+@pytest.mark.parametrize(("shape_q", "heads_kv", "seqlen_k", "kw"), CASES[:3])
+def test_a_planned_forward_finds_its_backwards_plan_by_do_alone(recorder, monkeypatch,
+                                                                 shape_q, heads_kv, seqlen_k,
+                                                                 kw):
+    """After the first step, the backward's plan comes from the forward's plan by ``dO``'s
+    metadata, without the signature of six tensors, and launches what the general path
+    launched; a ``dO`` of other strides gets a plan of its own, the general path's too."""
+    options = Options.checked(shape_q[3], backend="cute", **kw)
+    q, k, v, _, _, do = _inputs(shape_q, heads_kv, seqlen_k, options)
+    general = _step(recorder, q, k, v, do, options)
+    (forward,) = [p for p in plans._plans.values() if isinstance(p, plans.ForwardPlan)]
+    assert list(forward.backwards) == [plans.grad_key(do)]
+    real = plans.signature
+    monkeypatch.setattr(plans, "signature", lambda kind, *a: pytest.fail("a signature")
+                        if kind == "backward" else real(kind, *a))
+    assert _step(recorder, q, k, v, do, options) == general
+    monkeypatch.setattr(plans, "signature", real)
+    b, s, h, d = shape_q
+    strided = torch.randn(b, h, s, d).bfloat16().transpose(1, 2)  # (B, S, H, d), other strides
+    planned = _step(recorder, q, k, v, strided, options)
+    assert len(forward.backwards) == 2
+    assert _step(recorder, q, k, v, strided, options) == planned  # kept for that dO
+    plans._plans.clear()  # and from scratch, the general path for it launches the same
+    assert _step(recorder, q, k, v, strided, options) == planned
+
+
 def test_calls_inside_suspended_take_the_general_path_and_keep_nothing(recorder, monkeypatch):
     options = Options.checked(64, backend="cute", causal=True)
     tensors = _inputs((1, 256, 2, 64), 2, 256, options)

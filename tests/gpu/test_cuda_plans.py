@@ -51,3 +51,26 @@ def test_planned_calls_give_the_general_paths_bits(shape, d, kw):
             assert torch.equal(got, ref), f"{name} of planned call {trial}"
             assert torch.equal(before, ref), f"{name} of the first call"
             assert got.data_ptr() != ref.data_ptr()
+
+
+@pytest.mark.parametrize(("shape", "d", "kw"), CASES[:3])
+def test_eager_steps_find_the_backwards_plan_from_the_forwards_and_keep_the_bits(shape, d,
+                                                                                  kw):
+    """Through :class:`dash_cuda.ops.EagerAttention` a forward that ran a plan finds its
+    backward's plan by ``dO`` alone (``ForwardPlan.backwards``): every step's gradients
+    equal the general path's, the first step's included (it runs and keeps the plans)."""
+    need("cute", d)
+    options = Options.checked(d, backend="cute", **kw)
+    q, k, v, do = inputs(shape, d, torch.bfloat16, seed=52)
+    o, lse = ops.forward_views(q, k, v, options, poison=True)
+    general = ops.backward_views(q, k, v, o, lse, do, options, poison=True)[:3]
+    plans.clear()
+    for trial in range(3):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = ops.EagerAttention.apply(*leaves, None, options)
+        assert torch.equal(out, o), f"O of step {trial}"
+        grads = torch.autograd.grad(out, leaves, do)
+        for name, ref, got in zip(("dQ", "dK", "dV"), general, grads):
+            assert torch.equal(got, ref), f"{name} of step {trial}"
+    (forward,) = [p for p in plans._plans.values() if isinstance(p, plans.ForwardPlan)]
+    assert list(forward.backwards) == [plans.grad_key(do)]
