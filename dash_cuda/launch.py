@@ -164,9 +164,9 @@ def run_forward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                                           options.softmax_scale, poison, **extra)
         o, lse2 = backend.forward(q, k, v, options.mask, options.softmax_scale, poison,
                                   **extra)
-        if plan_key is not None:
-            keep(plan_key, None if extra else forward_plan(backend, q, k, v, o, lse2,
-                                                           options))
+        if plan_key is not None:  # a softcap has no plan; sinks do
+            keep(plan_key, None if "softcap" in extra else forward_plan(
+                backend, q, k, v, o, lse2, options, sinks=sink is not None))
         return o, lse2
 
 

@@ -176,14 +176,15 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
         backend = resolve_backend(q, options, True, sink is not None)
         return *run_forward(backend, q, k, v, options, poison, packing, sink), None
     kept, key = None, None
-    if not (poison or sink is not None):
-        kept, key = plans.lookup("forward", options, q, k, v)
+    tensors = (q, k, v) if sink is None else (q, k, v, sink)
+    if not poison:
+        kept, key = plans.lookup("forward", options, *tensors)
     if kept is not None:
         with on_device(q.device):
-            return *kept.run(q, k, v), kept
+            return *kept.run(q, k, v, sink), kept
     backend = resolution_for(q, k, options, sink is not None).backend
     o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
-    return o, lse, None if key is None else plans.kept("forward", options, q, k, v)
+    return o, lse, None if key is None else plans.kept("forward", options, *tensors)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -312,8 +313,8 @@ class EagerAttention(torch.autograd.Function):
             kept = plan.backwards.get(key)
             if kept is not None:
                 with on_device(q.device):
-                    dq, dk, dv, _ = kept.run(q, k, v, o, ctx.lse, grad_o)
-                return dq, dk, dv, None, None
+                    dq, dk, dv, dsink = kept.run(q, k, v, o, ctx.lse, grad_o, sink)
+                return dq, dk, dv, dsink, None
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
                                               sink=sink)
         if key is not None:

@@ -14,8 +14,9 @@ two.
 
 Only the common case has a plan: a rectangular call without poisoning or softcap, on a
 backend that binds its kernels (``bind_forward``, ``bind_schedule``, ``bind_finish_dq``:
-the CuTe backend); a forward also without learnable sinks (a backward's launches do not
-change with them, and its plan adds their gradient); a backward also without audit, with
+the CuTe backend), learnable sinks included (a forward's plan takes their base-2 logits'
+pointer; a backward's launches do not change with them, and its plan adds their
+gradient); a backward also without audit, with
 ``LSE2`` as every forward writes it and ``S_q`` a multiple of the query tile (the kernel
 reads it in place), and ``dO`` with a contiguous last dim (no copies). Any other call
 takes the general path every time (its signature is kept as one without a plan).
@@ -131,32 +132,43 @@ class ForwardPlan:
     counter: bool
     kernel: object
     template: object
+    sinks: bool = False  # the launch also takes the learnable sinks' base-2 logits
     backwards: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(O, LSE2)`` of a call of the plan's signature."""
+    def run(self, q, k, v, sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(O, LSE2)`` of a call of the plan's signature (``sink``: its learnable sinks,
+        for a plan with ``sinks``)."""
         o = torch.empty_like(q)
         lse2 = torch.empty_strided(self.stats_shape, self.stats_strides, device=self.device,
                                    dtype=F32)
         counter = 0
         if self.counter:  # the tickets of a dynamic launch start at zero
             counter = torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
+        extra = ()
+        if self.sinks:  # the general path's base-2 logits (dash_cuda.launch._features)
+            from dash_ref.arithmetic.steps import sink_logit
+
+            sink2 = sink_logit(sink)
+            extra = (sink2.data_ptr(),)
         self.kernel(*self.template.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                         o.data_ptr(), lse2.data_ptr(), counter,
-                                        raw_stream(self.device.index)))
+                                        raw_stream(self.device.index), *extra))
         return o, lse2
 
 
-def forward_plan(backend, q, k, v, o, lse2, options: Options) -> ForwardPlan | None:
+def forward_plan(backend, q, k, v, o, lse2, options: Options, sinks: bool = False
+                 ) -> ForwardPlan | None:
     """The :class:`ForwardPlan` of a general forward that made ``o`` and ``lse2`` from
-    ``q``, ``k``, ``v`` (None where the backend cannot bind it)."""
+    ``q``, ``k``, ``v`` (``sinks``: with learnable sinks; None where the backend cannot bind
+    it)."""
     bind_forward = getattr(backend, "bind_forward", None)
     bound = None if bind_forward is None else bind_forward(q, k, v, o, options.mask,
-                                                           options.softmax_scale)
+                                                           options.softmax_scale, sinks)
     if bound is None:
         return None
     kernel, template, counter = bound
-    return ForwardPlan(q.device, tuple(lse2.shape), lse2.stride(), counter, kernel, template)
+    return ForwardPlan(q.device, tuple(lse2.shape), lse2.stride(), counter, kernel, template,
+                       sinks)
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,10 @@ def recorder(monkeypatch):
     monkeypatch.setattr(triton_launch.Bound, "__call__", lambda self, *tensors: rec.triton(
         self.kernel, self.grid, _filled(self, tensors), self.named, **self.options))
     plans._plans.clear()
+    cute_launch._forward_plan.cache_clear()  # its kernels record into one test's recorder
     yield rec
     plans._plans.clear()
+    cute_launch._forward_plan.cache_clear()
 
 
 def _filled(bound, tensors) -> tuple:
@@ -184,9 +186,9 @@ def test_the_triton_backend_has_no_plan(recorder):
     assert getattr(backend, "bind_schedule", None) is None
 
 
-def _forward(rec, q, k, v, options):
+def _forward(rec, q, k, v, options, sink=None):
     rec.launches.clear()
-    o, lse = ops.forward_views(q, k, v, options)
+    o, lse = ops.forward_views(q, k, v, options, sink=sink)
     assert lse.shape == (q.shape[0], q.shape[1], q.shape[2])
     assert lse.stride() == (q.shape[1] * q.shape[2], 1, q.shape[1])  # as every forward
     return rec.named(dict(q=q, k=k, v=v, o=o, lse=lse))
@@ -204,6 +206,25 @@ def test_the_forward_plan_launches_what_the_general_forward_launches(recorder, s
     q2, k2, v2, _, _, _ = _inputs(shape_q, heads_kv, seqlen_k, options)
     assert _forward(recorder, q2, k2, v2, options) == general
     assert len(general) == 1 and str(general[0][0]).startswith("dash_fwd")
+
+
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
+def test_a_forward_with_sinks_has_a_plan_that_launches_what_the_general_path_does(
+        recorder, sink_dtype):
+    """The sinks' base-2 logits (``sink_logit``, a fresh buffer each call) reach the planned
+    launch last, as the general path passes them; the same call without sinks has a plan
+    of its own."""
+    options = Options.checked(64, backend="cute", causal=True)
+    q, k, v, _, _, _ = _inputs((1, 256, 2, 64), 2, 256, options)
+    sink = torch.randn(2).to(sink_dtype)
+    general = _forward(recorder, q, k, v, options, sink)
+    (plan,) = plans._plans.values()
+    assert isinstance(plan, plans.ForwardPlan) and plan.sinks
+    assert _forward(recorder, q, k, v, options, sink) == general
+    assert _forward(recorder, q, k, v, options, torch.randn(2).to(sink_dtype)) == general
+    assert "sink" in general[0][0]
+    _forward(recorder, q, k, v, options)
+    assert sorted(p.sinks for p in plans._plans.values()) == [False, True]
 
 
 def test_a_forward_that_scales_q_first_has_no_plan(recorder):

@@ -198,3 +198,35 @@ def test_a_sink_backward_takes_its_plan_with_the_general_paths_bits(heads_kv):
             assert torch.equal(before, ref), f"{name} of the first call"
     plain = ops.backward_views(q, k, v, o, lse, do, options)
     assert plain[3] is None and torch.equal(plain[0], general[0])  # one plan for both
+
+
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
+def test_a_sink_forward_and_step_take_their_plans_with_the_general_paths_bits(sink_dtype):
+    """Repeated sink forwards run their signature's kept plan (the sinks' base-2 logits
+    passed as the general path passes them): O and LSE2 equal the general path's (forced by
+    poisoning, which never takes a plan), bit for bit, for fresh sinks too; and an eager
+    step (``EagerAttention``) then finds its backward's plan on the forward's, with the
+    general path's dQ, dK, dV and dsink."""
+    from dash_cuda import ops, plans
+    from dash_cuda.options import Options
+
+    options = Options.checked(128, backend="cute", causal=True)
+    q, k, v, do = inputs((2, 4, 2, 384, 512), 128, torch.bfloat16, seed=99)
+    plans.clear()
+    for trial in range(3):
+        sink = sinks(4, sink_dtype, seed=trial)
+        want = ops.forward_views(q, k, v, options, poison=True, sink=sink)
+        got = ops.forward_views(q, k, v, options, sink=sink)
+        for name, a, b in zip(("O", "LSE2"), got, want):
+            assert torch.equal(a, b), f"{name} of forward {trial}"
+    (plan,) = plans._plans.values()
+    assert isinstance(plan, plans.ForwardPlan) and plan.sinks
+    o, lse = want
+    general = ops.backward_views(q, k, v, o, lse, do, options, poison=True, sink=sink)[:4]
+    for trial in range(3):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, sink)]
+        out = ops.EagerAttention.apply(*leaves[:3], leaves[3], options)
+        grads = torch.autograd.grad(out, leaves, do)
+        for name, ref, got in zip(("dQ", "dK", "dV", "dsink"), general, grads):
+            assert torch.equal(got, ref), f"{name} of step {trial}"
+    assert list(plan.backwards) == [plans.grad_key(do)]

@@ -86,10 +86,10 @@ class CuteBackend:
 
         return run_forward(q, k, v, mask, softmax_scale, poison, sink2=sink2)
 
-    def bind_forward(self, q, k, v, o, mask, softmax_scale):
+    def bind_forward(self, q, k, v, o, mask, softmax_scale, sinks=False):
         from .launch import bind_forward
 
-        return bind_forward(q, k, v, o, mask, softmax_scale)
+        return bind_forward(q, k, v, o, mask, softmax_scale, sinks)
 
     def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison, sink2=None):
         from .launch import run_forward_varlen

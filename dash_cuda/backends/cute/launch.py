@@ -359,16 +359,17 @@ def _sink_pointer(sink2: torch.Tensor, heads: int, device: torch.device) -> int:
 
 
 def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                 rule: Mask, softmax_scale: float):
+                 rule: Mask, softmax_scale: float, sinks: bool = False):
     """``(kernel, template, counter)`` of :func:`run_forward`'s launch for these tensors'
-    signature (the template takes :data:`_FORWARD_PER_CALL`; ``counter``: the launch takes
-    its tiles from a counter each call zeroes), or None where the call does more than that
-    launch (a scale <= 0 negates or zeroes Q first)."""
+    signature (the template takes :data:`_FORWARD_PER_CALL`, and with ``sinks`` the base-2
+    sinks' pointer last; ``counter``: the launch takes its tiles from a counter each call
+    zeroes), or None where the call does more than that launch (a scale <= 0 negates or
+    zeroes Q first)."""
     if softmax_scale <= 0:
         return None
     _check_tma(q=q, k=k, v=v, o=o)
     return _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
-                         q.dtype, q.device, rule, softmax_scale, None, None, None, None, False)
+                         q.dtype, q.device, rule, softmax_scale, None, None, None, None, sinks)
 
 
 #: the forward's arguments that change every call, in the order ``fill`` takes them
