@@ -289,15 +289,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         The attention output, ``(total_q, H, d)`` like ``q``.
 
-    **Packing invariance.** With a portable schedule (``portable=True``, or a name of
-    ``dash_ref.PORTABLE`` or ``dash_ref.RAGGED``), a sequence's ``O``, ``dQ``, ``dK`` and
-    ``dV`` are bitwise the same whatever else is packed with it, in whatever order, whatever
-    ``max_seqlen_q`` / ``max_seqlen_k`` say, and equal to the same sequence run alone at
-    batch 1 (:func:`attention` on ``(1, S, H, d)`` views) on the same backend: each
-    sequence is tiled from its own first row, masked by its own lengths, and its visit and
-    dQ orders are those of the batch-1 schedule. (The wave schedules, ``shift`` and
-    ``symmetric_shift``, number their waves over the whole batch, so their bits depend on
-    the other sequences.)
+    **Packing invariance.** With a portable schedule named (``dash_ref.PORTABLE`` or
+    ``dash_ref.RAGGED``), a sequence's ``O``, ``dQ``, ``dK`` and ``dV`` are bitwise the
+    same whatever else is packed with it, in whatever order, whatever ``max_seqlen_q`` /
+    ``max_seqlen_k`` say, and equal to the same sequence run alone at batch 1
+    (:func:`attention` on ``(1, S, H, d)`` views, the same schedule; ``lpt`` adds in
+    ``descending``'s orders) on the same backend: each sequence is tiled from its own first
+    row, masked by its own lengths, and its visit and dQ orders are those of the batch-1
+    schedule. ``schedule="auto"``, with ``portable=True`` too, picks its schedule from the
+    whole batch's lengths (its longest sequence; ``lpt`` where they are ragged), so name
+    the schedule to keep a sequence's bits independent of its batch. (The wave schedules,
+    ``shift`` and ``symmetric_shift``, number their waves over the whole batch, so their
+    bits depend on the other sequences.)
     """
     named = {"q": q, "k": k, "v": v}
     offsets = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
