@@ -629,15 +629,27 @@ def _head_groups(p: Problem, num_workers: int) -> dict[tuple[int, int], int]:
     other's hand-offs (the DAG model: up to 35 % slower); a group of several heads
     spaces them out.
     """
-    work = {(b, h): sum(len(rows) for rows in p.chain_rows_of(b)) for b, h in _heads(p)}
+    visits = [sum(len(rows) for rows in p.chain_rows_of(b)) for b in range(p.batch)]
     groups: dict[tuple[int, int], int] = {}
     group, chains = 0, 0
-    for bh in sorted(work, key=lambda bh: (-work[bh], bh)):
-        groups[bh] = group
-        chains += p.n_kv_of(bh[0])
+    for b, h in sorted(_heads(p), key=lambda bh: (-visits[bh[0]], bh)):
+        groups[b, h] = group
+        chains += p.n_kv_of(b)
         if chains >= GROUP_FILL * num_workers:
             group, chains = group + 1, 0
     return groups
+
+
+def _place_by_head_groups(p: Problem, num_workers: int, within: Callable[[Chain], tuple]
+                          ) -> list[list[Item]]:
+    """Every chain of ``p``, its visits descending, placed greedily in launch order: head
+    group by head group (:func:`_head_groups`), and inside a group by ``within(chain)``
+    (``lpt``'s and ``banded``'s placement)."""
+    groups = _head_groups(p, num_workers)
+    chains = [Chain(b, h, j, rows[::-1])
+              for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
+    chains.sort(key=lambda c: (groups[c.b, c.h], *within(c)))
+    return _place_greedy([(c,) for c in chains], num_workers)
 
 
 def _greedy_schedule(p: Problem, name: str, num_workers: int, j_descending: bool,
@@ -759,12 +771,8 @@ def _banded(p: Problem, num_workers: int) -> Schedule:
     the head groups cost that much there and gain more on the GPU (:func:`_head_groups`).
     Valid for every mask.
     """
-    groups = _head_groups(p, num_workers)
-    chains = [Chain(b, h, j, rows[::-1])
-              for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
-    chains.sort(key=lambda c: (groups[c.b, c.h], c.j, c.b, c.h))
-    return _assemble(p, "banded", num_workers,
-                     _place_greedy([(c,) for c in chains], num_workers), _order_by_j(p, False))
+    workers = _place_by_head_groups(p, num_workers, lambda c: (c.j, c.b, c.h))
+    return _assemble(p, "banded", num_workers, workers, _order_by_j(p, False))
 
 
 def _lpt(p: Problem, num_workers: int) -> Schedule:
@@ -791,17 +799,14 @@ def _lpt(p: Problem, num_workers: int) -> Schedule:
     ``j + 1`` is never longer than chain ``j``, so it is ``j`` ascending, ``descending``'s
     (under a sliding window it is not: the chains at the band's ends are shorter).
     """
-    chains = [Chain(b, h, j, rows[::-1])
-              for b, h in _heads(p) for j, rows in enumerate(p.chain_rows_of(b))]
-    groups = _head_groups(p, num_workers)
-    chains.sort(key=lambda c: (groups[c.b, c.h], -len(c.visits), c.j, c.b, c.h))
+    workers = _place_by_head_groups(p, num_workers,
+                                    lambda c: (-len(c.visits), c.j, c.b, c.h))
     dq: dict[TileKey, tuple[int, ...] | None] = {}
     for b, h in _heads(p):
         chain_rows = p.chain_rows_of(b)
         for i, cols in enumerate(p.tile_cols_of(b)):
             dq[(b, h, i)] = tuple(sorted(cols, key=lambda j: (-len(chain_rows[j]), j)))
-    return _assemble(p, "lpt", num_workers, _place_greedy([(c,) for c in chains], num_workers),
-                     dq)
+    return _assemble(p, "lpt", num_workers, workers, dq)
 
 
 def _assemble(p: Problem, name: str, num_workers: int, workers: list[list[Item]],
