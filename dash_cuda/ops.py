@@ -184,7 +184,7 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
             return *kept.run(q, k, v, sink), kept
     backend = resolution_for(q, k, options, sink is not None).backend
     o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
-    return o, lse, None if key is None else plans.kept("forward", options, *tensors)
+    return o, lse, None if key is None else plans.kept(key)
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -318,7 +318,8 @@ class EagerAttention(torch.autograd.Function):
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
                                               sink=sink)
         if key is not None:
-            kept = plans.kept("backward", ctx.options, q, k, v, o, ctx.lse, grad_o)
+            kept = plans.kept(plans.signature("backward", ctx.options, q, k, v, o, ctx.lse,
+                                              grad_o))
             if kept is not None:
                 plan.backwards[key] = kept
         return dq, dk, dv, dsink, None

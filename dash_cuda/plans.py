@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dash_ref.arithmetic.steps import sink_logit
+
 from .options import Options
 
 F32 = torch.float32
@@ -70,9 +72,9 @@ def active() -> bool:
     return not getattr(_local, "suspended", 0)
 
 
-def kept(kind: str, options: Options, *tensors: torch.Tensor) -> ForwardPlan | BackwardPlan | None:
-    """The plan kept under the :func:`signature` of these arguments (None: none kept)."""
-    return _plans.get(signature(kind, options, *tensors))
+def kept(key: tuple) -> ForwardPlan | BackwardPlan | None:
+    """The plan kept under the :func:`signature` ``key`` (None: none kept)."""
+    return _plans.get(key)
 
 
 def grad_key(do: torch.Tensor) -> tuple:
@@ -146,8 +148,6 @@ class ForwardPlan:
             counter = torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
         extra = ()
         if self.sinks:  # the general path's base-2 logits (dash_cuda.launch._features)
-            from dash_ref.arithmetic.steps import sink_logit
-
             sink2 = sink_logit(sink)
             extra = (sink2.data_ptr(),)
         self.kernel(*self.template.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(),
