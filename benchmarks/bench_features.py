@@ -124,10 +124,8 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
                 max_seqlen_k=longest, causal=True, deterministic=det), leaves(q, k, v),
                 leaves(q, k, v), do))
         return rows
-    if cell["kind"] == "sinks":
-        return _sink_rows(cell, gen, fa, leaves)
-    if cell["kind"] == "softcap":
-        return _softcap_rows(cell, gen, fa, leaves)
+    if cell["kind"] in ("sinks", "softcap"):
+        return _feature_rows(cell, gen, fa, leaves)
     b, s, w = cell["batch"], cell["seqlen"], cell["window"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
                    for _ in range(4))
@@ -149,11 +147,12 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
     return rows
 
 
-def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
-    """The rows of a sink cell: ``dash_cuda`` on each backend that runs sinks (``auto`` and
-    ``naive``, and ``BACKEND-nosink``: ``auto`` without the sinks, no candidate for ours'
-    row), FlashAttention-4 with and without ``deterministic=True``; the sink logits are
-    leaves of every row's gradient, as a model trains them."""
+def _feature_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
+    """The rows of a sink or softcap cell: ``dash_cuda`` on each backend that computes the
+    feature (``auto`` and ``naive``, and ``BACKEND-nosink`` / ``BACKEND-nocap``: ``auto``
+    without it, no candidate for ours' row), FlashAttention-4 with and without
+    ``deterministic=True``. The sink logits are leaves of every sink row's gradient, as a
+    model trains them."""
     import torch
 
     import dash_cuda
@@ -162,56 +161,34 @@ def _sink_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
     b, s = cell["batch"], cell["seqlen"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device="cuda",
                                dtype=torch.bfloat16) for _ in range(4))
-    sink = torch.randn(HEADS, generator=gen, device="cuda", dtype=torch.float32)
+    if cell["kind"] == "sinks":
+        extra = (torch.randn(HEADS, generator=gen, device="cuda", dtype=torch.float32),)
+        feature, without = "sink", "nosink"
+
+        def keywords(x):  # the sinks are the fourth leaf
+            return {"learnable_sink": x[3]}
+    else:
+        extra, feature, without = (), "softcap", "nocap"
+
+        def keywords(x):
+            return {"softcap": cell["softcap"]}
     rows: dict[str, tuple] = {}
     for backend in ("cute", "triton"):
         chosen = get_backend(backend)
-        if chosen.missing() or "sink" not in chosen.features:
+        if chosen.missing() or feature not in chosen.features:
             continue
         for schedule in ("auto", "naive"):
-            x = leaves(q, k, v, sink)
+            x = leaves(q, k, v, *extra)
             rows[f"{backend}:{schedule}"] = grad_row(
                 lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
-                    *x[:3], causal=True, learnable_sink=x[3], schedule=sc, backend=bk), x, do)
-        x = leaves(q, k, v)  # the same call without sinks: what the sinks cost
-        rows[f"{backend}-nosink"] = grad_row(
+                    *x[:3], causal=True, schedule=sc, backend=bk, **keywords(x)), x, do)
+        x = leaves(q, k, v)  # the same call without the feature: what it costs
+        rows[f"{backend}-{without}"] = grad_row(
             lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
     if fa is not None:
-        rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, learnable_sink=x[3],
-                                                deterministic=det),
-                             leaves(q, k, v, sink), leaves(q, k, v, sink), do))
-    return rows
-
-
-def _softcap_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
-    """The rows of a softcap cell: ``dash_cuda`` on each backend that runs a softcap
-    (``auto`` and ``naive``, and ``BACKEND-nocap``: ``auto`` without it, no candidate for
-    ours' row), FlashAttention-4 with and without ``deterministic=True``."""
-    import torch
-
-    import dash_cuda
-    from dash_cuda.backends import get_backend
-
-    b, s, cap = cell["batch"], cell["seqlen"], cell["softcap"]
-    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device="cuda",
-                               dtype=torch.bfloat16) for _ in range(4))
-    rows: dict[str, tuple] = {}
-    for backend in ("cute", "triton"):
-        chosen = get_backend(backend)
-        if chosen.missing() or "softcap" not in chosen.features:
-            continue
-        for schedule in ("auto", "naive"):
-            x = leaves(q, k, v)
-            rows[f"{backend}:{schedule}"] = grad_row(
-                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
-                    *x, causal=True, softcap=cap, schedule=sc, backend=bk), x, do)
-        x = leaves(q, k, v)  # the same call without the cap: what the cap costs
-        rows[f"{backend}-nocap"] = grad_row(
-            lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
-    if fa is not None:
-        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=True, softcap=cap,
-                                                deterministic=det),
-                             leaves(q, k, v), leaves(q, k, v), do))
+        rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, deterministic=det,
+                                                **keywords(x)),
+                             leaves(q, k, v, *extra), leaves(q, k, v, *extra), do))
     return rows
 
 
