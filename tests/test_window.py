@@ -222,18 +222,13 @@ def test_banded_launches_head_group_by_group_and_j_by_j_inside_a_group():
     """Placement only (the bits are descending's): the heads by work in groups of at least
     ``GROUP_FILL * W`` chains, one group after the other on every worker, and inside a
     group chain ``j`` of each of its heads before chain ``j + 1`` of any."""
+    from test_varlen_problem import launch_groups
+
     p = Problem(3, 4, 2, 200, 200, 16, "causal", 16, 16, window_size=(40, 0))
     s = build_schedule(p, "banded", 5)
-    chains_of = {(b, h): p.n_kv_of(b) for b in range(p.batch) for h in range(p.heads)}
-    per_group = GROUP_FILL * 5
-    assert sum(chains_of.values()) > 2 * per_group  # several groups
-    order = sorted(chains_of)  # equal work: (b, h) order
-    group, count, groups = 0, 0, {}
-    for bh in order:
-        groups[bh] = group
-        count += chains_of[bh]
-        if count >= per_group:
-            group, count = group + 1, 0
+    assert sum(p.n_kv_of(b) for b in range(p.batch)) * p.heads > 2 * GROUP_FILL * 5
+    groups = launch_groups(s)  # several groups, by the rule's independent statement
+    assert len(set(groups.values())) > 2
     for chains in s.workers:
         keys = [(groups[c.b, c.h], c.j) for c in chains]
         assert keys == sorted(keys)
