@@ -128,7 +128,7 @@ IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
                    flush_dq_adds=True, forward=None)
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
-                  flush_dq_adds=False, forward="cute", features=("sinks",))
+                  flush_dq_adds=False, forward="cute", features=("softcap", "sinks"))
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
 ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
@@ -264,20 +264,42 @@ def tanh_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x.to(torch.float64)).to(F32)
 
 
+def softcap_constants(softmax_scale: float, cap: float) -> tuple[float, float]:
+    """The fast softcap's fp32 constants, as Python floats (kernel arguments): ``k =
+    fp32(2 softmax_scale log2(e) / softcap)`` (the float64 value rounded once) and
+    ``fp32(softcap)``."""
+    k = torch.tensor(2.0 * softmax_scale * LOG2E / cap, dtype=F32)
+    return float(k), float(torch.tensor(cap, dtype=F32))
+
+
 @step("softcap", "both", "x = S * fp32(softmax_scale); t = tanh(x / softcap); "
       "S' = softcap * t; then base 2 with c = fp32(log2 e)", feature="softcap")
 def softcap(a: Arithmetic, s: torch.Tensor, softmax_scale: float, cap: float
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Capped scores ``S'`` (natural-log units) of raw fp32 products ``S``, and ``t``, kept
-    for :func:`softcap_grad`.
+    """Capped scores ``S'`` (natural-log units) of raw fp32 products ``S``, and what
+    :func:`softcap_grad` needs of them: ``t`` (IEEE) or ``r`` (fast).
 
     IEEE: one fp32 multiply by ``fp32(softmax_scale)``, one correctly rounded fp32 division
     by ``fp32(softcap)``, :func:`tanh_f32`, one fp32 multiply by ``fp32(softcap)``
     (FlashAttention's order: the scale first, then ``softcap * tanh(score / softcap)``).
     The caller multiplies ``S'`` by ``c = fp32(log2 e)`` where the plain path multiplies
     ``S`` by ``fp32(softmax_scale log2 e)``.
+
+    Fast (the CuTe kernels; ``tanh(y) = 1 - 2 / (1 + e^(2y))``): ``u = S * k``
+    (``mul.rn.f32``, ``k`` of :func:`softcap_constants`), ``e = ex2(u)`` (the MUFU model),
+    ``w = e + 1`` (``add.rn.f32``), ``r = 1 / w`` (``rcp.rn.f32``, correctly rounded) and
+    ``S' = fma.rn(r, -2 softcap, softcap)``; ``r`` goes to :func:`softcap_grad`. Every
+    step is one rounding the CPU reproduces, so the capped scores are the kernels' bits;
+    against ``softcap * tanh`` they are off by at most 4 ulps of ``softcap`` (``ex2``'s
+    error, then the cancellation of ``1 - 2r`` near 0: ``tests/test_softcap_fast.py``).
     """
     require_feature(a, "softcap")
+    if a.forward == "cute":
+        k, cap32 = softcap_constants(softmax_scale, cap)
+        u = s * torch.tensor(k, dtype=F32)
+        w = ex2_approx_ftz(u) + torch.tensor(1.0, dtype=F32)
+        r = (1.0 / w.double()).to(F32)  # rcp.rn: division double-rounds innocuously
+        return fma_f32(r, -2.0 * cap32, cap32), r
     cap32 = torch.tensor(cap, dtype=F32)
     x = s * torch.tensor(softmax_scale, dtype=F32)
     t = tanh_f32(x / cap32)
@@ -518,16 +540,23 @@ def ds(p: torch.Tensor, dp_: torch.Tensor, delta_i: torch.Tensor) -> torch.Tenso
 
 @step("softcap_grad", "backward", "dS = dS' * (1 - t * t), t = tanh(x / softcap) of the "
       "visit's softcap step", feature="softcap")
-def softcap_grad(a: Arithmetic, ds_capped: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def softcap_grad(a: Arithmetic, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The gradient of the raw scaled scores from that of the capped ones: ``d(softcap
     tanh(x / softcap)) / dx = 1 - tanh^2``.
 
-    IEEE: ``t * t``, ``1 - (t * t)`` and the product with ``dS'``, each one fp32 rounding
-    (the epilogue's ``softmax_scale`` then turns the gradient of ``x = S * scale`` into
-    that of ``S``, as without softcap).
+    IEEE: ``x`` is ``dS'`` (after :func:`ds`): ``t * t``, ``1 - (t * t)`` and the product
+    with ``dS'``, each one fp32 rounding (the epilogue's ``softmax_scale`` then turns the
+    gradient of ``x = S * scale`` into that of ``S``, as without softcap).
+
+    Fast: ``x`` is ``P`` (before :func:`ds`, which then takes the result in place of ``P``;
+    the kernels keep no second fp32 tile across the dP product) and ``t`` is
+    :func:`softcap`'s ``r``: ``1 - tanh^2 = 4 r (1 - r)`` as ``4 * fma.rn(-r, r, r)`` (the
+    multiply by 4 exact), then ``mul.rn.f32`` with ``P``.
     """
     require_feature(a, "softcap")
-    return ds_capped * (1.0 - t * t)
+    if a.forward == "cute":
+        return x * (fma_f32(-t, t, t) * 4.0)
+    return x * (1.0 - t * t)
 
 
 @step("dk_step", "backward", "dK_j += rnd(dS)^T Q_i")
