@@ -286,19 +286,20 @@ def softcap(a: Arithmetic, s: torch.Tensor, softmax_scale: float, cap: float
     ``S`` by ``fp32(softmax_scale log2 e)``.
 
     Fast (the CuTe kernels; ``tanh(y) = 1 - 2 / (1 + e^(2y))``): ``u = S * k``
-    (``mul.rn.f32``, ``k`` of :func:`softcap_constants`), ``e = ex2(u)`` (the MUFU model),
-    ``w = e + 1`` (``add.rn.f32``), ``r = 1 / w`` (``rcp.rn.f32``, correctly rounded) and
+    (``mul.rn.f32``, ``k`` of :func:`softcap_constants`), ``e = ex2(u)``, ``w = e + 1``
+    (``add.rn.f32``), ``r = 1 / w`` as ``ex2(-lg2(w))`` (the MUFU models; a correctly
+    rounded reciprocal would call a slow-path subroutine per element in the kernels) and
     ``S' = fma.rn(r, -2 softcap, softcap)``; ``r`` goes to :func:`softcap_grad`. Every
     step is one rounding the CPU reproduces, so the capped scores are the kernels' bits;
-    against ``softcap * tanh`` they are off by at most 4 ulps of ``softcap`` (``ex2``'s
-    error, then the cancellation of ``1 - 2r`` near 0: ``tests/test_softcap_fast.py``).
+    against ``softcap * tanh`` they are off by at most 8 ulps of ``softcap`` (the MUFU
+    errors, then the cancellation of ``1 - 2r`` near 0: ``tests/test_softcap_fast.py``).
     """
     require_feature(a, "softcap")
     if a.forward == "cute":
         k, cap32 = softcap_constants(softmax_scale, cap)
         u = s * torch.tensor(k, dtype=F32)
         w = ex2_approx_ftz(u) + torch.tensor(1.0, dtype=F32)
-        r = (1.0 / w.double()).to(F32)  # rcp.rn: division double-rounds innocuously
+        r = ex2_approx_ftz(-lg2_approx_ftz(w))
         return fma_f32(r, -2.0 * cap32, cap32), r
     cap32 = torch.tensor(cap, dtype=F32)
     x = s * torch.tensor(softmax_scale, dtype=F32)

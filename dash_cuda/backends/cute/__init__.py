@@ -43,8 +43,8 @@ class CuteBackend:
     #: its default arithmetic is reproduced by ``dash_ref``'s ``FAST`` (MUFU models, pairwise
     #: ``D``, dQ adds that keep subnormals): the L2 level holds for default runs
     default_arithmetic = "fast"
-    #: learnable sinks in its forward (the backward needs nothing more); no softcap yet
-    features: frozenset[str] = frozenset({"sink"})
+    #: learnable sinks in its forward (the backward needs nothing more); a softcap in both
+    features: frozenset[str] = frozenset({"sink", "softcap"})
 
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
@@ -81,20 +81,22 @@ class CuteBackend:
 
         return forward_block_n(head_dim)
 
-    def forward(self, q, k, v, mask, softmax_scale, poison, sink2=None):
+    def forward(self, q, k, v, mask, softmax_scale, poison, softcap=0.0, sink2=None):
         from .launch import run_forward
 
-        return run_forward(q, k, v, mask, softmax_scale, poison, sink2=sink2)
+        return run_forward(q, k, v, mask, softmax_scale, poison, sink2=sink2, softcap=softcap)
 
     def bind_forward(self, q, k, v, o, mask, softmax_scale, sinks=False):
         from .launch import bind_forward
 
         return bind_forward(q, k, v, o, mask, softmax_scale, sinks)
 
-    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison, sink2=None):
+    def forward_varlen(self, q, k, v, packing, mask, softmax_scale, poison, softcap=0.0,
+                       sink2=None):
         from .launch import run_forward_varlen
 
-        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison, sink2=sink2)
+        return run_forward_varlen(q, k, v, packing, mask, softmax_scale, poison, sink2=sink2,
+                                  softcap=softcap)
 
     def dq_acc_shape(self, problem):
         from .launch import dq_acc_shape

@@ -81,9 +81,12 @@ from .ptx import (
     bulk_load_1d,
     bulk_reduce_add_f32,
     bulk_store_1d,
+    capped_score,
     cvt_pack,
     ds_value,
     sm_clock,
+    softcap_ratio,
+    softcap_slope,
     softmax_p,
 )
 
@@ -151,7 +154,8 @@ LAUNCH_ARGS = (
                            "num_chains", "num_visits", "num_workers", "window_left",
                            "window_right", "num_q_tiles")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "do", "dk", "dv")),
-    ("scale_log2", "float"), ("softmax_scale", "float"), ("stream", "stream"),
+    ("scale_log2", "float"), ("softmax_scale", "float"), ("softcap_k", "float"),
+    ("softcap", "float"), ("stream", "stream"),
 )
 
 
@@ -198,7 +202,7 @@ class DashBackwardSm90:
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: BackwardConfig,
                  deterministic: bool, audit: bool, per_head: bool, probe: bool = False,
-                 packed: bool = False):
+                 packed: bool = False, softcap: bool = False):
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
         if probe and packed:
@@ -217,6 +221,7 @@ class DashBackwardSm90:
         self.per_head = per_head
         self.probe = probe
         self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
+        self.softcap = softcap  # a logit softcap: [softcap] and [softcap_grad]
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # columns of one warpgroup's dQ accumulator: BM = 128 splits the rows (each warpgroup
@@ -271,7 +276,7 @@ class DashBackwardSm90:
         window_left: Int32, window_right: Int32, num_q_tiles: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, do_strides: tuple,
         dk_strides: tuple, dv_strides: tuple,
-        scale_log2: Float32, softmax_scale: Float32,
+        scale_log2: Float32, softmax_scale: Float32, softcap_k: Float32, softcap: Float32,
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
@@ -353,6 +358,8 @@ class DashBackwardSm90:
 
         # a window's extents reach the kernel; the other kinds' kernels take no argument
         window = (window_left, window_right) if const_expr(self.mask == "window") else None
+        # so do the softcap's constants (scale_log2 is then fp32(log2 e))
+        cap = (softcap_k, softcap) if const_expr(self.softcap) else None
         # likewise the sequences' offsets and where each one's dQ tiles start reach packed
         # kernels only
         packing = None
@@ -365,7 +372,7 @@ class DashBackwardSm90:
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
             mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
             heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, window,
-            packing, Storage,
+            packing, cap, Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -382,7 +389,7 @@ class DashBackwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
-        scale_log2: Float32, softmax_scale: Float32, window, packing,
+        scale_log2: Float32, softmax_scale: Float32, window, packing, cap,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -454,7 +461,7 @@ class DashBackwardSm90:
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                       heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
-                      (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing)
+                      (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing, cap)
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -632,7 +639,7 @@ class DashBackwardSm90:
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
              heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out,
-             window, packing=None):
+             window, packing=None, cap=None):
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -703,13 +710,24 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 1, lead)
                 gemm(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
-                # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i)
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[e] = softmax_p(acc_s[e], scale_log2, -sLSE[score_coords[e][1], stage])
-                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn, seqlen_q - i * bm,
-                                 i * bm + causal_offset - j * bn, window)
-                p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
-                p_op_acc.store(acc_s.load().to(self.dtype))
+                if const_expr(cap is not None):
+                    # [softcap], [softmax_p], the mask, rnd(P^T) and [softcap_grad] element
+                    # by element: acc_s keeps P^T (1 - t^2) for [ds], the rounded P^T goes to
+                    # the dV MMA (no second fp32 tile lives across the dP product)
+                    p_op = self.capped_probabilities(
+                        acc_s, score_coords, sLSE, stage, scale_log2, cap,
+                        seqlen_k - j * bn, seqlen_q - i * bm,
+                        i * bm + causal_offset - j * bn, window)
+                else:
+                    # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i)
+                    for e in cutlass.range_constexpr(cute.size(acc_s)):
+                        acc_s[e] = softmax_p(acc_s[e], scale_log2,
+                                             -sLSE[score_coords[e][1], stage])
+                    self.mask_scores(acc_s, score_coords, seqlen_k - j * bn,
+                                     seqlen_q - i * bm, i * bm + causal_offset - j * bn,
+                                     window)
+                    p_op, p_op_acc = acc_as_operand_a(acc_s, self.dtype)
+                    p_op_acc.store(acc_s.load().to(self.dtype))
                 # [ds] dS^T = P^T (dP^T - D_i)
                 warpgroup.wait_group(0)
                 self.stamp(mProbe, slot + 2, lead)
@@ -802,6 +820,33 @@ class DashBackwardSm90:
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def capped_probabilities(self, acc_s, coords, sLSE, stage, scale_log2, cap, keys_left,
+                             rows_left, diagonal, window=None):
+        """[softcap], [softmax_p] (masked elements exactly 0, selected on every tile) and
+        [softcap_grad] of a softcap variant: returns the rounded ``P^T`` as the dV MMA's
+        register operand, and leaves ``P^T (1 - t^2)`` in ``acc_s`` for [ds]
+        (``dash_ref.arithmetic.steps.softcap_grad``'s fast order)."""
+        k, softcap = cap
+        neg_two_cap = softcap * Float32(-2.0)  # exact
+        n = cute.size(acc_s)
+        p_words = cute.make_rmem_tensor(n // 2, Int32)
+        for pair in cutlass.range_constexpr(n // 2):
+            probs = []
+            for e in (2 * pair, 2 * pair + 1):
+                r = softcap_ratio(acc_s[e], k)
+                p = softmax_p(capped_score(r, neg_two_cap, softcap), scale_log2,
+                              -sLSE[coords[e][1], stage])
+                seen = mask.visible(self.mask, coords[e][0], coords[e][1], keys_left,
+                                    diagonal, rows_left, window)
+                p = cutlass.select_(seen, p, Float32(0.0))
+                probs.append(p)
+                acc_s[e] = softcap_slope(p, r)
+            p_words[pair] = cvt_pack(probs[0], probs[1], self.cvt_kind)
+        p_op, _ = acc_as_operand_a(acc_s, self.dtype,
+                                   cute.recast_ptr(p_words.iterator, dtype=self.dtype))
+        return p_op
 
     @cute.jit
     def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal, window=None):

@@ -85,7 +85,16 @@ from .layouts import (
     tma_tiles,
     transposed,
 )
-from .ptx import exp2_minus, exp2_scaled_minus, lse2_of, reciprocal, rescaled_sum, scale_max
+from .ptx import (
+    capped_score,
+    exp2_minus,
+    exp2_scaled_minus,
+    lse2_of,
+    reciprocal,
+    rescaled_sum,
+    scale_max,
+    softcap_ratio,
+)
 
 TILE_STAGES = 2  # tile numbers in flight from the loader to the math warps
 
@@ -107,7 +116,7 @@ LAUNCH_ARGS = (
                            "l2_heads", "dynamic", "window_left", "window_right",
                            "max_seqlen_q")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "o")),
-    ("scale_log2", "float"), ("stream", "stream"),
+    ("scale_log2", "float"), ("softcap_k", "float"), ("softcap", "float"), ("stream", "stream"),
 )
 
 
@@ -115,7 +124,7 @@ class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig,
-                 packed: bool = False, sinks: bool = False):
+                 packed: bool = False, sinks: bool = False, softcap: bool = False):
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
@@ -128,6 +137,7 @@ class DashForwardSm90:
         self.window = mask == "window"
         self.packed = packed  # a packed batch (cu_seqlens): see the module docstring
         self.sinks = sinks  # learnable sinks, one base-2 logit per query head ([fwd_sink])
+        self.softcap = softcap  # logit softcap: [softcap] before the mask ([fwd_scores])
 
     def _tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -165,7 +175,7 @@ class DashForwardSm90:
         num_ctas: Int32, l2_heads: Int32, dynamic: Int32, window_left: Int32,
         window_right: Int32, max_seqlen_q: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, o_strides: tuple,
-        scale_log2: Float32,
+        scale_log2: Float32, softcap_k: Float32, softcap: Float32,
         stream: cuda.CUstream,
     ):
         d, bm, bn = self.d, self.bm, self.bn
@@ -210,6 +220,8 @@ class DashForwardSm90:
 
         # a window's extents reach the kernel; the other kinds' kernels take no argument
         window = (window_left, window_right) if const_expr(self.window) else None
+        # so do the softcap's constants (scale_log2 is then fp32(log2 e))
+        cap = (softcap_k, softcap) if const_expr(self.softcap) else None
         # likewise the sequences' offsets, the longest's length (the tile list) and O as
         # plain memory (its rows leave by predicated stores) reach packed kernels only
         packing = None
@@ -220,7 +232,7 @@ class DashForwardSm90:
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
             sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
-            l2_heads, dynamic, scale_log2, window, packing, mSink2, Storage,
+            l2_heads, dynamic, scale_log2, cap, window, packing, mSink2, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -235,7 +247,7 @@ class DashForwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, window, packing, mSink2,
+        l2_heads: Int32, dynamic: Int32, scale_log2: Float32, cap, window, packing, mSink2,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -290,7 +302,7 @@ class DashForwardSm90:
             cute.arch.setmaxregister_increase(self.math_regs)
             self.math(tidx - 128, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
                       pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k,
-                      scale_log2, window, packing, mSink2)
+                      scale_log2, window, packing, mSink2, cap)
 
     # -- the tile list -------------------------------------------------------------------------
     @cute.jit
@@ -483,7 +495,7 @@ class DashForwardSm90:
     @cute.jit
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
              pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2,
-             window, packing=None, mSink2=None):
+             window, packing=None, mSink2=None, cap=None):
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
@@ -551,7 +563,7 @@ class DashForwardSm90:
             warpgroup.wait_group(0)
             pipe_k.consumer_release(kv_state)
             m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell, keys_left,
-                                         first_diagonal, scale_log2, window=window)
+                                         first_diagonal, scale_log2, window=window, cap=cap)
             self.rescale(acc_o, alpha)
             p_op, p_acc = acc_as_operand_a(acc_s, self.dtype)
             p_acc.store(acc_s.load().to(self.dtype))
@@ -586,7 +598,8 @@ class DashForwardSm90:
                     pipe_k.consumer_release(kv_state)
                     m, ell, alpha = self.softmax(acc_s, score_coords, score_offset, m, ell,
                                                  seqlen_k - j * bn, diagonal - j * bn,
-                                                 scale_log2, masked=masked, window=window)
+                                                 scale_log2, masked=masked, window=window,
+                                                 cap=cap)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     self.rescale(acc_o, alpha)
@@ -621,11 +634,14 @@ class DashForwardSm90:
 
     @cute.jit
     def softmax(self, acc_s, coords, offset, m, ell, keys_left, diagonal, scale_log2,
-                masked: cutlass.Constexpr = None, window=None):
+                masked: cutlass.Constexpr = None, window=None, cap=None):
         """[fwd_scores], [fwd_max], [fwd_probs] and the sums of [fwd_accumulate] of one KV
         tile, from the raw products ``Q_i K_j^T``: they become probabilities in place;
         returns ``(m', l', alpha)`` per row. ``masked``: whether the tile needs the mask
-        (None: find out at run time); ``window``: a window's extents (:mod:`.mask`)."""
+        (None: find out at run time); ``window``: a window's extents (:mod:`.mask`);
+        ``cap``: the softcap's ``(k, softcap)``, applied to every score before the mask."""
+        if const_expr(cap is not None):
+            self.cap_scores(acc_s, cap)
         if const_expr(masked is None):
             if self.ragged(keys_left, diagonal, window):
                 self.mask_scores(acc_s, coords, offset, keys_left, diagonal, window)
@@ -634,6 +650,15 @@ class DashForwardSm90:
         m0, ell0, alpha0 = self.online_softmax_row(acc_s, 0, m[0], ell[0], scale_log2)
         m1, ell1, alpha1 = self.online_softmax_row(acc_s, 1, m[1], ell[1], scale_log2)
         return (m0, m1), (ell0, ell1), (alpha0, alpha1)
+
+    @cute.jit
+    def cap_scores(self, acc_s, cap):
+        """[softcap] raw scores become ``softcap tanh(S scale / softcap)``, in place, by the
+        fast arithmetic's steps (``dash_ref.arithmetic.steps.softcap``)."""
+        k, softcap = cap
+        neg_two_cap = softcap * Float32(-2.0)  # exact
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            acc_s[e] = capped_score(softcap_ratio(acc_s[e], k), neg_two_cap, softcap)
 
     @cute.jit
     def rescale(self, acc_o, alpha):

@@ -46,7 +46,7 @@ from dash_cuda.backends import (  # noqa: E402
 )
 from dash_cuda.tables import TABLE_NAMES  # noqa: E402
 from dash_ref import Mask, Problem  # noqa: E402
-from dash_ref.arithmetic.steps import scale_log2_value  # noqa: E402
+from dash_ref.arithmetic.steps import scale_log2_value, softcap_constants  # noqa: E402
 
 from . import arguments, bwd_kernel, fwd_kernel, mask  # noqa: E402
 from .bwd_kernel import PROBE_CHAIN_SLOTS, PROBE_VISIT_SLOTS, staging_coords  # noqa: E402
@@ -65,13 +65,14 @@ def variant_of(launch: Launch) -> Variant:
     """The backward variant that runs ``launch`` (its mask's kind: a window's is its own)."""
     p = launch.problem
     return _variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
-                    launch.audit, launch.per_head, p.is_packed)
+                    launch.audit, launch.per_head, p.is_packed, launch.softcap > 0)
 
 
 @lru_cache(maxsize=256)
-def _variant(dtype, head_dim, kind, deterministic, audit, per_head, packed) -> Variant:
+def _variant(dtype, head_dim, kind, deterministic, audit, per_head, packed, softcap=False
+             ) -> Variant:
     return backward_variant(dtype, head_dim, kind, deterministic, audit, per_head,
-                            packed=packed)
+                            packed=packed, softcap=softcap)
 
 
 def window_args(rule: Mask, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
@@ -311,8 +312,8 @@ def forward_grid(head_dim: int, causal: bool, seqlen_q: int, tiles: int, sms: in
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | bool,
                 softmax_scale: float, poison: bool = False, block_m: int | None = None,
                 num_ctas: int | None = None, sections: int | None = None,
-                dynamic: bool | None = None, sink2: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                dynamic: bool | None = None, sink2: torch.Tensor | None = None,
+                softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
     ``(B, H, S_q)`` buffer: the convention both backwards read. ``rule``: the
     :class:`dash_ref.Mask` (or ``causal`` as a bool). ``sink2``: learnable sinks in base 2,
@@ -331,15 +332,17 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
-    if softmax_scale <= 0:
+    if softmax_scale <= 0 and not softcap:
         # the kernel applies the scale to each row's largest raw score ([fwd_max]), which
         # is the largest scaled score only for a positive scale: S c = (-Q) K^T |c|, and a
-        # zero scale makes every score 0 (Q = 0, scale 1)
+        # zero scale makes every score 0 (Q = 0, scale 1); a softcap's scores are already
+        # scaled, and its c is fp32(log2 e) > 0
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
     kernel, static, by_counter = _forward_plan(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
-        rule, softmax_scale, block_m, num_ctas, sections, dynamic, sink2 is not None)
+        rule, softmax_scale, block_m, num_ctas, sections, dynamic, sink2 is not None,
+        softcap)
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
     sink = () if sink2 is None else (_sink_pointer(sink2, q.shape[2], q.device),)
@@ -379,14 +382,15 @@ _FORWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr
 @lru_cache(maxsize=256)
 def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, dtype, device,
                   rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic,
-                  sinks: bool) -> tuple[object, arguments.Template, bool]:
+                  sinks: bool, softcap: float = 0.0) -> tuple[object, arguments.Template, bool]:
     """What a forward launch of these shapes, strides and options needs beside its
     pointers and stream, worked out once: ``(kernel, the other launch arguments, whether
     tiles are taken from a counter)``; with ``sinks`` the template also takes the sinks'
     pointer, last."""
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_shape[1], k_shape[2]
-    variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m, sinks=sinks)
+    variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m, sinks=sinks,
+                              softcap=softcap > 0)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
         head_dim, rule.kind == "causal", seqlen_q, tiles,
@@ -399,7 +403,7 @@ def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, 
         num_ctas=num_ctas or grid, l2_heads=sections or heads_per_section,
         dynamic=int(by_counter), **window_args(rule, seqlen_q, seqlen_k),
         q_strides=q_strides[:3], k_strides=k_strides[:3], v_strides=v_strides[:3],
-        o_strides=o_strides[:3], scale_log2=scale_log2_value(softmax_scale))
+        o_strides=o_strides[:3], **score_args(softmax_scale, softcap))
     per_call = _FORWARD_PER_CALL + ("sink2_ptr",) if sinks else _FORWARD_PER_CALL
     if not sinks:
         static["sink2_ptr"] = 0
@@ -425,18 +429,30 @@ def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: M
 
 
 def forward_variant(dtype: torch.dtype, head_dim: int, rule: Mask, seqlen_q: int,
-                    packed: bool = False, block_m: int | None = None, sinks: bool = False
-                    ) -> ForwardVariant:
+                    packed: bool = False, block_m: int | None = None, sinks: bool = False,
+                    softcap: bool = False) -> ForwardVariant:
     """The forward variant of a call (packed: ``seqlen_q`` the longest sequence's)."""
     return ForwardVariant(dtype, head_dim, rule.kind,
                           forward_config(head_dim, tiling_mask(rule), seqlen_q, dtype,
-                                         block_m), packed, sinks)
+                                         block_m), packed, sinks, softcap)
+
+
+@lru_cache(maxsize=64)
+def score_args(softmax_scale: float, softcap: float = 0.0) -> dict:
+    """``scale_log2``, ``softcap_k`` and ``softcap`` as both kernels take them: without a
+    softcap ``fp32(softmax_scale log2 e)`` and zeros (unread); with one, ``fp32(log2 e)``
+    (the capped scores are scaled already) and
+    :func:`dash_ref.arithmetic.steps.softcap_constants`."""
+    if not softcap:
+        return dict(scale_log2=scale_log2_value(softmax_scale), softcap_k=0.0, softcap=0.0)
+    k, cap = softcap_constants(softmax_scale, softcap)
+    return dict(scale_log2=scale_log2_value(1.0), softcap_k=k, softcap=cap)
 
 
 def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing,
                        rule: Mask, softmax_scale: float, poison: bool = False,
-                       block_m: int | None = None, sink2: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       block_m: int | None = None, sink2: torch.Tensor | None = None,
+                       softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``, ``(total_q,
     H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)`` buffer. Each
     sequence is tiled from its own first row, so its bits are those of its batch-1 call
@@ -452,11 +468,11 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         o.fill_(math.nan)
         lse2.fill_(math.nan)
     _check_tma(q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), o=o.unsqueeze(0))
-    if softmax_scale <= 0:  # as run_forward
+    if softmax_scale <= 0 and not softcap:  # as run_forward
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
     variant = forward_variant(q.dtype, head_dim, rule, packing.max_seqlen_q, True, block_m,
-                              sinks=sink2 is not None)
+                              sinks=sink2 is not None, softcap=softcap > 0)
     tiles = packing.batch * heads * -(-packing.max_seqlen_q // variant.block_m)
     if tiles == 0:
         return o, lse2
@@ -472,7 +488,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
                               device_properties(q.device).multi_processor_count),
         q_strides=_packed_strides(q), k_strides=_packed_strides(k),
         v_strides=_packed_strides(v), o_strides=_packed_strides(o),
-        scale_log2=scale_log2_value(softmax_scale), stream=_stream(q))))
+        **score_args(softmax_scale, softcap), stream=_stream(q))))
     return o, lse2
 
 
@@ -538,12 +554,12 @@ def run_schedule(launch: Launch) -> None:
     packed_pointers = ()
     if p.is_packed:
         static = _packed_template(p, tuple(map(_packed_strides, operands)), launch.num_workers,
-                                  launch.softmax_scale)
+                                  launch.softmax_scale, launch.softcap)
         packed_pointers = (launch.cu_seqlens_q.data_ptr(), launch.cu_seqlens_k.data_ptr(),
                            tables["q_tile_base"].data_ptr())
     else:
         static = _rectangular_template(p, tuple(map(_strides, operands)), launch.num_workers,
-                                       launch.softmax_scale)
+                                       launch.softmax_scale, launch.softcap)
     kernel(*static.fill(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse2.data_ptr(),
         delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
@@ -570,7 +586,7 @@ def bind_schedule(launch: Launch):
     operands = (launch.q, launch.k, launch.v, launch.do, launch.dk_out, launch.dv_out)
     _check_tma(q=launch.q, k=launch.k, v=launch.v, do=launch.do)
     static = _rectangular_template(p, tuple(map(_strides, operands)), launch.num_workers,
-                                   launch.softmax_scale)
+                                   launch.softmax_scale, launch.softcap)
     tables = launch.tables
     fixed = {f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES}
     fixed.update(num_chains=tables["chain_offsets"].numel() - 1,
@@ -605,30 +621,32 @@ _PACKED_PER_CALL = ("cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "q_tile_base_ptr")
 
 
 def _backward_template(p: Problem, shape_args: dict, num_workers: int,
-                       softmax_scale: float) -> arguments.Template:
+                       softmax_scale: float, softcap: float = 0.0) -> arguments.Template:
     """The backward's arguments but :data:`_BACKWARD_PER_CALL` (and, packed,
     :data:`_PACKED_PER_CALL`): ``shape_args`` (the rectangular or packed ones), the heads,
     the workers and the scales."""
     per_call = _BACKWARD_PER_CALL + (_PACKED_PER_CALL if p.is_packed else ())
     return arguments.template(_BACKWARD_ARGS, dict(
         heads=p.heads, heads_kv=p.heads_kv, num_workers=num_workers, **shape_args,
-        **_scale_args(softmax_scale)), per_call)
+        **_scale_args(softmax_scale, softcap)), per_call)
 
 
 @lru_cache(maxsize=256)
 def _packed_template(p: Problem, strides: tuple, num_workers: int,
-                     softmax_scale: float) -> arguments.Template:
+                     softmax_scale: float, softcap: float = 0.0) -> arguments.Template:
     """:func:`_backward_template` of a packed backward, once per problem (its lengths),
-    strides, workers and scale."""
-    return _backward_template(p, _packed_args(p, strides), num_workers, softmax_scale)
+    strides, workers, scale and softcap."""
+    return _backward_template(p, _packed_args(p, strides), num_workers, softmax_scale,
+                              softcap)
 
 
 @lru_cache(maxsize=256)
 def _rectangular_template(p: Problem, strides: tuple, num_workers: int,
-                          softmax_scale: float) -> arguments.Template:
+                          softmax_scale: float, softcap: float = 0.0) -> arguments.Template:
     """:func:`_backward_template` of a rectangular backward, once per problem, strides,
-    workers and scale."""
-    return _backward_template(p, _rectangular_args(p, strides), num_workers, softmax_scale)
+    workers, scale and softcap."""
+    return _backward_template(p, _rectangular_args(p, strides), num_workers, softmax_scale,
+                              softcap)
 
 
 def _rectangular_args(p: Problem, strides: tuple) -> dict:
@@ -642,10 +660,11 @@ def _rectangular_args(p: Problem, strides: tuple) -> dict:
 
 
 @lru_cache(maxsize=64)
-def _scale_args(softmax_scale: float) -> dict:
-    """``scale_log2`` (step ``scale_log2``, :func:`dash_ref.arithmetic.steps.scale_log2_value`)
-    and ``softmax_scale``, as the backward takes them."""
-    return dict(scale_log2=scale_log2_value(softmax_scale), softmax_scale=float(softmax_scale))
+def _scale_args(softmax_scale: float, softcap: float = 0.0) -> dict:
+    """``scale_log2`` (step ``scale_log2``, :func:`dash_ref.arithmetic.steps.scale_log2_value`),
+    ``softmax_scale`` and the softcap's constants (:func:`score_args`), as the backward takes
+    them."""
+    return dict(score_args(softmax_scale, softcap), softmax_scale=float(softmax_scale))
 
 
 def _packed_args(p: Problem, strides: tuple) -> dict:

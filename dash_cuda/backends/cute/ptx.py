@@ -75,6 +75,34 @@ def lse2_of(m: Float32, ell: Float32, *, loc=None, ip=None) -> Float32:
                     (m, ell), loc, ip)
 
 
+# -- softcap (both passes) ----------------------------------------------------------------------
+@dsl_user_op
+def softcap_ratio(x: Float32, k: Float32, *, loc=None, ip=None) -> Float32:
+    """[softcap] ``r = 1 / (1 + ex2(x * k)) = ex2(-lg2(1 + ex2(x * k)))`` of a raw score
+    (``k = fp32(2 scale log2(e) / softcap)``): mul.rn.f32, ex2.approx.ftz.f32, add.rn.f32
+    of 1, lg2.approx.ftz.f32, neg.f32, ex2.approx.ftz.f32. Three MUFU operations the fast
+    arithmetic models bit for bit, and no branch: ``rcp.rn.f32`` calls a slow-path
+    subroutine per element, and 32 calls in the backward's visit spilled registers."""
+    return _f32_asm("{ .reg .f32 u, e, w, l; mul.rn.f32 u, $1, $2; ex2.approx.ftz.f32 e, u; "
+                    "add.rn.f32 w, e, 0f3F800000; lg2.approx.ftz.f32 l, w; neg.f32 l, l; "
+                    "ex2.approx.ftz.f32 $0, l; }", (x, k), loc, ip)
+
+
+@dsl_user_op
+def capped_score(r: Float32, neg_two_cap: Float32, cap: Float32, *, loc=None, ip=None
+                 ) -> Float32:
+    """[softcap] ``S' = softcap (1 - 2 r) = softcap tanh(x scale / softcap)``: one fma.rn.f32."""
+    return _f32_asm("fma.rn.f32 $0, $1, $2, $3;", (r, neg_two_cap, cap), loc, ip)
+
+
+@dsl_user_op
+def softcap_slope(p: Float32, r: Float32, *, loc=None, ip=None) -> Float32:
+    """[softcap_grad] ``P (1 - tanh^2) = P * 4 r (1 - r)``: neg.f32 and fma.rn.f32 for
+    ``r - r r``, mul.rn.f32 by 4 (exact), mul.rn.f32 by ``P``."""
+    return _f32_asm("{ .reg .f32 n, h; neg.f32 n, $2; fma.rn.f32 h, n, $2, $2; "
+                    "mul.rn.f32 h, h, 0f40800000; mul.rn.f32 $0, $1, h; }", (p, r), loc, ip)
+
+
 # -- backward -----------------------------------------------------------------------------------
 @dsl_user_op
 def softmax_p(s: Float32, scale_log2: Float32, neg_lse2: Float32, *, loc=None, ip=None

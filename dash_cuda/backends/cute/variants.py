@@ -48,6 +48,7 @@ class Variant:
     config: BackwardConfig
     probe: bool = False  # the timing-probe diagnostic variant (never chosen by the API)
     packed: bool = False  # a packed batch of variable lengths (cu_seqlens)
+    softcap: bool = False  # a logit softcap ([softcap], [softcap_grad])
 
     @property
     def name(self) -> str:
@@ -57,13 +58,14 @@ class Variant:
         flags += ["perhead"] if self.per_head else []
         flags += ["probe"] if self.probe else []
         flags += ["varlen"] if self.packed else []
+        flags += ["cap"] if self.softcap else []
         return "_".join(["dash_bwd", *flags, self.config.name])
 
     def kernel_object(self) -> bwd_kernel.DashBackwardSm90:
         return bwd_kernel.DashBackwardSm90(
             DTYPES[self.dtype], self.head_dim, mask=self.mask, config=self.config,
             deterministic=self.deterministic, audit=self.audit, per_head=self.per_head,
-            probe=self.probe, packed=self.packed)
+            probe=self.probe, packed=self.packed, softcap=self.softcap)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -81,6 +83,7 @@ class ForwardVariant:
     config: ForwardConfig
     packed: bool = False  # a packed batch of variable lengths (cu_seqlens)
     sinks: bool = False  # learnable sinks ([fwd_sink]; LSE2 includes them)
+    softcap: bool = False  # a logit softcap ([softcap] before the mask)
 
     @property
     def block_m(self) -> int:
@@ -91,12 +94,13 @@ class ForwardVariant:
         flags = [_dtype_name(self.dtype), f"d{self.head_dim}", self.mask]
         flags += ["varlen"] if self.packed else []
         flags += ["sink"] if self.sinks else []
+        flags += ["cap"] if self.softcap else []
         return "_".join(["dash_fwd", *flags, self.config.name])
 
     def kernel_object(self) -> fwd_kernel.DashForwardSm90:
         return fwd_kernel.DashForwardSm90(DTYPES[self.dtype], self.head_dim, mask=self.mask,
                                           config=self.config, packed=self.packed,
-                                          sinks=self.sinks)
+                                          sinks=self.sinks, softcap=self.softcap)
 
     def placeholder_args(self) -> list:
         """Arguments of the right types for ``cute.compile`` (their values are never used)."""
@@ -106,18 +110,18 @@ class ForwardVariant:
 
 def backward_variant(dtype: torch.dtype, head_dim: int, mask: str, deterministic: bool,
                      audit: bool, per_head: bool, probe: bool = False,
-                     packed: bool = False) -> Variant:
+                     packed: bool = False, softcap: bool = False) -> Variant:
     """The backward variant of a call, with the configuration :func:`.config.backward_config`
     chooses for it (a packed batch's is the rectangular one's: the tiles are the problem's)."""
     return Variant(dtype, head_dim, mask, deterministic, audit, per_head,
-                   backward_config(head_dim, mask, dtype), probe, packed)
+                   backward_config(head_dim, mask, dtype), probe, packed, softcap)
 
 
 def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant | ForwardVariant]:
     """Every variant a call can run: the forwards (each configuration the forward's rule can
-    pick; rectangular, then packed; without, then with sinks), then the backwards
-    (deterministic and atomic; dK/dV rounded, per-head for GQA, and per-head with audit;
-    rectangular, then packed)."""
+    pick; rectangular, then packed; without, then with sinks; without, then with a softcap),
+    then the backwards (deterministic and atomic; dK/dV rounded, per-head for GQA, and
+    per-head with audit; rectangular, then packed; without, then with a softcap)."""
     out: list[Variant | ForwardVariant] = [
         ForwardVariant(dtype, d, mask, config)
         for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
@@ -127,12 +131,16 @@ def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant 
     # learnable sinks: the same forwards, folding each head's sink in after the last KV tile
     # (the backward needs nothing more: LSE2 includes the sinks)
     out += [replace(v, sinks=True) for v in out]
+    # a softcap: the same forwards, capping every raw score before the mask
+    out += [replace(v, softcap=True) for v in out]
     for dtype, d, mask, det in itertools.product(dtypes, head_dims, MASK_KINDS, (True, False)):
         out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
                 backward_variant(dtype, d, mask, det, audit=False, per_head=True),
                 backward_variant(dtype, d, mask, det, audit=True, per_head=True)]
     # packed batches: the same backwards, reading cu_seqlens and q_tile_base (run_schedule)
     out += [replace(v, packed=True) for v in out if isinstance(v, Variant)]
+    # a softcap: the same backwards, recomputing the capped scores and their slope
+    out += [replace(v, softcap=True) for v in out if isinstance(v, Variant)]
     return out
 
 
