@@ -824,29 +824,43 @@ class DashBackwardSm90:
     @cute.jit
     def capped_probabilities(self, acc_s, coords, sLSE, stage, scale_log2, cap, keys_left,
                              rows_left, diagonal, window=None):
-        """[softcap], [softmax_p] (masked elements exactly 0, selected on every tile) and
-        [softcap_grad] of a softcap variant: returns the rounded ``P^T`` as the dV MMA's
-        register operand, and leaves ``P^T (1 - t^2)`` in ``acc_s`` for [ds]
-        (``dash_ref.arithmetic.steps.softcap_grad``'s fast order)."""
+        """[softcap], [softmax_p] (masked elements exactly 0) and [softcap_grad] of a softcap
+        variant: returns the rounded ``P^T`` as the dV MMA's register operand, and leaves
+        ``P^T (1 - t^2)`` in ``acc_s`` for [ds] (``dash_ref.arithmetic.steps.softcap_grad``'s
+        fast order). Tiles that need no mask skip the selects by a branch, as
+        :meth:`mask_scores` does (selecting on every tile doubled the registers spilled)."""
+        p_words = cute.make_rmem_tensor(cute.size(acc_s) // 2, Int32)
+        if const_expr(self.select_every_tile) or mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm,
+                             window):
+            self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, True,
+                              keys_left, rows_left, diagonal, window)
+        else:
+            self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, False,
+                              keys_left, rows_left, diagonal, window)
+        p_op, _ = acc_as_operand_a(acc_s, self.dtype,
+                                   cute.recast_ptr(p_words.iterator, dtype=self.dtype))
+        return p_op
+
+    @cute.jit
+    def capped_pairs(self, acc_s, p_words, coords, sLSE, stage, scale_log2, cap,
+                     masked: cutlass.Constexpr, keys_left, rows_left, diagonal, window=None):
+        """The elements of :meth:`capped_probabilities`, two at a time (one ``cvt`` packs a
+        pair of rounded probabilities); ``masked``: select the invisible ones to 0."""
         k, softcap = cap
         neg_two_cap = softcap * Float32(-2.0)  # exact
-        n = cute.size(acc_s)
-        p_words = cute.make_rmem_tensor(n // 2, Int32)
-        for pair in cutlass.range_constexpr(n // 2):
+        for pair in cutlass.range_constexpr(cute.size(acc_s) // 2):
             probs = []
             for e in (2 * pair, 2 * pair + 1):
                 r = softcap_ratio(acc_s[e], k)
                 p = softmax_p(capped_score(r, neg_two_cap, softcap), scale_log2,
                               -sLSE[coords[e][1], stage])
-                seen = mask.visible(self.mask, coords[e][0], coords[e][1], keys_left,
-                                    diagonal, rows_left, window)
-                p = cutlass.select_(seen, p, Float32(0.0))
+                if const_expr(masked):
+                    seen = mask.visible(self.mask, coords[e][0], coords[e][1], keys_left,
+                                        diagonal, rows_left, window)
+                    p = cutlass.select_(seen, p, Float32(0.0))
                 probs.append(p)
                 acc_s[e] = softcap_slope(p, r)
             p_words[pair] = cvt_pack(probs[0], probs[1], self.cvt_kind)
-        p_op, _ = acc_as_operand_a(acc_s, self.dtype,
-                                   cute.recast_ptr(p_words.iterator, dtype=self.dtype))
-        return p_op
 
     @cute.jit
     def mask_scores(self, acc_s, coords, keys_left, rows_left, diagonal, window=None):
