@@ -830,7 +830,10 @@ class DashBackwardSm90:
         fast order). Tiles that need no mask skip the selects by a branch, as
         :meth:`mask_scores` does (selecting on every tile doubled the registers spilled)."""
         p_words = cute.make_rmem_tensor(cute.size(acc_s) // 2, Int32)
-        if const_expr(self.select_every_tile) or mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm,
+        if const_expr(self.select_every_tile):  # noqa: SIM114 - compile time, then run time
+            self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, True,
+                              keys_left, rows_left, diagonal, window)
+        elif mask.needs_mask(self.mask, keys_left, diagonal, self.bn, rows_left, self.bm,
                              window):
             self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, True,
                               keys_left, rows_left, diagonal, window)
