@@ -24,10 +24,10 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 )
 
 
-def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False):
+def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False, softcap=False):
     tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
     return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
-                                                                block_m), packed, sinks)
+                                                                block_m), packed, sinks, softcap)
 
 
 # a few of the shipped variants (the module's main compiles every one)
@@ -55,6 +55,13 @@ VARIANTS = [
     # learnable sinks: folded into each row after its last KV tile
     forward_variant(torch.bfloat16, 64, "causal", 192, sinks=True),
     forward_variant(torch.float16, 128, "window", 128, packed=True, sinks=True),
+    # a softcap: every raw score capped before the mask; the backward recomputes the cap
+    # and scales P by its slope before [ds]
+    forward_variant(torch.bfloat16, 128, "causal", 128, softcap=True),
+    backward_variant(torch.bfloat16, 128, "causal", True, audit=False, per_head=False,
+                     softcap=True),
+    backward_variant(torch.float16, 128, "full", True, audit=True, per_head=True,
+                     softcap=True),
 ]
 
 

@@ -84,27 +84,32 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     # [fwd_sink], once per row after the last KV tile: alpha and the sink's probability,
     # each ex2 of one sub.rn.f32; l by one fma.rn.f32; the row's sum by two butterflies
     sinks = 2 if getattr(v, "sinks", False) else 0
+    # [softcap] (softcap variants), per score of every copy: mul.rn.f32, ex2, add.rn.f32,
+    # lg2, ex2 (the ratio), fma.rn.f32 (the capped score)
+    capped = copies * scores if getattr(v, "softcap", False) else 0
     need(len(probs) == copies * scores and all(x == y for x, y in probs),
          f"{len(probs)} fma.rn.f32 -> ex2 pairs, expected {copies * scores}")
     need(alphas == copies * 2 + 2 * sinks,
          f"{alphas} sub.rn.f32 -> ex2 pairs, expected {copies * 2 + 2 * sinks}")
-    need(count(r"\bex2\.") == copies * (scores + 2) + 2 * sinks,
-         f"{count(r'ex2[.]')} ex2, expected {copies * (scores + 2) + 2 * sinks}")
+    want = copies * (scores + 2) + 2 * sinks + 2 * capped
+    need(count(r"\bex2\.") == want, f"{count(r'ex2[.]')} ex2, expected {want}")
     # [fwd_max]: the scale multiplies each row's largest raw score once (two rows a thread)
-    need(count(r"\bmul\.rn\.f32") == copies * 2,
-         f"{count(r'mul[.]rn[.]f32')} mul.rn.f32, expected {copies * 2}")
+    want = copies * 2 + capped
+    need(count(r"\bmul\.rn\.f32") == want,
+         f"{count(r'mul[.]rn[.]f32')} mul.rn.f32, expected {want}")
     # [fwd_max]: two butterfly steps per row; [fwd_finish]: two more per row for l
     shfl = count(r"shfl\.sync\.bfly\.b32")
     want = copies * 4 + 4 + 2 * sinks
     need(shfl == want, f"{shfl} shfl.sync.bfly, expected {want}")
     # [fwd_accumulate]: one fma.rn.f32 per row per KV tile (l * alpha + sum), besides P's
-    want = copies * (scores + 2) + sinks
+    want = copies * (scores + 2) + sinks + capped
     need(count(r"\bfma\.rn\.f32") == want,
          f"{count(r'fma[.]rn[.]f32')} fma.rn.f32, expected {want}")
-    # [fwd_finish]: one rcp.rn per row (no division per element), lg2
+    # [fwd_finish]: one rcp.rn per row (no division per element), lg2 (and [softcap]'s)
     need(count(r"\brcp\.rn\.f32") == 2 and count(r"\bdiv\.[\w.]*f32") == 0,
          "expected 2 rcp.rn.f32 and no f32 division")
-    need(count(r"lg2\.approx\.ftz\.f32") == 2, "expected 2 lg2.approx.ftz.f32")
+    need(count(r"lg2\.approx\.ftz\.f32") == 2 + capped,
+         f"expected {2 + capped} lg2.approx.ftz.f32")
     # S = Q K^T: d / 16 k-steps, issued in the first tile and both loops; P V: bn / 16,
     # issued in both loops and after them
     mma = count(r"wgmma\.mma_async")
@@ -172,13 +177,21 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
             bad.append(msg)
 
     need(".target sm_90a" in ptx, "target is not sm_90a")
-    # [softmax_p]: every ex2 is ex2.approx.ftz.f32 fed by one fma.rn.f32 of the same block
+    # [softmax_p]: every ex2 is ex2.approx.ftz.f32 fed by one fma.rn.f32 of the same block;
+    # a softcap variant's is written out twice (the masked and the unmasked tile, once
+    # where every tile selects), each score's [softcap] adding two ex2 and one lg2
+    cap = getattr(v, "softcap", False)
+    copies = (1 if v.config.select_every_tile else 2) if cap else 1
     ex2_all = len(re.findall(r"\bex2\.", ptx))
     pairs = re.findall(r"fma\.rn\.f32\s+(\w+),[^;]*;\s*ex2\.approx\.ftz\.f32\s+[^,]+,\s*(\w+);",
                        ptx)
-    need(ex2_all == scores, f"{ex2_all} ex2 instructions, expected {scores}")
-    need(len(pairs) == scores and all(a == b for a, b in pairs),
-         f"{len(pairs)} fma.rn.f32 -> ex2.approx.ftz.f32 pairs, expected {scores}")
+    want = copies * scores * (3 if cap else 1)
+    need(ex2_all == want, f"{ex2_all} ex2 instructions, expected {want}")
+    need(len(pairs) == copies * scores and all(a == b for a, b in pairs),
+         f"{len(pairs)} fma.rn.f32 -> ex2.approx.ftz.f32 pairs, expected {copies * scores}")
+    n_lg2 = len(re.findall(r"\blg2\.approx\.ftz\.f32", ptx))
+    need(n_lg2 == (copies * scores if cap else 0),
+         f"{n_lg2} lg2.approx.ftz.f32, expected {copies * scores if cap else 0}")
     # [softmax_p]'s mask: a select of the value or 0 per score element and bound: S_k, S_q
     # and the diagonal (causal) or both sides of the window (the compiler folds the odd one
     # whose comparison it can decide; a whole bound's worth more or less is a fault)
@@ -282,8 +295,11 @@ _STATEMENT_HEAD = re.compile(r"^(?:[$\w]+:\s*)*(?:@!?%?\w+\s+)?([a-z][\w]*(?:\.[
 
 
 def approx_budget(v: Variant | ForwardVariant) -> frozenset[str]:
-    """The approximate instructions ``v``'s contract names."""
-    return FORWARD_APPROX if isinstance(v, ForwardVariant) else BACKWARD_APPROX
+    """The approximate instructions ``v``'s contract names (a softcap backward's [softcap]
+    also takes ``lg2.approx.ftz.f32``, as every forward does)."""
+    if isinstance(v, ForwardVariant) or getattr(v, "softcap", False):
+        return FORWARD_APPROX
+    return BACKWARD_APPROX
 
 
 def ptx_opcodes(ptx: str) -> collections.Counter[str]:
@@ -310,8 +326,9 @@ def check_approx_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
 
     The CPU model of the special-function unit (:mod:`dash_ref.arithmetic.mufu`) reproduces
     ``ex2.approx.ftz.f32`` and ``lg2.approx.ftz.f32`` bit for bit and nothing else, so:
-    backward kernels may hold ``ex2.approx.ftz.f32`` only, forward kernels also
-    ``lg2.approx.ftz.f32``, and each kernel must hold the ones its contract names. Refused:
+    backward kernels may hold ``ex2.approx.ftz.f32`` only, forward kernels and softcap
+    backwards also ``lg2.approx.ftz.f32``, and each kernel must hold the ones its contract
+    names. Refused:
     any other ``.approx`` instruction (``ex2.approx.f32`` without ``.ftz``, ``rcp.approx``,
     ``sqrt.approx``, ``sin``/``cos``/``tanh.approx``, an f16 ``ex2``), any ``ex2``, ``lg2``,
     ``sin``, ``cos``, ``tanh`` or ``rsqrt`` outside the budget (approximate whatever their
