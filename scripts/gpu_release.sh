@@ -55,13 +55,17 @@
 #                                        # trials, the planned backward), Triton's, the
 #                                        # plan tests, then against FA4 in rounds
 #                                        # (bench_features.py --kinds sinks)
+#   scripts/gpu_release.sh softcap OUT   # a softcap on the CuTe backend: its GPU tests (L2 of
+#                                        # forward and backward, float64, busy-stream trials,
+#                                        # packed), Triton's, then against FA4 in rounds
+#                                        # (bench_features.py --kinds softcap)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|sinks|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|sinks|softcap|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -286,6 +290,13 @@ sinks)
     step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds sinks --tag bench_sinks \
         --time-budget 150
     [ -f "$LOG/bench_sinks.md" ] && grep -E '^\| sinks' "$LOG/bench_sinks.md"
+    ;;
+softcap)
+    fa4_unpack
+    side_by_side 400 tests/gpu/test_cute_softcap.py tests/gpu/test_triton_softcap_sinks.py
+    step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds softcap \
+        --tag bench_softcap --time-budget 150
+    [ -f "$LOG/bench_softcap.md" ] && grep -E '^\| softcap' "$LOG/bench_softcap.md"
     ;;
 hostpath)
     fa4_unpack

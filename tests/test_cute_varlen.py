@@ -44,7 +44,7 @@ def test_the_packed_launch_names_every_forward_argument():
                                            Mask("causal"), tiles=100, sms=132)
     rest = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr",
                           "heads_kv", "q_strides", "k_strides", "v_strides", "o_strides",
-                          "scale_log2", "sink2_ptr", "stream"), 0)
+                          "scale_log2", "softcap_k", "softcap", "sink2_ptr", "stream"), 0)
     assert set(args).isdisjoint(rest)
     arguments.values(arguments.names(fwd_kernel.LAUNCH_ARGS), {**args, **rest})  # complete
     assert args["seqlen_q"] == sum(SEQLENS_Q) and args["seqlen_k"] == sum(SEQLENS_K)
@@ -110,7 +110,7 @@ def test_every_forward_has_a_shipped_packed_twin():
     forwards = [v for v in shipped if isinstance(v, ForwardVariant)]
     plain = {v for v in forwards if not v.packed}
     packed = {v for v in forwards if v.packed}
-    assert {ForwardVariant(v.dtype, v.head_dim, v.mask, v.config, True, v.sinks)
+    assert {ForwardVariant(v.dtype, v.head_dim, v.mask, v.config, True, v.sinks, v.softcap)
             for v in plain} == packed
     assert all("_varlen_" in v.name for v in packed)
     assert not any("varlen" in v.name for v in plain)
@@ -191,7 +191,8 @@ def test_the_packed_backward_launch_names_every_argument(per_head):
     operands = (launch.q, launch.k, launch.v, launch.do, launch.dk_out, launch.dv_out)
     args = cute_launch._packed_args(p, tuple(map(cute_launch._packed_strides, operands)))
     rest = dict.fromkeys(("heads", "heads_kv", "num_workers", "scale_log2", "softmax_scale",
-                          *cute_launch._BACKWARD_PER_CALL, *cute_launch._PACKED_PER_CALL), 0)
+                          "softcap_k", "softcap", *cute_launch._BACKWARD_PER_CALL,
+                          *cute_launch._PACKED_PER_CALL), 0)
     assert set(args).isdisjoint(rest)
     arguments.values(arguments.names(bwd_kernel.LAUNCH_ARGS), {**args, **rest})  # complete
     assert (args["seqlen_q"], args["seqlen_k"]) == (sum(SEQLENS_Q), sum(SEQLENS_K))

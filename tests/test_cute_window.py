@@ -191,9 +191,11 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
     fwd = [v for v in windows if isinstance(v, ForwardVariant)]
     bwd = [v for v in windows if not isinstance(v, ForwardVariant)]
     assert all("_window_" in v.name for v in windows)
-    # dtypes, head dims, deterministic or atomic, three dK/dV forms; rectangular and packed
-    assert len(bwd) == 2 * len(HEAD_DIMS) * 2 * 3 * 2
+    # dtypes, head dims, deterministic or atomic, three dK/dV forms; rectangular and packed;
+    # without and with a softcap
+    assert len(bwd) == 2 * len(HEAD_DIMS) * 2 * 3 * 2 * 2
     assert sum(v.packed for v in bwd) == len(bwd) // 2
+    assert sum(v.softcap for v in bwd) == len(bwd) // 2
     assert {(v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head) for v in bwd} == {
         (v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head)
         for v in shipped if getattr(v, "mask", None) == "causal" and v not in fwd

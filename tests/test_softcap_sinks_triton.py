@@ -310,23 +310,22 @@ def test_good_values_pass_the_checks_and_reach_the_cuda_check():
                                          learnable_sink=torch.zeros(2))
 
 
-def test_cute_refuses_softcap_runs_sinks_and_auto_chooses_by_feature():
-    """Softcap runs on Triton alone; learnable sinks on both (CuTe folds them into its
-    forward), so ``"auto"`` takes a sink call to CuTe where CuTe is installed."""
-    case = Case(64, BF16, False, True, softcap=True)
-    with pytest.raises(ValueError) as info:
-        choose_backend("cute", case)
-    assert "softcap" in _one_line(info)
-    assert choose_backend("auto", case).name == "triton"
+def test_both_backends_run_softcap_and_sinks_and_auto_chooses_cute():
+    """Softcap and learnable sinks run on both backends (CuTe caps its scores and folds the
+    sinks into its forward), so ``"auto"`` takes such calls to CuTe where it is installed
+    and supports the rest of the call; ``exact=True`` stays Triton's."""
     from dash_cuda.backends import _lacks_feature
 
-    cute = get_backend("cute")
-    assert _lacks_feature(cute, Case(64, BF16, False, True, softcap=True)).startswith("softcap")
-    assert _lacks_feature(cute, Case(64, BF16, False, True, sink=True)) is None
-    assert _lacks_feature(cute, Case(64, BF16, False, True, softcap=True, sink=True)
-                          ).startswith("softcap")
-    assert _lacks_feature(get_backend("triton"),
-                          Case(64, BF16, False, True, softcap=True, sink=True)) is None
+    for backend in ("cute", "triton"):
+        chosen = get_backend(backend)
+        for case in (Case(64, BF16, False, True, softcap=True),
+                     Case(64, BF16, False, True, sink=True),
+                     Case(64, BF16, False, True, softcap=True, sink=True)):
+            assert _lacks_feature(chosen, case) is None, (backend, case)
+    if get_backend("cute").missing() is None:
+        assert choose_backend("auto", Case(64, BF16, False, True, softcap=True)).name == "cute"
+    exact = Case(64, BF16, True, True, softcap=False)
+    assert choose_backend("auto", exact).name == "triton"
 
 
 def test_every_shipped_cute_forward_has_its_sink_twin():
@@ -337,9 +336,24 @@ def test_every_shipped_cute_forward_has_its_sink_twin():
     forwards = [v for v in shipped_variants() if isinstance(v, ForwardVariant)]
     plain = {v for v in forwards if not v.sinks}
     sunk = {v for v in forwards if v.sinks}
-    assert plain and {ForwardVariant(v.dtype, v.head_dim, v.mask, v.config, v.packed, True)
-                      for v in plain} == sunk
+    assert plain and {ForwardVariant(v.dtype, v.head_dim, v.mask, v.config, v.packed, True,
+                                     v.softcap) for v in plain} == sunk
     assert all("_sink_" in v.name for v in sunk) and not any("sink" in v.name for v in plain)
+
+
+def test_every_shipped_cute_variant_has_its_softcap_twin():
+    """A softcap call never compiles on demand: each shipped forward and backward ships
+    with a softcap too, under a name that says so."""
+    from dataclasses import replace
+
+    from dash_cuda.backends.cute.variants import shipped_variants
+
+    shipped = shipped_variants()
+    plain = {v for v in shipped if not v.softcap}
+    capped = {v for v in shipped if v.softcap}
+    assert plain and {replace(v, softcap=True) for v in plain} == capped
+    assert all("_cap_" in v.name for v in capped) and not any("_cap_" in v.name
+                                                               for v in plain)
 
 
 # -- the custom ops: the sinks' gradient through autograd, and tracing -----------------------

@@ -35,13 +35,14 @@ Steps = list[tuple[str, torch.Tensor, torch.Tensor]]
 
 def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
              kernel: dict[str, torch.Tensor], softmax_scale: float | None = None,
-             flush_subnormals: bool = True, arithmetic: str | Arithmetic = "exact") -> Steps:
+             flush_subnormals: bool = True, arithmetic: str | Arithmetic = "exact", *,
+             softcap: float = 0.0) -> Steps:
     """``[(step, kernel value, emulated value)]`` for one backward.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` and ``kernel`` maps :data:`KERNEL_VALUES` to
     the kernel's tensors, all on the CPU. ``arithmetic`` is the arithmetic the kernel
     ran (``"exact"`` or ``"fast"``) and ``flush_subnormals`` how its dQ additions treated
-    subnormals (its audit record says both).
+    subnormals (its audit record says both); ``softcap`` the call's.
     """
     missing = [name for name in KERNEL_VALUES if name not in kernel]
     if missing:
@@ -50,7 +51,7 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
     p = schedule.problem
     a = contract.arithmetic(arithmetic).with_dq_adds(flush_subnormals)
     emu = backward(schedule, q, k, v, o, lse2, do, softmax_scale, return_partials=True,
-                   arithmetic=a)
+                   arithmetic=a, softcap=softcap)
     rows = torch.tensor(visit_rows(schedule))
     real_rows = torch.arange(p.block_m)[None, :] < rows[:, None]  # padding rows are not read
     steps = [("D", kernel["delta"], contract.delta(a, o, do)),
@@ -76,17 +77,17 @@ def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
                   kernel_lse2: torch.Tensor, causal: bool, softmax_scale: float | None,
                   block_n: int, arithmetic: str | Arithmetic = "fast", *,
                   window_size: tuple[int, int] | None = (-1, -1),
-                  learnable_sink: torch.Tensor | None = None) -> Steps:
+                  learnable_sink: torch.Tensor | None = None, softcap: float = 0.0) -> Steps:
     """``[("O", kernel, emulated), ("LSE2", kernel, emulated)]`` for one forward.
 
     ``inputs`` is ``(q, k, v)`` on the CPU, ``block_n`` the forward's KV tile (its query
     tile does not change the bits), ``window_size`` the forward's sliding window,
-    ``learnable_sink`` its sinks (``(H,)``, any device).
+    ``learnable_sink`` its sinks (``(H,)``, any device), ``softcap`` its cap.
     """
     q, k, v = inputs
     sink = None if learnable_sink is None else learnable_sink.cpu()
     emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic,
-                  window_size=window_size, learnable_sink=sink)
+                  window_size=window_size, learnable_sink=sink, softcap=softcap)
     return [("O", kernel_o, emu.o), ("LSE2", kernel_lse2.contiguous(), emu.lse2)]
 
 
@@ -109,7 +110,7 @@ def record_arithmetic(record) -> str:
 
 
 def record_steps(record, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...],
-                 softmax_scale: float | None = None) -> Steps:
+                 softmax_scale: float | None = None, softcap: float = 0.0) -> Steps:
     """:func:`l2_steps` for a kernel's audit record, with the record's arithmetic choices.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` (any device) and ``grads`` the kernel's
@@ -119,7 +120,8 @@ def record_steps(record, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Te
     name = record_arithmetic(record)
     return l2_steps(record.schedule, tuple(x.cpu() for x in inputs),
                     kernel_values(record, grads), softmax_scale,
-                    flush_subnormals=record.flush_subnormals, arithmetic=name)
+                    flush_subnormals=record.flush_subnormals, arithmetic=name,
+                    softcap=softcap)
 
 
 def first_difference(steps: Steps) -> tuple[str, int, int] | None:

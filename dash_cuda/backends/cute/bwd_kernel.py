@@ -18,8 +18,12 @@ Roles (384 threads, three warpgroups)::
 Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton kernel)::
 
     [qk]          S^T  = K_j Q_i^T                    wgmma, fresh fp32 accumulator
+    [softcap]     (softcap only) S^T = cap (1 - 2r), r = ex2(-lg2(1 + ex2(S^T k))), as
+                  the forward's; scale_log2 is then fp32(log2 e)
     [softmax_p]   P^T  = ex2.approx.ftz(fma.rn(S^T, scale_log2, -LSE2_i))
                   masked elements are set to exactly 0 by a select
+    [softcap_grad] (softcap only) P^T = rnd(P^T * 4 fma.rn(-r, r, r)) for [ds] (dV takes
+                  the rounded P^T from before)
     [dv_step]     dV_j += rnd(P^T) dO_i               wgmma, A from registers, dV_j accumulates
     [dp]          dP^T = V_j dO_i^T                   wgmma, fresh fp32 accumulator
     [ds]          dS^T = P^T * (dP^T - D_i)           sub.rn.f32 then mul.rn.f32

@@ -36,6 +36,10 @@ Arithmetic contract, per KV tile, in base-2 units like the Triton forward (``x``
 fp32 products ``Q_i K_j^T``, ``c`` = scale_log2 > 0)::
 
     [fwd_scores]     x = Q_i K_j^T; masked: -inf            wgmma; selp in the masked loop only
+    [softcap]        (softcap only, before the mask)        mul.rn.f32 by k, ex2.approx.ftz,
+                     r = 1 / (1 + ex2(x k)); x = cap (1-2r)  add.rn.f32, lg2.approx.ftz, neg,
+                     (k = fp32(2 scale log2 e / cap), c is   ex2.approx.ftz, fma.rn.f32
+                     fp32(log2 e) then)
     [fwd_max]        m' = max(m, rnd32(rowmax(x) * c))       fmax over the thread's columns (4
                      m_safe = m', or 0 where m' = -inf      chains), the row's 4 threads (shfl),
                                                            then one mul.rn.f32 per row
