@@ -192,10 +192,13 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
     bwd = [v for v in windows if not isinstance(v, ForwardVariant)]
     assert all("_window_" in v.name for v in windows)
     # dtypes, head dims, deterministic or atomic, three dK/dV forms; rectangular and packed;
-    # without and with a softcap
-    assert len(bwd) == 2 * len(HEAD_DIMS) * 2 * 3 * 2 * 2
+    # without and, at the softcap's head dims, with a softcap
+    from dash_cuda.backends.cute.config import SOFTCAP_HEAD_DIMS
+
+    plain = 2 * len(HEAD_DIMS) * 2 * 3 * 2
+    assert len(bwd) == plain + plain // len(HEAD_DIMS) * len(SOFTCAP_HEAD_DIMS)
     assert sum(v.packed for v in bwd) == len(bwd) // 2
-    assert sum(v.softcap for v in bwd) == len(bwd) // 2
+    assert all(v.head_dim in SOFTCAP_HEAD_DIMS for v in bwd if v.softcap)
     assert {(v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head) for v in bwd} == {
         (v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head)
         for v in shipped if getattr(v, "mask", None) == "causal" and v not in fwd

@@ -27,7 +27,7 @@ import importlib.util
 import torch
 
 from ...backends import Case, Launch
-from .config import HEAD_DIMS
+from .config import HEAD_DIMS, SOFTCAP_HEAD_DIMS
 
 #: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
 #: them (``backend="auto"`` then runs them on Triton): the one switch for packed calls
@@ -66,6 +66,9 @@ class CuteBackend:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
+        if case.softcap and case.head_dim not in SOFTCAP_HEAD_DIMS:
+            return (f"softcap at head dim {case.head_dim} (supported: {SOFTCAP_HEAD_DIMS}: "
+                    "at 64 the backward's registers would serialize its wgmmas)")
         return None
 
     def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 
 HEAD_DIMS = (64, 96, 128)
+#: head dims with softcap variants: at 64 the softcap backward's registers serialize its
+#: wgmmas (ptxas C7512, on the CPU's compile), so a softcap call there runs on Triton
+SOFTCAP_HEAD_DIMS = (96, 128)
 
 
 @dataclass(frozen=True)
@@ -158,5 +161,6 @@ def forward_block_n(head_dim: int) -> int:
     return block_n
 
 
-__all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "BackwardConfig", "ForwardConfig", "backward_config",
-           "forward_block_n", "forward_config", "forward_configs", "tiling_mask"]
+__all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "SOFTCAP_HEAD_DIMS", "BackwardConfig", "ForwardConfig",
+           "backward_config", "forward_block_n", "forward_config", "forward_configs",
+           "tiling_mask"]

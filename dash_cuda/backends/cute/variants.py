@@ -21,6 +21,7 @@ from cutlass import Float32
 from . import arguments, bwd_kernel, fwd_kernel
 from .config import (
     HEAD_DIMS,
+    SOFTCAP_HEAD_DIMS,
     BackwardConfig,
     ForwardConfig,
     backward_config,
@@ -132,7 +133,7 @@ def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant 
     # (the backward needs nothing more: LSE2 includes the sinks)
     out += [replace(v, sinks=True) for v in out]
     # a softcap: the same forwards, capping every raw score before the mask
-    out += [replace(v, softcap=True) for v in out]
+    out += [replace(v, softcap=True) for v in out if v.head_dim in SOFTCAP_HEAD_DIMS]
     for dtype, d, mask, det in itertools.product(dtypes, head_dims, MASK_KINDS, (True, False)):
         out += [backward_variant(dtype, d, mask, det, audit=False, per_head=False),
                 backward_variant(dtype, d, mask, det, audit=False, per_head=True),
@@ -140,7 +141,8 @@ def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant 
     # packed batches: the same backwards, reading cu_seqlens and q_tile_base (run_schedule)
     out += [replace(v, packed=True) for v in out if isinstance(v, Variant)]
     # a softcap: the same backwards, recomputing the capped scores and their slope
-    out += [replace(v, softcap=True) for v in out if isinstance(v, Variant)]
+    out += [replace(v, softcap=True) for v in out
+            if isinstance(v, Variant) and v.head_dim in SOFTCAP_HEAD_DIMS]
     return out
 
 
