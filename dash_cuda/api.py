@@ -80,8 +80,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             (:meth:`dash_ref.Mask.of`). ``(-1, -1)``: no window.
         softcap: FlashAttention's logit softcap: the scores become ``softcap * tanh(S *
             softmax_scale / softcap)`` before the softmax (Gemma 2, Grok); a finite number
-            ``>= 0``, 0 for none. The Triton backend computes it (``"auto"`` picks it);
-            not with ``exact=True``.
+            ``>= 0``, 0 for none. The CuTe backend computes it at head dims 96 and 128
+            (bit for bit as ``dash_ref``'s fast arithmetic; ``"auto"`` picks it there),
+            the Triton backend at every head dim; not with ``exact=True``.
         learnable_sink: FlashAttention-4's learnable attention sinks (gpt-oss): one logit
             per query head, an fp32, bf16 or fp16 ``(H,)`` tensor on ``q``'s device, in
             the units of the final scores (natural log, after scale and softcap). Each
@@ -283,8 +284,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             softcap, learnable_sink: as in :func:`attention` (a window per sequence, on its
             own lengths; the sinks' gradient sums over every sequence's rows). Packed
             calls run on the CuTe backend (d 64, 96 and 128, bf16/fp16, every mask;
-            ``backend="auto"`` picks it) or on Triton (every head dim, ``exact=True``,
-            softcap and sinks).
+            ``backend="auto"`` picks it; softcap at d 96 and 128) or on Triton (every
+            head dim, ``exact=True``, softcap and sinks).
 
     Returns:
         The attention output, ``(total_q, H, d)`` like ``q``.

@@ -73,6 +73,7 @@ def need(backend: str, head_dim: int, dtype: torch.dtype = torch.bfloat16,
 
     from dash_cuda.backends import Case, get_backend
 
-    reason = get_backend(backend).unsupported(Case(head_dim, dtype, exact, deterministic))
+    impl = get_backend(backend)
+    reason = impl.missing() or impl.unsupported(Case(head_dim, dtype, exact, deterministic))
     if reason:
         pytest.skip(f"backend {backend!r}: {reason}")
