@@ -11,7 +11,11 @@ Cells (bf16, d = 128, 16 heads, causal):
 * ``sinks``: learnable sinks (one float32 logit per head, fresh random, gradients taken) at
   S = 4k (B = 4) and 16k (B = 1), through ``learnable_sink=``;
 * ``softcap``: logit softcap 50 (Gemma 2; its 27B model has d = 128) at S = 4k (B = 4), the
-  shape of FlashAttention-4's committed anchor, through ``softcap=``.
+  shape of FlashAttention-4's committed anchor, through ``softcap=``;
+* ``headdims``: the head dims of FlashAttention-4's committed anchors beyond 128: 192 with
+  values of 128 (DeepSeek; causal, S = 4k, B = 4, 16 heads), 256 (Gemma; causal S = 4k and
+  full S = 2k, 8 heads) and 256 with softcap 50 (causal S = 4k, B = 2, 8 heads), on each
+  backend that runs the cell (``auto`` only: no schedule is made for a head dim).
 
 Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedule, with the
 schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
@@ -50,7 +54,10 @@ VARLEN = [(total, mix) for total in (16384, 65536) for mix in ("equal", "uniform
 WINDOWS = [(s, w) for s in (8192, 16384) for w in (256, 1024, 4096)]
 SINKS = [4096, 16384]
 SOFTCAP = 50.0
-KINDS = ["varlen", "window", "sinks", "softcap"]
+#: (d, d_v, causal, S, B, H, softcap) of the ``headdims`` cells
+HEAD_DIM_CELLS = [(192, 128, True, 4096, 4, 16, 0.0), (256, 256, True, 4096, 2, 8, 0.0),
+                  (256, 256, False, 2048, 4, 8, 0.0), (256, 256, True, 4096, 2, 8, 50.0)]
+KINDS = ["varlen", "window", "sinks", "softcap", "headdims"]
 
 
 def cell_name(cell: dict) -> str:
@@ -60,6 +67,12 @@ def cell_name(cell: dict) -> str:
         return f"sinks S={cell['seqlen'] // 1024}k B={cell['batch']}"
     if cell["kind"] == "softcap":
         return f"softcap {cell['softcap']:g} S={cell['seqlen'] // 1024}k B={cell['batch']}"
+    if cell["kind"] == "headdims":
+        d, dv = cell["head_dim"], cell["head_dim_v"]
+        cap = f" softcap {cell['softcap']:g}" if cell["softcap"] else ""
+        return (f"d{d}{f'/{dv}' if dv != d else ''}{cap} "
+                f"{'causal' if cell['causal'] else 'full'} S={cell['seqlen'] // 1024}k "
+                f"B={cell['batch']} H={cell['heads']}")
     return f"window ({cell['window']}, 0) S={cell['seqlen'] // 1024}k B={cell['batch']}"
 
 
@@ -74,6 +87,10 @@ def cells(kinds: list[str]) -> list[dict]:
         out += [{"kind": "sinks", "seqlen": s, "batch": 16384 // s} for s in SINKS]
     if "softcap" in kinds:
         out += [{"kind": "softcap", "seqlen": 4096, "batch": 4, "softcap": SOFTCAP}]
+    if "headdims" in kinds:
+        out += [{"kind": "headdims", "head_dim": d, "head_dim_v": dv, "causal": causal,
+                 "seqlen": s, "batch": b, "heads": h, "softcap": cap}
+                for d, dv, causal, s, b, h, cap in HEAD_DIM_CELLS]
     return out
 
 
@@ -126,6 +143,8 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
         return rows
     if cell["kind"] in ("sinks", "softcap"):
         return _feature_rows(cell, gen, fa, leaves)
+    if cell["kind"] == "headdims":
+        return _head_dim_rows(cell, gen, fa, leaves)
     b, s, w = cell["batch"], cell["seqlen"], cell["window"]
     q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
                    for _ in range(4))
@@ -189,6 +208,39 @@ def _feature_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
         rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, deterministic=det,
                                                 **keywords(x)),
                              leaves(q, k, v, *extra), leaves(q, k, v, *extra), do))
+    return rows
+
+
+def _head_dim_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
+    """The rows of a head-dim cell: ``dash_cuda`` with ``auto`` on each backend that runs it,
+    FlashAttention-4 with and without ``deterministic=True``."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import Case, get_backend
+
+    d, dv, causal, cap = cell["head_dim"], cell["head_dim_v"], cell["causal"], cell["softcap"]
+    b, s, h = cell["batch"], cell["seqlen"], cell["heads"]
+    q, k = (torch.randn(b, s, h, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    v, do = (torch.randn(b, s, h, dv, generator=gen, device="cuda", dtype=torch.bfloat16)
+             for _ in range(2))
+    case = Case(d, torch.bfloat16, False, True, softcap=cap > 0,
+                head_dim_v=None if dv == d else dv)
+    rows: dict[str, tuple] = {}
+    for backend in ("cute", "triton"):
+        chosen = get_backend(backend)
+        if chosen.missing() or chosen.unsupported(case) or (cap and "softcap" not in
+                                                            chosen.features):
+            continue
+        x = leaves(q, k, v)
+        rows[f"{backend}:auto"] = grad_row(
+            lambda bk=backend, x=x: dash_cuda.attention(*x, causal=causal, softcap=cap,
+                                                        backend=bk), x, do)
+    if fa is not None:
+        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=causal, softcap=cap,
+                                                deterministic=det),
+                             leaves(q, k, v), leaves(q, k, v), do))
     return rows
 
 
@@ -279,7 +331,8 @@ def markdown(report: dict) -> str:
         "# Packed batches, sliding windows, sinks and softcap against FlashAttention-4",
         "",
         f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
-        f"{env['torch']}, triton {env['triton']}. bf16, d = 128, 16 heads, causal. Every "
+        f"{env['torch']}, triton {env['triton']}. bf16; d = 128, 16 heads, causal where the "
+        "cell does not say otherwise. Every "
         "row timed by eager calls (a packed call reads its offsets to the host, which a CUDA "
         "graph cannot hold; the rows share one offsets tensor, as a model's layers do), "
         "backward by `torch.autograd.grad` of one forward's output for every row, "

@@ -51,7 +51,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     Args:
         q: ``(B, S_q, H, d)`` bf16/fp16 CUDA tensor (``(B, H, S_q, d)`` with
             ``layout="bhsd"``, the layout of ``torch.nn.functional.scaled_dot_product_attention``).
-        k, v: ``(B, S_k, H_kv, d)`` (or ``(B, H_kv, S_k, d)``), ``H % H_kv == 0`` (GQA/MQA).
+        k, v: ``(B, S_k, H_kv, d)`` (or ``(B, H_kv, S_k, d)``), ``H % H_kv == 0`` (GQA/MQA);
+            ``v`` may have a head dim ``d_v`` of its own (DeepSeek's 192 / 128: on the
+            Triton backend, which ``"auto"`` then picks).
         causal: bottom-right aligned causal mask: query ``r`` sees key ``c`` iff
             ``c <= r + S_k - S_q``. Rows that see no key give 0 and zero gradients.
         softmax_scale: defaults to ``1 / sqrt(d)``.
@@ -94,7 +96,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             ``exact=True``.
 
     Returns:
-        The attention output, shaped and laid out like ``q``.
+        The attention output, shaped and laid out like ``q``, with ``v``'s head dim.
     """
     options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink, exact,
                        lambda: Options.checked(
@@ -201,11 +203,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 
 def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
                      head_dim: int, causal: bool, backend: str = "triton",
-                     window_size: tuple[int, int] = (-1, -1)):
+                     window_size: tuple[int, int] = (-1, -1), head_dim_v: int | None = None):
     """The :class:`dash_ref.Problem` a backend's backward runs: the shape with its tiles.
 
     ``dash_ref.build_schedule(backward_problem(...), name, num_workers)`` is the schedule a
     call runs, so its fingerprint says in advance which calls give equal bits.
+    ``head_dim_v``: the values' head dim (None: ``head_dim``).
     """
     from dash_ref import Mask
     from dash_ref._checks import boolean, integer
@@ -213,12 +216,16 @@ def backward_problem(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqle
     for name, value in (("batch", batch), ("heads", heads), ("heads_kv", heads_kv),
                         ("head_dim", head_dim)):
         integer(name, value, minimum=1)
+    if head_dim_v is not None:
+        integer("head_dim_v", head_dim_v, minimum=1)
+        head_dim_v = None if head_dim_v == head_dim else head_dim_v
     integer("seqlen_q", seqlen_q, minimum=0)
     integer("seqlen_k", seqlen_k, minimum=0)
     mask = Mask.of(boolean("causal", causal), window_size)
     chosen = get_backend(backend)
     try:
-        return problem_for(chosen, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, mask)
+        return problem_for(chosen, batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, mask,
+                           head_dim_v)
     except KeyError:  # the backend has no tiles for this head dim
         raise ValueError(f"head_dim {head_dim} is not supported by the {backend!r} backend; "
                          f"supported: {HEAD_DIMS}") from None

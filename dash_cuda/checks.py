@@ -46,16 +46,19 @@ def check_tensors(named: dict[str, torch.Tensor], layout: str) -> None:
     qv, kv, vv = (as_bshd(named[n], layout) for n in ("q", "k", "v"))
     batch, seqlen_q, heads, head_dim = qv.shape
     _, seqlen_k, heads_kv, _ = kv.shape
-    if kv.shape != vv.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(named['k'].shape)} "
-                         f"and {tuple(named['v'].shape)}")
+    if kv.shape[:3] != vv.shape[:3]:
+        raise ValueError(f"k and v must have the same batch, length and heads, got "
+                         f"{tuple(named['k'].shape)} and {tuple(named['v'].shape)}")
     if kv.shape[0] != batch or kv.shape[3] != head_dim:
         raise ValueError(f"q {tuple(named['q'].shape)} and k {tuple(named['k'].shape)} must "
                          f"share batch and head dim ({layout} layout)")
-    check_heads(head_dim, heads, heads_kv)
+    check_heads(head_dim, heads, heads_kv, vv.shape[3])
+    out_shape = (*qv.shape[:3], vv.shape[3])  # O and dO: q's rows and heads, v's head dim
     for name in ("o", "do"):
-        if name in named and as_bshd(named[name], layout).shape != qv.shape:
-            raise ValueError(f"{name} must have the shape of q {tuple(named['q'].shape)}, got "
+        if name in named and as_bshd(named[name], layout).shape != out_shape:
+            want = "q" if out_shape == qv.shape else "q with v's head dim"
+            raise ValueError(f"{name} must have the shape of {want} "
+                             f"{_layout_shape(out_shape, layout)}, got "
                              f"{tuple(named[name].shape)}")
     if "lse" in named:
         lse = named["lse"]
@@ -103,10 +106,20 @@ def remember_passed(key: tuple | None) -> None:
         _PASSED.add(key)
 
 
-def check_heads(head_dim: int, heads: int, heads_kv: int) -> None:
-    """A supported head dim, and query heads a positive multiple of key/value heads."""
+def _layout_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """A ``(B, S, H, d)`` shape as the caller's layout writes it."""
+    return shape if layout == "bshd" else (shape[0], shape[2], shape[1], shape[3])
+
+
+def check_heads(head_dim: int, heads: int, heads_kv: int, head_dim_v: int | None = None
+                ) -> None:
+    """Supported head dims (of q and k, and of v), and query heads a positive multiple of
+    key/value heads."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
+    if head_dim_v is not None and head_dim_v not in HEAD_DIMS:
+        raise ValueError(f"v's head dim {head_dim_v} is not supported; supported: "
+                         f"{HEAD_DIMS}")
     if heads == 0 or heads_kv == 0:
         raise ValueError("q and k need at least one head")
     if heads % heads_kv:
@@ -139,8 +152,9 @@ def check_cuda(named: dict[str, torch.Tensor]) -> None:
 def check_packed_tensors(named: dict[str, torch.Tensor]) -> None:
     """Rank, dtype, shapes, head dim, strides and GQA ratio of packed ``q, k, v`` (+ extras).
 
-    Packed tensors are ``(total_q, H, d)`` (``q``, ``o``, ``do``) and ``(total_k, H_kv, d)``
-    (``k``, ``v``); ``lse`` is fp32 ``(total_q, H)``.
+    Packed tensors are ``(total_q, H, d)`` (``q``), ``(total_k, H_kv, d)`` (``k``),
+    ``(total_k, H_kv, d_v)`` (``v``) and ``(total_q, H, d_v)`` (``o``, ``do``); ``lse`` is fp32
+    ``(total_q, H)``.
     """
     for name, x in named.items():
         if not isinstance(x, torch.Tensor):
@@ -157,15 +171,17 @@ def check_packed_tensors(named: dict[str, torch.Tensor]) -> None:
             raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: they must match")
     total_q, heads, head_dim = q.shape
     _, heads_kv, _ = k.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must have the same rows and heads, got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
     if k.shape[2] != head_dim:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share the head dim")
-    check_heads(head_dim, heads, heads_kv)
+    check_heads(head_dim, heads, heads_kv, v.shape[2])
+    out_shape = (total_q, heads, v.shape[2])  # O and dO: q's rows and heads, v's head dim
     for name in ("o", "do"):
-        if name in named and named[name].shape != q.shape:
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
+        if name in named and tuple(named[name].shape) != out_shape:
+            want = "q" if out_shape == tuple(q.shape) else "q with v's head dim"
+            raise ValueError(f"{name} must have the shape of {want} {out_shape}, got "
                              f"{tuple(named[name].shape)}")
     if "lse" in named:
         lse = named["lse"]
@@ -180,10 +196,11 @@ def check_packed_tensors(named: dict[str, torch.Tensor]) -> None:
     for name, x in named.items():
         # the row-wise kernels (D, the epilogues) address a packed tensor's rows as one
         # sequence, with 32-bit offsets
-        if name != "lse" and x.shape[0] and (x.shape[0] - 1) * x.stride(0) + head_dim > 2**31 - 1:
+        span = (x.shape[0] - 1) * x.stride(0) + x.shape[-1] if name != "lse" else 0
+        if x.shape[0] and span > 2**31 - 1:
             raise ValueError(f"{name} is too long: its {x.shape[0]} packed rows span more "
                              "than 2**31 elements")
-    if heads != heads_kv and k.shape[0] * heads * head_dim > 2**31 - 1:
+    if heads != heads_kv and k.shape[0] * heads * max(head_dim, v.shape[2]) > 2**31 - 1:
         raise ValueError(f"k is too long for GQA: the per-query-head fp32 dK/dV of its "
                          f"{k.shape[0]} packed rows would span more than 2**31 elements")
 

@@ -109,29 +109,40 @@ def on_device(device: torch.device):
 
 
 # -- problems ---------------------------------------------------------------------------------
+def value_dim(q: torch.Tensor, v: torch.Tensor) -> int | None:
+    """The values' head dim where it is not the queries' (``d_v != d``), else None: the key
+    that keeps the common case's problems, cases and caches as they are."""
+    head_dim_v = v.shape[-1]
+    return None if head_dim_v == q.shape[-1] else head_dim_v
+
+
 @lru_cache(maxsize=1024)
 def problem_for(backend: Backend, batch: int, heads: int, heads_kv: int, seqlen_q: int,
-                seqlen_k: int, head_dim: int, mask: Mask) -> Problem:
+                seqlen_k: int, head_dim: int, mask: Mask, head_dim_v: int | None = None
+                ) -> Problem:
     """The :class:`dash_ref.Problem` ``backend``'s backward runs: the shape and mask with its
-    tiles (built once per shape: a problem is immutable)."""
+    tiles (built once per shape: a problem is immutable); ``head_dim_v``: the values' head
+    dim, None where it is ``head_dim``."""
     shape = Problem(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim,
-                    window_size=mask.window_size)  # Problem reads the rule's window itself
+                    window_size=mask.window_size,  # Problem reads the rule's window itself
+                    head_dim_v=head_dim_v)
     return _with_tiles(backend, shape)
 
 
 @lru_cache(maxsize=1024)
 def packed_problem_for(backend: Backend, seqlens_q: tuple[int, ...], seqlens_k: tuple[int, ...],
-                       heads: int, heads_kv: int, head_dim: int, mask: Mask) -> Problem:
+                       heads: int, heads_kv: int, head_dim: int, mask: Mask,
+                       head_dim_v: int | None = None) -> Problem:
     """The packed :class:`dash_ref.Problem` of sequences of lengths ``seqlens_q[b]``,
     ``seqlens_k[b]`` with ``backend``'s backward tiles (:meth:`dash_ref.Problem.packed`;
     built once per set of lengths)."""
     shape = Problem.packed(seqlens_q, seqlens_k, heads, heads_kv, head_dim,
-                           window_size=mask.window_size)
+                           window_size=mask.window_size, head_dim_v=head_dim_v)
     return _with_tiles(backend, shape)
 
 
 def _with_tiles(backend: Backend, shape: Problem) -> Problem:
-    block_m, block_n = backend.backward_tiles(shape.head_dim, shape.mask)
+    block_m, block_n = backend.backward_tiles(shape.head_dim, shape.mask, shape.head_dim_v)
     return replace(shape, block_m=block_m, block_n=block_n)
 
 
@@ -233,17 +244,17 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
 
     given = (do, lse2)
     heads, head_dim = q.shape[-2:]
-    heads_kv = k.shape[-2]
+    heads_kv, head_dim_v = k.shape[-2], value_dim(q, v)
     device = q.device
     mask, softmax_scale, exact = options.mask, options.softmax_scale, options.exact
     num_workers = options.num_workers
     packed = packing is not None
     if packed:
         problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, heads,
-                                     heads_kv, head_dim, mask)
+                                     heads_kv, head_dim, mask, head_dim_v)
     elif problem is None:
         problem = problem_for(backend, q.shape[0], heads, heads_kv, q.shape[1], k.shape[1],
-                              head_dim, mask)
+                              head_dim, mask, head_dim_v)
     deterministic = schedule_name != "atomic"
     per_head = audit or heads != heads_kv
     if do.stride(-1) != 1:
@@ -263,7 +274,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if per_head:
         dk_out = torch.empty((*k.shape[:-2], heads, head_dim), device=device, dtype=F32)
-        dv_out = torch.empty_like(dk_out)
+        dv_out = torch.empty((*v.shape[:-2], heads, v.shape[-1]), device=device, dtype=F32)
     else:
         dk_out, dv_out = dk, dv
     launch = Launch(problem, q, k, v, do, lse2, delta, dq_acc, dk_out, dv_out, softmax_scale,

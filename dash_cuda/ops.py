@@ -51,6 +51,7 @@ from .launch import (
     problem_for,
     run_backward,
     run_forward,
+    value_dim,
 )
 from .options import Options, Packing
 
@@ -65,19 +66,21 @@ def empty_problem(q: Tensor, k: Tensor) -> bool:
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
 
-def resolve_backend(q: Tensor, options: Options, packed: bool = False, sink: bool = False
-                    ) -> Backend:
+def resolve_backend(q: Tensor, options: Options, packed: bool = False, sink: bool = False,
+                    head_dim_v: int | None = None) -> Backend:
     """The backend that runs a call on ``q``: ``options.backend`` or the ``"auto"`` choice
     (``packed``: one that runs packed batches; ``sink``: one that computes learnable sinks;
-    a softcap comes with the options)."""
-    return _backend_for(options.backend, _case(q.shape[-1], q.dtype, options, packed, sink))
+    ``head_dim_v``: the values' head dim where it is not ``q``'s; a softcap comes with the
+    options)."""
+    return _backend_for(options.backend, _case(q.shape[-1], q.dtype, options, packed, sink,
+                                               head_dim_v))
 
 
-def _case(head_dim: int, dtype: torch.dtype, options: Options, packed: bool, sink: bool
-          ) -> Case:
+def _case(head_dim: int, dtype: torch.dtype, options: Options, packed: bool, sink: bool,
+          head_dim_v: int | None = None) -> Case:
     """What a backend must support to run a call."""
     return Case(head_dim, dtype, options.exact, options.deterministic, packed,
-                options.mask.kind == "window", options.softcap > 0, sink)
+                options.mask.kind == "window", options.softcap > 0, sink, head_dim_v)
 
 
 @lru_cache(maxsize=256)
@@ -96,53 +99,66 @@ class Resolution:
     problem: Problem
 
 
-def resolution_for(q: Tensor, k: Tensor, options: Options, sink: bool = False) -> Resolution:
+def resolution_for(q: Tensor, k: Tensor, options: Options, sink: bool = False,
+                   head_dim_v: int | None = None) -> Resolution:
     """The :class:`Resolution` of a call on non-empty ``(B, S, H, d)`` views (``sink``: with
-    learnable sinks): :func:`resolve_backend` and :func:`resolve_schedule` at once, looked
-    up rather than worked out on every call."""
-    return _resolution(q.shape, k.shape, q.dtype, options, sink)
+    learnable sinks; ``head_dim_v``: :func:`dash_cuda.launch.value_dim`):
+    :func:`resolve_backend` and :func:`resolve_schedule` at once, looked up rather than
+    worked out on every call."""
+    return _resolution(q.shape, k.shape, q.dtype, options, sink, head_dim_v)
 
 
 @lru_cache(maxsize=1024)
 def _resolution(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, options: Options,
-          sink: bool) -> Resolution:
-    backend = _backend_for(options.backend, _case(q_shape[-1], dtype, options, False, sink))
+                sink: bool, head_dim_v: int | None) -> Resolution:
+    backend = _backend_for(options.backend, _case(q_shape[-1], dtype, options, False, sink,
+                                                  head_dim_v))
     schedule = "atomic" if not options.deterministic else _schedule_for(
         backend, tuple(q_shape), tuple(k_shape), options.mask, options.schedule,
-        options.portable)
+        options.portable, head_dim_v)
     problem = problem_for(backend, q_shape[0], q_shape[2], k_shape[2], q_shape[1],
-                          k_shape[1], q_shape[3], options.mask)
+                          k_shape[1], q_shape[3], options.mask, head_dim_v)
     return Resolution(backend, schedule, problem)
 
 
-def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, options: Options) -> str:
+def resolve_schedule(backend: Backend, q: Tensor, k: Tensor, options: Options,
+                     head_dim_v: int | None = None) -> str:
     """The schedule a backward on ``(B, S, H, d)`` views runs: ``atomic`` or a name."""
     if not options.deterministic:
         return "atomic"
     if empty_problem(q, k):  # nothing runs: no problem to resolve a name on
         return options.schedule
     return _schedule_for(backend, tuple(q.shape), tuple(k.shape), options.mask,
-                         options.schedule, options.portable)
+                         options.schedule, options.portable, head_dim_v)
 
 
 @lru_cache(maxsize=1024)
 def _schedule_for(backend: Backend, q_shape: tuple, k_shape: tuple, mask: Mask,
-                  schedule: str, portable: bool) -> str:
+                  schedule: str, portable: bool, head_dim_v: int | None = None) -> str:
     problem = problem_for(backend, q_shape[0], q_shape[2], k_shape[2], q_shape[1],
-                          k_shape[1], q_shape[3], mask)
+                          k_shape[1], q_shape[3], mask, head_dim_v)
     return resolve_name(schedule, problem, backend.name, portable)
 
 
 def resolve_packed_schedule(backend: Backend, q: Tensor, k: Tensor, packing: Packing,
-                            options: Options) -> str:
+                            options: Options, head_dim_v: int | None = None) -> str:
     """The schedule a backward of a packed batch runs: ``atomic`` or a name, resolved on
     the packed problem (``"auto"`` by its longest sequence, or ``lpt`` where the lengths
     are ragged: :func:`dash_ref.schedules.schedule.is_ragged`)."""
     if not options.deterministic:
         return "atomic"
     problem = packed_problem_for(backend, packing.seqlens_q, packing.seqlens_k, q.shape[1],
-                                 k.shape[1], q.shape[2], options.mask)
+                                 k.shape[1], q.shape[2], options.mask, head_dim_v)
     return resolve_name(options.schedule, problem, backend.name, options.portable)
+
+
+def _output_like(q: Tensor, v: Tensor, zeros: bool = False) -> Tensor:
+    """``O`` of queries ``q`` and values ``v``, as the forwards allocate it: ``q``'s shape
+    with ``v``'s head dim (``q``'s strides where the head dims agree, else contiguous)."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.zeros_like(q) if zeros else torch.empty_like(q)
+    shape = (*q.shape[:-1], v.shape[-1])
+    return q.new_zeros(shape) if zeros else q.new_empty(shape)
 
 
 def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
@@ -171,9 +187,10 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
         lse = _lse_like(q, -math.inf)
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
-        return torch.zeros_like(q), lse, None
+        return _output_like(q, v, zeros=True), lse, None
+    head_dim_v = value_dim(q, v)
     if packing is not None:
-        backend = resolve_backend(q, options, True, sink is not None)
+        backend = resolve_backend(q, options, True, sink is not None, head_dim_v)
         return *run_forward(backend, q, k, v, options, poison, packing, sink), None
     kept, key = None, None
     tensors = (q, k, v) if sink is None else (q, k, v, sink)
@@ -182,7 +199,7 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
     if kept is not None:
         with on_device(q.device):
             return *kept.run(q, k, v, sink), kept
-    backend = resolution_for(q, k, options, sink is not None).backend
+    backend = resolution_for(q, k, options, sink is not None, head_dim_v).backend
     o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
     return o, lse, None if key is None else plans.kept(key)
 
@@ -204,11 +221,11 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         if kept is not None:
             with on_device(q.device):
                 return (*kept.run(q, k, v, o, lse, do, sink), None)
-        resolved = resolution_for(q, k, options, sink is not None)
+        resolved = resolution_for(q, k, options, sink is not None, value_dim(q, v))
         return run_backward(resolved.backend, q, k, v, o, lse, do, options, resolved.schedule,
                             audit, poison, sink=sink, problem=resolved.problem, plan_key=key)
-    backend = resolve_backend(q, options, True, sink is not None)
-    name = resolve_packed_schedule(backend, q, k, packing, options)
+    backend = resolve_backend(q, options, True, sink is not None, value_dim(q, v))
+    name = resolve_packed_schedule(backend, q, k, packing, options, value_dim(q, v))
     return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,
                         sink)
 
@@ -255,7 +272,7 @@ attention_backward_op = torch.library.custom_op("dash::attention_backward",
 
 @attention_op.register_fake
 def _(q, k, v, *options):
-    return torch.empty_like(q), _lse_like(q)
+    return _output_like(q, v), _lse_like(q)
 
 
 def _fake_dsink(q: Tensor, sink: Tensor | None) -> Tensor:
@@ -380,7 +397,7 @@ attention_varlen_backward_op = torch.library.custom_op("dash::attention_varlen_b
 
 @attention_varlen_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options):
-    return torch.empty_like(q), _lse_like(q)
+    return _output_like(q, v), _lse_like(q)
 
 
 @attention_varlen_backward_op.register_fake

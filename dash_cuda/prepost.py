@@ -46,7 +46,7 @@ def _halve(x):
 
 @triton.jit
 def _rowsum_pairwise(x):
-    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 7``) as the pairwise tree of ``delta``
+    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 8``) as the pairwise tree of ``delta``
     (a head dim that is not a power of two comes zero-padded, as that tree pads it).
 
     ``tl.sum``'s order (per-thread adds, then a shuffle tree) is Triton's to choose; this
@@ -54,7 +54,7 @@ def _rowsum_pairwise(x):
     kernel is built with ``enable_fp_fusion=False``, so the products are not fused into
     the first level's adds).
     """
-    for _ in tl.static_range(7):  # enough levels for the widest head dim, 128
+    for _ in tl.static_range(8):  # enough levels for the widest head dim, 256
         if x.shape[1] > 1:
             x = _halve(x)
     return tl.reshape(x, [x.shape[0]])
@@ -114,36 +114,40 @@ def dash_dq_kernel(
     store_tile(DQ + b * stride_dqb + h * stride_dqh, rows, S_Q, stride_dqs, dq, HEAD_DIM)
 
 
+@triton.jit
+def _head_sum(HEADS, b, h_kv, rows, H_KV, S_K, GROUP: tl.constexpr, BN: tl.constexpr,
+              HEAD_DIM: tl.constexpr):
+    """[gqa_sum] The fp32 sum over a KV head's ``GROUP`` query heads of rows ``rows`` of a
+    contiguous per-query-head ``(B, S_k, H, HEAD_DIM)`` scratch, in ascending query head."""
+    row_stride = H_KV * GROUP * HEAD_DIM
+    first = (b * S_K * H_KV * GROUP + h_kv * GROUP) * HEAD_DIM
+    if GROUP == 1:  # one query head: its accumulator is the sum (no +0.0 added)
+        return load_tile(HEADS + first, rows, S_K, row_stride, HEAD_DIM)
+    acc = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
+    for g in range(GROUP):  # ascending query head, from +0.0
+        acc += load_tile(HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
+    return acc
+
+
 @triton.jit(do_not_specialize=["H_KV", "S_K"])
 def dash_gqa_kernel(
     DK_HEADS, DV_HEADS, DK, DV,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
     H_KV, S_K, softmax_scale,
-    GROUP: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H_KV).to(tl.int64)
     h_kv = (bh % H_KV).to(tl.int64)
     rows = pid_n * BN + tl.arange(0, BN)
-    # per-head scratch is contiguous (B, S_k, H, d) with H = H_KV * GROUP
-    row_stride = H_KV * GROUP * HEAD_DIM
-    first = (b * S_K * H_KV * GROUP + h_kv * GROUP) * HEAD_DIM
-    if GROUP == 1:
-        # one query head: its accumulator is the sum (no +0.0 added)
-        dk = load_tile(DK_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
-        dv = load_tile(DV_HEADS + first, rows, S_K, row_stride, HEAD_DIM)
-    else:
-        dk = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
-        dv = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
-        for g in range(GROUP):  # ascending query head, from +0.0
-            dk += load_tile(DK_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
-            dv += load_tile(DV_HEADS + first + g * HEAD_DIM, rows, S_K, row_stride, HEAD_DIM)
+    dk = _head_sum(DK_HEADS, b, h_kv, rows, H_KV, S_K, GROUP, BN, HEAD_DIM)
+    dv = _head_sum(DV_HEADS, b, h_kv, rows, H_KV, S_K, GROUP, BN, HEAD_DIM_V)
     store_tile(DK + b * stride_dkb + h_kv * stride_dkh, rows, S_K, stride_dks,
-                (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
+               (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
     store_tile(DV + b * stride_dvb + h_kv * stride_dvh, rows, S_K, stride_dvs,
-                dv.to(DV.dtype.element_ty), HEAD_DIM)
+               dv.to(DV.dtype.element_ty), HEAD_DIM_V)
 
 
 @triton.jit(do_not_specialize=["B", "S_Q", "stride_lb", "stride_ls", "stride_lh"])
@@ -221,7 +225,8 @@ def finish_dq(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float, bloc
 
 def finish_dk_dv(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
                  dv: torch.Tensor, softmax_scale: float) -> None:
-    """dK, dV from per-query-head fp32 ``(B, S_k, H, d)`` accumulators (GQA sum, rounding)."""
+    """dK, dV from per-query-head fp32 ``(B, S_k, H, d)`` and ``(B, S_k, H, d_v)``
+    accumulators (GQA sum, rounding)."""
     kernel, grid, args, named, options = gqa_launch(dk_heads, dv_heads, dk, dv, softmax_scale)
     launch(kernel, grid, args, named, **options)
 
@@ -230,6 +235,7 @@ def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
                dv: torch.Tensor, softmax_scale: float) -> tuple:
     """``(kernel, grid, args, named, options)`` of :func:`finish_dk_dv`'s launch."""
     batch, seqlen_k, heads_kv, head_dim = dk.shape
+    head_dim_v = dv.shape[-1]
     # 64 rows, 4 warps: with 4 query heads per KV head at 16k tokens this pass takes 84 us
     # at d = 64 and 128 on an H200, where 8 warps took 112 us at d = 64 (docs/performance.md)
     return dash_gqa_kernel, (triton.cdiv(seqlen_k, 64), batch * heads_kv), (
@@ -237,7 +243,8 @@ def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
         heads_kv, seqlen_k, softmax_scale), dict(
-        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim), dict(num_warps=4)
+        GROUP=dk_heads.shape[2] // heads_kv, BN=64, HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v), dict(num_warps=4)
 
 
 def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:

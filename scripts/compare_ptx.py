@@ -176,7 +176,7 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
                     **strides("v", heads_kv), **strides("o", heads), **row_stats,
                     H=heads, GROUP=group, S_Q=seqlen, S_K=seqlen, CAUSAL_OFFSET=0,
                     scale_log2=0.18033688, **window)
-        const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, MASK=v["mask"])
+        const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, HEAD_DIM_V=d, MASK=v["mask"])
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     elif kind == "bwd":
         cfg = backward_config(d)
@@ -194,7 +194,7 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
                     H=heads, GROUP=group, S_Q=seqlen, S_K=seqlen,
                     N_Q=-(-seqlen // cfg.block_m), CAUSAL_OFFSET=0,
                     scale_log2=0.18033688, softmax_scale=0.125, **window)
-        const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, MASK=v["mask"],
+        const = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=d, HEAD_DIM_V=d, MASK=v["mask"],
                      DETERMINISTIC=v["deterministic"], AUDIT=v["audit"],
                      PER_HEAD=v["per_head"], PREFETCH=cfg.prefetch, EXACT=v["exact"],
                      OPAQUE=True)
@@ -215,7 +215,7 @@ def launch_arguments(v: dict) -> tuple[object, dict, dict]:
         args = dict(DK_HEADS=MockTensor(f32), DV_HEADS=MockTensor(f32), DK=MockTensor(dt),
                     DV=MockTensor(dt), **strides("dk", heads_kv), **strides("dv", heads_kv),
                     H_KV=heads_kv, S_K=seqlen, softmax_scale=0.125)
-        const = dict(GROUP=group, BN=64, HEAD_DIM=d)
+        const = dict(GROUP=group, BN=64, HEAD_DIM=d, HEAD_DIM_V=d)
         options = dict(num_warps=4)
     elif kind == "dq_tiles":
         block_m = v["block_m"]

@@ -50,6 +50,10 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
+#   scripts/gpu_release.sh headdims-triton OUT  # head dims 96, 192 / 128 and 256 on Triton:
+#                                        # their GPU tests (L2 of exact, float64, L0,
+#                                        # compile), the sink and plan tests, then against
+#                                        # FA4 in rounds (bench_features.py --kinds headdims)
 #   scripts/gpu_release.sh sinks OUT     # learnable sinks on the CuTe backend: its GPU tests
 #                                        # (L2 of forward and backward, float64, busy-stream
 #                                        # trials, the planned backward), Triton's, the
@@ -65,7 +69,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|sinks|softcap|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -282,6 +286,14 @@ headdims-versus)
     step versus $((BUDGET + 120)) $PY benchmarks/versus_fa4.py --out "$LOG" --tag versus_fa4_d96 \
         --head-dims 96 --seqlens 1024 4096 16384 --schedules 2 --rounds 3 --time-budget "$BUDGET"
     [ -f "$LOG/versus_fa4_d96.md" ] && cat "$LOG/versus_fa4_d96.md"
+    ;;
+headdims-triton)
+    fa4_unpack
+    side_by_side 300 tests/gpu/test_triton_head_dims.py tests/gpu/test_cute_sinks.py \
+        tests/gpu/test_cuda_plans.py
+    step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims \
+        --tag bench_headdims --time-budget 150
+    [ -f "$LOG/bench_headdims.md" ] && grep -E '^\| d' "$LOG/bench_headdims.md"
     ;;
 sinks)
     fa4_unpack

@@ -44,16 +44,23 @@ def test_a_named_backend_refuses_what_it_does_not_support():
         pytest.skip("CuTe DSL is not installed here")
     with pytest.raises(ValueError, match="backend 'cute' cannot run this call: head dim 32"):
         choose_backend("cute", Case(32, torch.bfloat16, exact=False, deterministic=True))
-    with pytest.raises(ValueError, match="backend 'triton' cannot run this call: head dim 96"):
-        choose_backend("triton", Case(96, torch.bfloat16, exact=False, deterministic=True))
+    with pytest.raises(ValueError, match="backend 'triton' cannot run this call: head dim 80"):
+        choose_backend("triton", Case(80, torch.bfloat16, exact=False, deterministic=True))
+    with pytest.raises(ValueError, match="backend 'cute' cannot run this call: value head dim"):
+        choose_backend("cute", Case(128, torch.bfloat16, exact=False, deterministic=True,
+                                    head_dim_v=64))
 
 
 def test_auto_takes_each_head_dim_to_a_backend_that_runs_it():
-    """d = 96 runs on the CuTe kernels only, d = 32 on the Triton ones only."""
+    """d = 96 and 128 run on the CuTe kernels first, d = 32 and 256 and ``d_v != d`` on the
+    Triton ones only."""
     if get_backend("cute").missing() or get_backend("triton").missing():
         pytest.skip("CuTe DSL or Triton is not installed here")
-    for head_dim, name in ((96, "cute"), (32, "triton"), (128, "cute")):
-        case = Case(head_dim, torch.bfloat16, exact=False, deterministic=True)
+    for head_dim, head_dim_v, name in ((96, None, "cute"), (32, None, "triton"),
+                                       (128, None, "cute"), (256, None, "triton"),
+                                       (192, 128, "triton"), (128, 64, "triton")):
+        case = Case(head_dim, torch.bfloat16, exact=False, deterministic=True,
+                    head_dim_v=head_dim_v)
         assert choose_backend("auto", case).name == name
 
 

@@ -68,6 +68,7 @@ class Case:
     window: bool = False  # a sliding window (``window_size``; the mask kind ``"window"``)
     softcap: bool = False  # a logit softcap (``softcap > 0``)
     sink: bool = False  # learnable attention sinks (``learnable_sink`` given)
+    head_dim_v: int | None = None  # the values' head dim where it is not ``head_dim``
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Launch:
     def variant(self) -> tuple:
         """What selects a compiled kernel: one residency answer per variant and device."""
         p = self.problem
-        return (self.q.device, self.q.dtype, p.head_dim, p.block_m, p.block_n,
+        return (self.q.device, self.q.dtype, p.head_dim, p.head_dim_v, p.block_m, p.block_n,
                 p.visibility.kind, self.deterministic, self.audit, self.per_head, self.exact,
                 p.is_packed, self.softcap > 0)
 
@@ -173,9 +174,11 @@ class Backend(Protocol):
     def unsupported(self, case: Case) -> str | None:
         """Why this backend cannot run ``case``, or None when it can."""
 
-    def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
-        """``(block_m, block_n)`` of the backward for a head dim and mask kind: the tiles of
-        the schedule's problem, from the backend's configuration function."""
+    def backward_tiles(self, head_dim: int, mask: str, head_dim_v: int | None = None
+                       ) -> tuple[int, int]:
+        """``(block_m, block_n)`` of the backward for a head dim and mask kind (and the
+        values' head dim, None: ``head_dim``): the tiles of the schedule's problem, from the
+        backend's configuration function."""
 
     def forward_block_n(self, head_dim: int) -> int | None:
         """The forward's KV tile where ``default_arithmetic`` reproduces the forward."""

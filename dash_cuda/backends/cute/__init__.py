@@ -64,6 +64,9 @@ class CuteBackend:
                     "backend's packed backward is switched off (PACKED_BACKWARD)")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
+        if case.head_dim_v not in (None, case.head_dim):
+            return (f"value head dim {case.head_dim_v} != head dim {case.head_dim} (the "
+                    "CuTe kernels take one head dim for q, k and v)")
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
         if case.softcap and case.head_dim not in SOFTCAP_HEAD_DIMS:
@@ -71,7 +74,8 @@ class CuteBackend:
                     "at 64 the backward's registers would serialize its wgmmas)")
         return None
 
-    def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
+    def backward_tiles(self, head_dim: int, mask: str, head_dim_v: int | None = None
+                       ) -> tuple[int, int]:
         from .config import backward_config
 
         cfg = backward_config(head_dim, mask)

@@ -43,12 +43,15 @@ class TritonBackend:
     def unsupported(self, case: Case) -> str | None:  # packed batches, windows included
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
+        if case.head_dim_v not in (None, *HEAD_DIMS):
+            return f"value head dim {case.head_dim_v} (supported: {HEAD_DIMS})"
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
         return None
 
-    def backward_tiles(self, head_dim: int, mask: str) -> tuple[int, int]:
-        cfg = backward_config(head_dim)  # the same tiles for every mask
+    def backward_tiles(self, head_dim: int, mask: str, head_dim_v: int | None = None
+                       ) -> tuple[int, int]:
+        cfg = backward_config(head_dim, head_dim_v)  # the same tiles for every mask
         return cfg.block_m, cfg.block_n
 
     def forward_block_n(self, head_dim: int) -> None:

@@ -67,7 +67,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
+from dash_cuda.tile_io import load_tile, padded, sequence_rows, store_tile
 
 from .exp2 import exp2_fma
 from .mask import visible
@@ -76,15 +76,25 @@ from .softcap import softcap_scores
 
 @triton.jit
 def _load_q_do(q_base, do_base, VISIT_Q, vis, vis_end, S_Q, stride_qs, stride_dos,
-               BM: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BM: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Q and dO tiles of visit ``vis`` (zeros when ``vis`` is past the chain's last visit)."""
     valid = vis < vis_end
     i = tl.load(VISIT_Q + vis, mask=valid, other=0)
     rows = i * BM + tl.arange(0, BM)
     n_rows = tl.where(valid, S_Q, 0)
     q = load_tile(q_base, rows, n_rows, stride_qs, HEAD_DIM)
-    do = load_tile(do_base, rows, n_rows, stride_dos, HEAD_DIM)
+    do = load_tile(do_base, rows, n_rows, stride_dos, HEAD_DIM_V)
     return q, do
+
+
+@triton.jit
+def _dq_mask(rows, S_Q, offs_d, HEAD_DIM: tl.constexpr):
+    """The elements of a dQ partial that go into ``dQacc``: rows below ``S_Q`` and, in a
+    padded tile, columns below ``HEAD_DIM``."""
+    inside = rows[:, None] < S_Q
+    if padded(HEAD_DIM) != HEAD_DIM:
+        inside = inside & (offs_d[None, :] < HEAD_DIM)
+    return inside
 
 
 @triton.jit
@@ -150,7 +160,7 @@ def dash_bwd_kernel(
     stride_dvb, stride_dvs, stride_dvh,
     H, GROUP, S_Q, S_K, N_Q, CAUSAL_OFFSET,
     scale_log2, softmax_scale,
-    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     MASK: tl.constexpr, DETERMINISTIC: tl.constexpr, AUDIT: tl.constexpr,
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
@@ -158,7 +168,7 @@ def dash_bwd_kernel(
     WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None,
 ):
     worker = tl.program_id(0)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, padded(HEAD_DIM))  # a dQ row's columns, padding included
     c_begin = tl.load(WORKER_OFFSETS + worker)
     c_end = tl.load(WORKER_OFFSETS + worker + 1)
     for c in range(c_begin, c_end):
@@ -183,9 +193,9 @@ def dash_bwd_kernel(
         k = load_tile(k_seq + b * stride_kb + h_kv * stride_kh, cols, seqlen_k, stride_ks,
                       HEAD_DIM)
         v = load_tile(v_seq + b * stride_vb + h_kv * stride_vh, cols, seqlen_k, stride_vs,
-                      HEAD_DIM)
-        dk = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
-        dv = tl.zeros([BN, HEAD_DIM], dtype=tl.float32)
+                      HEAD_DIM_V)
+        dk = tl.zeros([BN, padded(HEAD_DIM)], dtype=tl.float32)
+        dv = tl.zeros([BN, padded(HEAD_DIM_V)], dtype=tl.float32)
         q_base = q_seq + b * stride_qb + h * stride_qh
         do_base = do_seq + b * stride_dob + h * stride_doh
         lse_base = lse_seq + b * stride_lb + h * stride_lh
@@ -199,7 +209,8 @@ def dash_bwd_kernel(
         vis_end = tl.load(CHAIN_OFFSETS + c + 1)
         if PREFETCH:
             q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis_begin, vis_end,
-                                         seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM)
+                                         seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM,
+                                         HEAD_DIM_V)
         for vis in range(vis_begin, vis_end):
             i = tl.load(VISIT_Q + vis)
             rows = i * BM + tl.arange(0, BM)
@@ -208,10 +219,11 @@ def dash_bwd_kernel(
                 # so their latency hides behind this visit's MMAs and its dQ hand-off
                 q, do = q_next, do_next
                 q_next, do_next = _load_q_do(q_base, do_base, VISIT_Q, vis + 1, vis_end,
-                                             seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM)
+                                             seqlen_q, stride_qs, stride_dos, BM, HEAD_DIM,
+                                             HEAD_DIM_V)
             else:
                 q = load_tile(q_base, rows, seqlen_q, stride_qs, HEAD_DIM)
-                do = load_tile(do_base, rows, seqlen_q, stride_dos, HEAD_DIM)
+                do = load_tile(do_base, rows, seqlen_q, stride_dos, HEAD_DIM_V)
             lse2 = tl.load(lse_base + rows * stride_ls, mask=rows < seqlen_q, other=0.0)
             delta = tl.load(delta_base + rows * stride_ls, mask=rows < seqlen_q, other=0.0)
             # Score tiles are transposed (keys as rows), so P^T and dS^T feed dV and dK
@@ -243,13 +255,14 @@ def dash_bwd_kernel(
             if AUDIT:
                 r = tl.arange(0, BM)
                 tl.store(PARTIALS + (tl.cast(vis, tl.int64) * BM + r[:, None]) * HEAD_DIM
-                         + offs_d[None, :], partial)
+                         + offs_d[None, :], partial,
+                         mask=_dq_mask(r, BM, offs_d, HEAD_DIM))  # every row: replayed
             dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * (H * HEAD_DIM) + offs_d[None, :]
             if DETERMINISTIC:
                 _wait_turn(sem, rank)
             # [dq_add] fire-and-forget reductions performed at the L2 cache
-            tl.atomic_add(dq_ptrs, partial, mask=rows[:, None] < seqlen_q, sem="relaxed",
-                          scope="gpu")
+            tl.atomic_add(dq_ptrs, partial, mask=_dq_mask(rows, seqlen_q, offs_d, HEAD_DIM),
+                          sem="relaxed", scope="gpu")
             if DETERMINISTIC:
                 _pass_turn(sem, rank)
         if PER_HEAD:
@@ -257,10 +270,10 @@ def dash_bwd_kernel(
             store_tile(dk_seq + b * stride_dkb + h * stride_dkh, cols, seqlen_k, stride_dks,
                        dk, HEAD_DIM)
             store_tile(dv_seq + b * stride_dvb + h * stride_dvh, cols, seqlen_k, stride_dvs,
-                       dv, HEAD_DIM)
+                       dv, HEAD_DIM_V)
         else:
             # [epilogue] one query head per KV head: dK = rnd(dK_acc * scale), dV = rnd(dV)
             store_tile(dk_seq + b * stride_dkb + h * stride_dkh, cols, seqlen_k, stride_dks,
                        (dk * softmax_scale).to(DK.dtype.element_ty), HEAD_DIM)
             store_tile(dv_seq + b * stride_dvb + h * stride_dvh, cols, seqlen_k, stride_dvs,
-                       dv.to(DV.dtype.element_ty), HEAD_DIM)
+                       dv.to(DV.dtype.element_ty), HEAD_DIM_V)

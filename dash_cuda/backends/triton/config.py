@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: head dims the kernels are built for (powers of two: ``tl.arange`` needs them).
-HEAD_DIMS = (16, 32, 64, 128)
+#: head dims the kernels are built for, of queries and keys and, on their own, of values:
+#: a tile holds the next power of two (``tl.arange`` needs one; :func:`dash_cuda.tile_io.padded`)
+#: and its padding columns read 0 and are never written.
+HEAD_DIMS = (16, 32, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ _FORWARD = {
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
     128: TileConfig(128, 64, 8, 3),
+    256: TileConfig(64, 64, 4, 2),  # a 128 x 256 fp32 accumulator would spill
 }
 
 # Backward: a chain keeps K_j, V_j (block_n rows) and its dK_j, dV_j accumulators on chip,
@@ -47,15 +50,27 @@ _BACKWARD = {
     32: TileConfig(64, 128, 8, 1, prefetch=True),
     64: TileConfig(64, 128, 8, 1, prefetch=True),
     128: TileConfig(64, 128, 8, 1),  # prefetching here spills (255 registers)
+    # fp32 dK and dV of 128 rows at d = 256 would be all 255 registers of 8 warps: 64 rows
+    256: TileConfig(64, 64, 8, 1),
 }
 
 
-def forward_config(head_dim: int) -> TileConfig:
-    """Tile shape of the forward kernel for ``head_dim``."""
-    return _FORWARD[head_dim]
+def _width(head_dim: int, head_dim_v: int | None) -> int:
+    """The table row of a pair of head dims: the widest tile either needs (96 is held as
+    128, 192 as 256); a head dim the kernels are not built for is a ``KeyError``, as a
+    missing row."""
+    for d in (head_dim, head_dim_v or head_dim):
+        if d not in HEAD_DIMS:
+            raise KeyError(d)
+    return max(1 << (d - 1).bit_length() for d in (head_dim, head_dim_v or head_dim))
 
 
-def backward_config(head_dim: int) -> TileConfig:
-    """Tile shape of the persistent backward kernel for ``head_dim``."""
-    return _BACKWARD[head_dim]
+def forward_config(head_dim: int, head_dim_v: int | None = None) -> TileConfig:
+    """Tile shape of the forward kernel for ``head_dim`` (and ``head_dim_v``, None: the same)."""
+    return _FORWARD[_width(head_dim, head_dim_v)]
+
+
+def backward_config(head_dim: int, head_dim_v: int | None = None) -> TileConfig:
+    """Tile shape of the persistent backward kernel for ``head_dim`` (and ``head_dim_v``)."""
+    return _BACKWARD[_width(head_dim, head_dim_v)]
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dash_cuda.tile_io import load_tile, sequence_rows, store_tile
+from dash_cuda.tile_io import load_tile, padded, sequence_rows, store_tile
 
 from .mask import key_range, visible
 from .softcap import softcap_scores
@@ -96,8 +96,8 @@ def dash_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_ls, stride_lh,
     H, GROUP, S_Q, S_K, CAUSAL_OFFSET, scale_log2,
-    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
-    CU_SEQLENS_Q=None, CU_SEQLENS_K=None, VARLEN: tl.constexpr = False,
+    BM: tl.constexpr, BN: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    MASK: tl.constexpr, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, VARLEN: tl.constexpr = False,
     WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None, SOFTMAX_SCALE=None, SINK2=None,
 ):
     pid_m = tl.program_id(0)
@@ -125,7 +125,7 @@ def dash_fwd_kernel(
 
     m = tl.full([BM], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BM, padded(HEAD_DIM_V)], dtype=tl.float32)
 
     # keys [lo, hi) hold every key some row of the tile sees; keys [dense_lo, dense_hi)
     # are whole tiles all of its rows see (lo = dense_lo = 0 but for windows), walked in
@@ -135,21 +135,21 @@ def dash_fwd_kernel(
     for start in range(lo, dense_lo, BN):  # a window's left edge (no tile otherwise)
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
-        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM_V)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
                                   WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
                                   True, MASK)
     for start in range(dense_lo, dense_hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
-        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM_V)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
                                   WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
                                   False, MASK)
     for start in range(dense_hi, hi, BN):
         cols = start + tl.arange(0, BN)
         k = load_tile(k_base, cols, seqlen_k, stride_ks, HEAD_DIM)
-        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM)
+        v = load_tile(v_base, cols, seqlen_k, stride_vs, HEAD_DIM_V)
         acc, m, l = _softmax_step(acc, m, l, q, k, v, rows, cols, seqlen_k, causal_offset,
                                   WINDOW_LEFT, WINDOW_RIGHT, scale_log2, SOFTCAP, SOFTMAX_SCALE,
                                   True, MASK)
@@ -161,6 +161,6 @@ def dash_fwd_kernel(
     o = tl.where(seen[:, None], o, 0.0)
     lse2 = tl.where(seen, m + tl.math.log2(l), float("-inf"))
     store_tile(O + b * stride_ob + h * stride_oh, rows, seqlen_q, stride_os,
-                o.to(O.dtype.element_ty), HEAD_DIM)
+                o.to(O.dtype.element_ty), HEAD_DIM_V)
     tl.store(LSE2 + b * stride_lb + h * stride_lh + rows * stride_ls, lse2,
              mask=rows < seqlen_q)

@@ -121,7 +121,7 @@ def compile_backward(v: Variant):
     pointers |= {n: "*i32" for n in ("SEM", "WORKER_OFFSETS", "CHAIN_BHJ", "CHAIN_OFFSETS",
                                      "VISIT_Q", "VISIT_RANK")}
     constants = dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=v.head_dim,
-                     MASK=v.mask.kind,
+                     HEAD_DIM_V=v.head_dim, MASK=v.mask.kind,
                      DETERMINISTIC=v.deterministic, AUDIT=v.audit, PER_HEAD=v.per_head,
                      PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True,
                      # a rectangular launch: the packed-batch arguments are absent

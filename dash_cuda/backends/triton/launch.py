@@ -42,18 +42,20 @@ def score_features(softmax_scale: float, softcap: float = 0.0,
 def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
                 softmax_scale: float, poison: bool = False, softcap: float = 0.0,
                 sink2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` of shape ``(B, S_q, H)``; with
+    """``O`` ``(B, S_q, H, d_v)`` (``q``'s strides where ``d_v = d``) and fp32 ``LSE2`` of
+    shape ``(B, S_q, H)``; with
     ``softcap`` (> 0) the scores capped, with ``sink2`` (fp32 ``(H,)``, base 2) the sinks
     folded in (LSE2 includes them)."""
     batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
+    seqlen_k, heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    o = torch.empty_like(q) if head_dim_v == head_dim else q.new_empty(
+        (batch, seqlen_q, heads, head_dim_v))
     # each head's rows contiguous: the backward loads a Q tile's LSE2 values as vectors
     lse2 = new_row_stats(batch, seqlen_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
-    cfg = forward_config(head_dim)
+    cfg = forward_config(head_dim, head_dim_v)
     scale_log2, features = score_features(softmax_scale, softcap, sink2)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
     triton_launch.launch(dash_fwd_kernel, grid, (
@@ -64,8 +66,8 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         o.stride(0), o.stride(1), o.stride(2),
         lse2.stride(0), lse2.stride(1), lse2.stride(2),
         heads, heads // heads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, scale_log2),
-        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-             **window_extents(mask), **features),
+        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+             MASK=mask.kind, **window_extents(mask), **features),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse2
 
@@ -74,18 +76,20 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
                        mask: Mask, softmax_scale: float, poison: bool = False,
                        softcap: float = 0.0, sink2: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` like ``q``,
-    ``(total_q, H, d)``, and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H, total_q)``
-    buffer. The grid covers ``max_seqlen_q`` rows of every sequence and head; a program
-    past its sequence's end returns at once. ``softcap``, ``sink2`` as in :func:`run_forward`."""
+    """A packed batch (:class:`dash_cuda.options.Packing`): ``O`` ``(total_q, H, d_v)``
+    (like ``q`` where ``d_v = d``), and fp32 ``LSE2`` ``(total_q, H)``, a view of an ``(H,
+    total_q)`` buffer. The grid covers ``max_seqlen_q`` rows of every sequence and head; a
+    program past its sequence's end returns at once. ``softcap``, ``sink2`` as in
+    :func:`run_forward`."""
     total_q, heads, head_dim = q.shape
-    heads_kv = k.shape[1]
-    o = torch.empty_like(q)
+    heads_kv, head_dim_v = k.shape[1], v.shape[2]
+    o = torch.empty_like(q) if head_dim_v == head_dim else q.new_empty(
+        (total_q, heads, head_dim_v))
     lse2 = new_packed_row_stats(total_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
         lse2.fill_(math.nan)
-    cfg = forward_config(head_dim)
+    cfg = forward_config(head_dim, head_dim_v)
     scale_log2, features = score_features(softmax_scale, softcap, sink2)
     grid = (triton.cdiv(packing.max_seqlen_q, cfg.block_m), packing.batch * heads)
     if grid[0] == 0:
@@ -98,8 +102,8 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         0, o.stride(0), o.stride(1),
         0, lse2.stride(0), lse2.stride(1),
         heads, heads // heads_kv, packing.max_seqlen_q, packing.max_seqlen_k, 0, scale_log2),
-        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, MASK=mask.kind,
-             CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
+        dict(BM=cfg.block_m, BN=cfg.block_n, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+             MASK=mask.kind, CU_SEQLENS_Q=packing.cu_seqlens_q.contiguous(),
              CU_SEQLENS_K=packing.cu_seqlens_k.contiguous(), VARLEN=True,
              **window_extents(mask), **features),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -118,7 +122,7 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
     packed = p.is_packed
     q, k, v, do, lse2 = launch.q, launch.k, launch.v, launch.do, launch.lse2
     dk_out, dv_out = launch.dk_out, launch.dv_out
-    cfg = backward_config(p.head_dim)
+    cfg = backward_config(p.head_dim, p.head_dim_v)
     if (cfg.block_m, cfg.block_n) != (p.block_m, p.block_n):
         raise ValueError(f"the problem's tiles {p.block_m}x{p.block_n} are not the kernel's "
                          f"{cfg.block_m}x{cfg.block_n}")
@@ -141,7 +145,8 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
     )
     mask = p.visibility  # the rule as a value: a window's kind and extents included
     options = dict(
-        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, MASK=mask.kind, **window_extents(mask),
+        BM=p.block_m, BN=p.block_n, HEAD_DIM=p.head_dim, HEAD_DIM_V=p.head_dim_v,
+        MASK=mask.kind, **window_extents(mask),
         DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
         PREFETCH=cfg.prefetch, EXACT=launch.exact, SOFTCAP=launch.softcap or None,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
