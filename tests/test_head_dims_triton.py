@@ -9,7 +9,7 @@ interpreter through dash_cuda's own call path (``tests/triton_interpreter.py``).
   dQ partial, every dQ accumulator, the per-head dK/dV accumulators without GQA, dQ, dK,
   dV), fed the kernel's own ``O`` and ``LSE2``, where the emulator knows nothing of padding:
   a padding column that leaked into a sum, or a column left unwritten, changes bits (or
-  leaves the NaN poison).
+  leaves the NaN poison). A packed batch at 192 / 128 likewise.
 - **Accuracy.** ``O`` and the gradients, of the exact and the default arithmetic, within the
   float64 reference's bound (``verify.reference.grad_checks``), which the outputs of the
   same call with ``v``'s columns permuted leave: the check can fail.
@@ -32,13 +32,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 pytest.importorskip("triton")
 pytest.importorskip("triton.runtime.interpreter")
 
-from test_varlen_triton import emulated_steps  # noqa: E402
+from test_varlen_triton import SEQLENS_K, SEQLENS_Q, emulated_steps, varlen_call  # noqa: E402
 from triton_interpreter import run  # noqa: E402
 
 import dash_cuda  # noqa: E402
 from dash_cuda.backends import Case, choose_backend, get_backend  # noqa: E402
 from dash_cuda.backends.triton.config import backward_config  # noqa: E402
 from dash_cuda.ops import attention_op  # noqa: E402
+from dash_ref import Problem  # noqa: E402
 from dash_ref.emulate import replay  # noqa: E402
 from dash_ref.schedules import build_schedule  # noqa: E402
 from verify.reference import attention_f64, grad_checks  # noqa: E402
@@ -116,6 +117,29 @@ def test_outputs_are_within_the_float64_bound(runs, index, exact):
     shuffled = c["v"][..., torch.randperm(case[7], generator=torch.Generator().manual_seed(1))]
     wrong = attention_f64(c["q"], c["k"], shuffled, c["do"], causal=case[1])
     assert not grad_checks({"o": out["o"]}, wrong, case[8])["o"].ok  # the check can fail
+
+
+@pytest.fixture(scope="module")
+def packed_run(tmp_path_factory):
+    gen = torch.Generator().manual_seed(450)
+    total_q, total_k = sum(SEQLENS_Q), sum(SEQLENS_K)
+    q, k, v, do = (torch.randn(*shape, generator=gen).to(BF16)
+                   for shape in ((total_q, 2, 192), (total_k, 1, 192), (total_k, 1, 128),
+                                 (total_q, 2, 128)))
+    call = varlen_call("passes_varlen", (q, k, v, do), SEQLENS_Q, SEQLENS_K, audit=True,
+                       causal=True, schedule="lpt", exact=True, backend="triton")
+    return run([call], tmp_path_factory.mktemp("head_dims_packed"), hopper=True)[0]
+
+
+def test_the_exact_packed_backward_with_a_value_head_dim_is_the_emulators(packed_run):
+    cfg = backward_config(192, 128)
+    problem = Problem.packed(SEQLENS_Q, SEQLENS_K, 2, 1, 192, "causal", cfg.block_m,
+                             cfg.block_n, head_dim_v=128)
+    steps = emulated_steps(packed_run, problem)
+    assert len(steps) == 6 and packed_run["out"]["o"].shape[-1] == 128
+    for name, got, want in steps:
+        assert not got.isnan().any(), name
+        assert torch.equal(got, want), name
 
 
 def test_the_fake_output_has_the_values_head_dim():

@@ -150,14 +150,14 @@ def _tensor_cases():
         ((q, k[..., 0], v), ValueError, "k must have 3 dims (total_k, H_kv, d)"),
         ((q.float(), k.float(), v.float()), TypeError, "q must be bfloat16 or float16"),
         ((q, k.half(), v), TypeError, "k has dtype torch.float16, q has torch.bfloat16"),
-        ((q, k, v[:, :1]), ValueError, "k and v must have the same shape"),
+        ((q, k, v[:, :1]), ValueError, "k and v must have the same rows and heads"),
         ((q, rand(48, 2, 64), rand(48, 2, 64)), ValueError, "must share the head dim"),
         ((rand(58, 4, 48), rand(48, 2, 48), rand(48, 2, 48)), ValueError, "head dim 48"),
         ((rand(58, 3, 32), k, v), ValueError, "query heads (3) must be a multiple"),
         ((q, rand(48, 0, 32), rand(48, 0, 32)), ValueError, "at least one head"),
         ((rand(58, 4, 64)[..., ::2], k, v), ValueError, "contiguous in its last dim"),
         ((q, "k", v), TypeError, "k must be a torch.Tensor"),
-        ((q, k, v[:47]), ValueError, "k and v must have the same shape"),
+        ((q, k, v[:47]), ValueError, "k and v must have the same rows and heads"),
     ]
 
 

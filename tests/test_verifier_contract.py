@@ -270,6 +270,34 @@ def test_the_contract_accepts_what_it_should():
         check_outputs(nan, q, k, k, q)
 
 
+def test_the_contract_takes_the_values_head_dim():
+    """O has q's rows and v's head dim (dO's shape), dV has v's: an output shaped like q
+    where v has a head dim of its own is a violation."""
+    q = torch.randn(1, 3, 2, 4).to(torch.bfloat16)
+    k = torch.randn(1, 5, 1, 4).to(torch.bfloat16)
+    v, do = torch.randn(1, 5, 1, 2).to(torch.bfloat16), torch.randn(1, 3, 2, 2).to(torch.bfloat16)
+    good = (do.clone(), q.clone(), k.clone(), v.clone())
+    assert check_outputs(list(good), q, k, v, do) == good
+    with pytest.raises(ContractViolation, match=r"O: expected shape \(1, 3, 2, 2\) \(that of do\)"):
+        check_outputs((q.clone(), *good[1:]), q, k, v, do)
+    with pytest.raises(ContractViolation, match=r"dV: expected shape \(1, 5, 1, 2\) \(that of v\)"):
+        check_outputs((*good[:3], k.clone()), q, k, v, do)
+
+
+VALUE_DIM = ["--seqlen-q", "24", "--heads", "2", "--head-dim", "16", "--head-dim-v", "8"]
+
+
+@pytest.mark.parametrize("command", ["audit", "check"])
+def test_a_value_head_dim_on_the_command_line_reaches_the_implementation(command, capsys):
+    extra = ["--trials", "2", "--no-perturb"] if command == "audit" else []
+    code, out, _ = _run(capsys, [command, "--impl", "emulator:shift", *VALUE_DIM, *extra])
+    assert code == 0, out
+    assert "d=16 d_v=8" in out if command == "audit" else "PASS" in out
+    code, out, _ = _run(capsys, [command, "--impl", "broken_impls:o_with_the_query_head_dim",
+                                 *VALUE_DIM, *extra])
+    assert code == 1 and "O: expected shape (1, 24, 2, 8) (that of do)" in out, out
+
+
 def test_the_tables_hold_at_least_sixty_bad_inputs_and_broken_implementations():
     new = (len(BROKEN_CASES) + len(UNLOADABLE_CASES) + len(BAD_ARGS) + 2 * len(RUN)
            + len(_api_cases()))

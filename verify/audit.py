@@ -87,7 +87,8 @@ class AuditReport:
         lines = [
             f"audit of {self.impl}{f' ({self.note})' if self.note else ''}",
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
-            f"S_k={p.seqlen_k} d={p.head_dim} mask={p.mask}"
+            f"S_k={p.seqlen_k} d={p.head_dim}"
+            f"{f' d_v={p.head_dim_v}' if p.head_dim_v != p.head_dim else ''} mask={p.mask}"
             f"{f' window={p.window_size}' if p.is_windowed else ''} dtype={self.dtype}"
             f"{f' packed: {p.total_q} query and {p.total_k} key rows' if p.is_packed else ''}",
             f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",

@@ -51,10 +51,11 @@ def check_outputs(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         missing = ", ".join(OUTPUTS[len(got):]) or "none"
         _fail(f"returned {len(got)} outputs, expected 4 ({', '.join(OUTPUTS)}); "
               f"missing: {missing}")
-    like = {"O": q, "dQ": q, "dK": k, "dV": k}
+    # O has q's rows and v's head dim, as dO does; each gradient its input's shape
+    like = {"O": (do, "do"), "dQ": (q, "q"), "dK": (k, "k"), "dV": (v, "v")}
     finite_inputs = all(bool(x.isfinite().all()) for x in (q, k, v, do))
     for name, x in zip(OUTPUTS, got):
-        _check_one(name, x, like[name], "q" if like[name] is q else "k", finite_inputs)
+        _check_one(name, x, *like[name], finite_inputs)
     return got
 
 

@@ -173,11 +173,14 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
 
     def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        head_dim_v = v.shape[-1]  # the values' own head dim, where they have one
         if cu_seqlens_q is None:
-            p = problem_of(q, k, causal, block_m, block_n, window_size=window_size)
+            p = problem_of(q, k, causal, block_m, block_n, window_size=window_size,
+                           head_dim_v=head_dim_v)
         else:  # the lengths the offsets imply (max_seqlen is the longest of them)
             p = packed_problem_of(q, k, _seqlens(cu_seqlens_q), _seqlens(cu_seqlens_k), causal,
-                                  block_m, block_n, window_size=window_size)
+                                  block_m, block_n, window_size=window_size,
+                                  head_dim_v=head_dim_v)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
         fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)

@@ -133,14 +133,15 @@ class Case:
         if p.is_packed:
             raise ValueError("Case.flags: the command line takes rectangular problems only; "
                              "this case is a packed batch")
-        if p.head_dim_v != p.head_dim or self.softcap or self.learnable_sink is not None:
-            raise ValueError("Case.flags: the command line takes no value head dim, "
-                             "softcap or sinks; this case has one")
+        if self.softcap or self.learnable_sink is not None:
+            raise ValueError("Case.flags: the command line takes no softcap or sinks; this "
+                             "case has one")
         blocks = f"--block-m {p.block_m} --block-n {p.block_n} " if tiles else ""
         window = (f"--window-size {p.window_size[0]} {p.window_size[1]} " if p.is_windowed
                   else "")
         return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
                 f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
+                f"{f'--head-dim-v {p.head_dim_v} ' if p.head_dim_v != p.head_dim else ''}"
                 f"--mask {p.mask} {window}{blocks}"
                 f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
 

@@ -136,6 +136,8 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
     g.add_argument("--heads-kv", type=positive_int, default=None, metavar="H_KV",
                    help="key/value heads, a divisor of H (GQA; default: --heads)")
     g.add_argument("--head-dim", type=positive_int, default=128, metavar="D", help="head dim")
+    g.add_argument("--head-dim-v", type=positive_int, default=None, metavar="D_V",
+                   help="the values' head dim (default: --head-dim; DeepSeek's 192 / 128)")
     if windows:
         g.add_argument("--window-size", type=int, nargs=2, default=None,
                        metavar=("LEFT", "RIGHT"),
@@ -171,7 +173,7 @@ def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16
             args.mask, tiles[0] if args.block_m is None else args.block_m,
             tiles[1] if args.block_n is None else args.block_n,
             window_size=None if getattr(args, "window_size", None) is None
-            else tuple(args.window_size))
+            else tuple(args.window_size), head_dim_v=args.head_dim_v)
     return Problem(
         batch=args.batch,
         heads=args.heads,
@@ -184,6 +186,7 @@ def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16
         block_n=tiles[1] if args.block_n is None else args.block_n,
         window_size=None if getattr(args, "window_size", None) is None
         else tuple(args.window_size),
+        head_dim_v=args.head_dim_v,
     )
 
 
