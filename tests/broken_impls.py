@@ -69,9 +69,9 @@ def o_one_rank_more(*args):
 
 
 def o_with_the_query_head_dim(q, k, v, do, *rest):
-    """Reads the output's head dim off ``q``: wrong where ``v`` has one of its own."""
+    """Shapes the output like ``q``: right until ``v`` has a head dim of its own."""
     o, dq, dk, dv = _good(q, k, v, do, *rest)
-    return torch.zeros_like(q), dq, dk, dv
+    return (o if o.shape == q.shape else q.clone()), dq, dk, dv
 
 
 def dq_without_batch(*args):

@@ -298,6 +298,18 @@ def test_a_value_head_dim_on_the_command_line_reaches_the_implementation(command
     assert code == 1 and "O: expected shape (1, 24, 2, 8) (that of do)" in out, out
 
 
+def test_fuzzing_with_value_head_dims_finds_an_output_shaped_like_q(capsys):
+    argv = ["fuzz", "--budget", "40", "--max-elements", "4000", "--value-head-dims", "8"]
+    code, out, _ = _run(capsys, [*argv, "--impl", "emulator:naive"])
+    assert code == 0, out
+    code, out, _ = _run(capsys, [*argv, "--impl", "broken_impls:o_with_the_query_head_dim"])
+    assert code == 1 and "O: expected shape" in out, out
+    assert "--head-dim-v 8" in out  # the reproducer rebuilds the failing value head dim
+    code, out, _ = _run(capsys, ["fuzz", "--budget", "40", "--max-elements", "4000",
+                                 "--impl", "broken_impls:o_with_the_query_head_dim"])
+    assert code == 0, out  # without them it is right: the finding is the value head dim's
+
+
 def test_the_tables_hold_at_least_sixty_bad_inputs_and_broken_implementations():
     new = (len(BROKEN_CASES) + len(UNLOADABLE_CASES) + len(BAD_ARGS) + 2 * len(RUN)
            + len(_api_cases()))

@@ -37,6 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--windows", action="store_true",
                    help="draw sliding windows as well (one-sided, two-sided, zero-width, "
                         "wider than the sequence); the reproducer gives --window-size")
+    p.add_argument("--value-head-dims", type=at_least(1), nargs="+", default=None,
+                   metavar="D_V", help="draw values with a head dim of their own as well, "
+                   "one of these or d (DeepSeek's 192 / 128); the reproducer gives "
+                   "--head-dim-v")
     add_timeout_arg(p)
     return p
 
@@ -44,10 +48,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import fuzz
 
-    # without --windows the strategy is called exactly as it always was
-    windows = {"windows": True} if args.windows else {}
+    # without --windows or --value-head-dims the strategy is called exactly as it always was
+    drawn = {"windows": True} if args.windows else {}
+    if args.value_head_dims:
+        drawn["value_head_dims"] = tuple(args.value_head_dims)
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
-                  rng_seed=args.seed, timeout=args.timeout, **windows)
+                  rng_seed=args.seed, timeout=args.timeout, **drawn)
     data = {"examples": result.examples, "ok": result.ok}
     if result.ok:
         print(f"PASS {args.impl}: {result.examples} cases, no failure", file=out)

@@ -34,7 +34,9 @@ _FORWARD = {
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
     128: TileConfig(128, 64, 8, 3),
-    256: TileConfig(64, 64, 4, 2),  # a 128 x 256 fp32 accumulator would spill
+    # 192 / 128 and 256: 1.20 and 0.49 ms against 1.61 and 0.61 for 64 x 64 x 4 warps
+    # (benchmarks/results/experiments/wide_tiles.md)
+    256: TileConfig(128, 64, 8, 2),
 }
 
 # Backward: a chain keeps K_j, V_j (block_n rows) and its dK_j, dV_j accumulators on chip,
@@ -50,27 +52,35 @@ _BACKWARD = {
     32: TileConfig(64, 128, 8, 1, prefetch=True),
     64: TileConfig(64, 128, 8, 1, prefetch=True),
     128: TileConfig(64, 128, 8, 1),  # prefetching here spills (255 registers)
-    # fp32 dK and dV of 128 rows at d = 256 would be all 255 registers of 8 warps: 64 rows
-    256: TileConfig(64, 64, 8, 1),
+    # 64-row KV tiles at d = 256: 3.82 ms against 4.10 with 8 warps and 4.31 for 32 x 128
+    # (experiments/wide_tiles.md)
+    256: TileConfig(64, 64, 4, 1),
 }
+# Rows for a pair of widths (q and k, v) whose values are narrower: 192 / 128 takes 32 x 128
+# tiles (8.16 ms against 8.84 for 64 x 64, 8 warps; 64 x 64 with 4 warps: 13.4).
+_BACKWARD_PAIRS = {(256, 128): TileConfig(32, 128, 8, 1)}
 
 
-def _width(head_dim: int, head_dim_v: int | None) -> int:
-    """The table row of a pair of head dims: the widest tile either needs (96 is held as
-    128, 192 as 256); a head dim the kernels are not built for is a ``KeyError``, as a
-    missing row."""
+def _widths(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
+    """The tile widths of a pair of head dims, ``(q and k, v)``: each the next power of two
+    (96 is held as 128, 192 as 256); a head dim the kernels are not built for is a
+    ``KeyError``, as a missing row."""
+    widths = []
     for d in (head_dim, head_dim_v or head_dim):
         if d not in HEAD_DIMS:
             raise KeyError(d)
-    return max(1 << (d - 1).bit_length() for d in (head_dim, head_dim_v or head_dim))
+        widths.append(1 << (d - 1).bit_length())
+    return widths[0], widths[1]
 
 
 def forward_config(head_dim: int, head_dim_v: int | None = None) -> TileConfig:
     """Tile shape of the forward kernel for ``head_dim`` (and ``head_dim_v``, None: the same)."""
-    return _FORWARD[_width(head_dim, head_dim_v)]
+    return _FORWARD[max(_widths(head_dim, head_dim_v))]
 
 
 def backward_config(head_dim: int, head_dim_v: int | None = None) -> TileConfig:
-    """Tile shape of the persistent backward kernel for ``head_dim`` (and ``head_dim_v``)."""
-    return _BACKWARD[_width(head_dim, head_dim_v)]
+    """Tile shape of the persistent backward kernel for ``head_dim`` (and ``head_dim_v``): the
+    row of the pair of widths where there is one, else that of the wider."""
+    widths = _widths(head_dim, head_dim_v)
+    return _BACKWARD_PAIRS.get(widths) or _BACKWARD[max(widths)]
 
