@@ -77,3 +77,29 @@ def need(backend: str, head_dim: int, dtype: torch.dtype = torch.bfloat16,
     reason = impl.missing() or impl.unsupported(Case(head_dim, dtype, exact, deterministic))
     if reason:
         pytest.skip(f"backend {backend!r}: {reason}")
+
+
+def busy_trials(once, trials: int):
+    """``once()`` run ``trials`` times, each while another stream keeps the GPU busy with
+    matmuls (a determinism claim must hold under load); yields each run's outputs."""
+    busy = torch.cuda.Stream()
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(trials):
+        with torch.cuda.stream(busy):
+            for _ in range(4):
+                x = (x @ x).tanh_()
+        yield once()
+    torch.cuda.synchronize()
+
+
+def passes(q, k, v, do, mask: dict, features: dict, backend: str = "cute", **backward):
+    """``(O, LSE2, gradients)`` of the two passes on ``backend``, outputs poisoned first:
+    the forward under the ``mask`` and ``features`` keywords (softcap, sinks), the backward
+    under both and the ``backward`` keywords (schedule, workers, audit)."""
+    import dash_cuda
+
+    o, lse = dash_cuda.attention_forward(q, k, v, _poison=True, backend=backend, **mask,
+                                         **features)
+    got = dash_cuda.attention_backward(q, k, v, o, lse, do, _poison=True, backend=backend,
+                                       **mask, **features, **backward)
+    return o, lse, got
