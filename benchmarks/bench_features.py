@@ -15,7 +15,9 @@ Cells (bf16, d = 128, 16 heads, causal):
 * ``headdims``: the head dims of FlashAttention-4's committed anchors beyond 128: 192 with
   values of 128 (DeepSeek; causal, S = 4k, B = 4, 16 heads), 256 (Gemma; causal S = 4k and
   full S = 2k, 8 heads) and 256 with softcap 50 (causal S = 4k, B = 2, 8 heads), on each
-  backend that runs the cell (``auto`` only: no schedule is made for a head dim).
+  backend that runs the cell (``auto`` only: no schedule is made for a head dim);
+* ``headdims-grid``: head dims 96, 192 / 128 and 256, causal, at S = 1k, 4k and 16k with
+  16k tokens a batch (B = 16k / S; 16 heads, 8 at 256).
 
 Rows: ``dash_cuda`` on each backend that runs the cell with its ``auto`` schedule, with the
 schedule made for the cell's shape (``lpt`` for packed batches, ``banded`` for windows) and
@@ -57,7 +59,10 @@ SOFTCAP = 50.0
 #: (d, d_v, causal, S, B, H, softcap) of the ``headdims`` cells
 HEAD_DIM_CELLS = [(192, 128, True, 4096, 4, 16, 0.0), (256, 256, True, 4096, 2, 8, 0.0),
                   (256, 256, False, 2048, 4, 8, 0.0), (256, 256, True, 4096, 2, 8, 50.0)]
-KINDS = ["varlen", "window", "sinks", "softcap", "headdims"]
+#: (d, d_v, heads) of the ``headdims-grid`` cells, each at every length of HEAD_DIM_LENGTHS
+HEAD_DIM_GRID = [(96, 96, 16), (192, 128, 16), (256, 256, 8)]
+HEAD_DIM_LENGTHS = (1024, 4096, 16384)
+KINDS = ["varlen", "window", "sinks", "softcap", "headdims", "headdims-grid"]
 
 
 def cell_name(cell: dict) -> str:
@@ -91,6 +96,10 @@ def cells(kinds: list[str]) -> list[dict]:
         out += [{"kind": "headdims", "head_dim": d, "head_dim_v": dv, "causal": causal,
                  "seqlen": s, "batch": b, "heads": h, "softcap": cap}
                 for d, dv, causal, s, b, h, cap in HEAD_DIM_CELLS]
+    if "headdims-grid" in kinds:
+        out += [{"kind": "headdims", "head_dim": d, "head_dim_v": dv, "causal": True,
+                 "seqlen": s, "batch": 16384 // s, "heads": h, "softcap": 0.0}
+                for d, dv, h in HEAD_DIM_GRID for s in HEAD_DIM_LENGTHS]
     return out
 
 

@@ -50,10 +50,11 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
-#   scripts/gpu_release.sh headdims-triton OUT  # head dims 96, 192 / 128 and 256 on Triton:
+#   scripts/gpu_release.sh headdims-triton OUT [grid]  # head dims 96, 192 / 128, 256 on Triton:
 #                                        # their GPU tests (L2 of exact, float64, L0,
 #                                        # compile), the sink and plan tests, then against
-#                                        # FA4 in rounds (bench_features.py --kinds headdims)
+#                                        # FA4 in rounds (bench_features.py --kinds headdims;
+#                                        # grid: headdims-grid, S = 1k - 16k)
 #   scripts/gpu_release.sh sinks OUT     # learnable sinks on the CuTe backend: its GPU tests
 #                                        # (L2 of forward and backward, float64, busy-stream
 #                                        # trials, the planned backward), Triton's, the
@@ -291,9 +292,12 @@ headdims-triton)
     fa4_unpack
     side_by_side 300 tests/gpu/test_triton_head_dims.py tests/gpu/test_cute_sinks.py \
         tests/gpu/test_cuda_plans.py
-    step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims \
-        --tag bench_headdims --time-budget 150
-    [ -f "$LOG/bench_headdims.md" ] && grep -E '^\| d' "$LOG/bench_headdims.md"
+    # MODE grid: the head dims at S = 1k, 4k and 16k instead of the anchors' shapes
+    KIND=headdims TAG=bench_headdims
+    [ "$MODE" = grid ] && KIND=headdims-grid TAG=bench_headdims_grid
+    step bench 300 $PY benchmarks/bench_features.py --out "$LOG" --kinds $KIND \
+        --tag $TAG --time-budget 210
+    [ -f "$LOG/$TAG.md" ] && grep -E '^\| d' "$LOG/$TAG.md"
     ;;
 sinks)
     fa4_unpack
