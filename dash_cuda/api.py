@@ -84,7 +84,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             softmax_scale / softcap)`` before the softmax (Gemma 2, Grok); a finite number
             ``>= 0``, 0 for none. The CuTe backend computes it at head dims 96 and 128
             (bit for bit as ``dash_ref``'s fast arithmetic; ``"auto"`` picks it there),
-            the Triton backend at every head dim; not with ``exact=True``.
+            the Triton backend at every head dim, with ``exact=True`` too (its backward
+            then caps in a ratio form ``dash_ref``'s exact arithmetic reproduces).
         learnable_sink: FlashAttention-4's learnable attention sinks (gpt-oss): one logit
             per query head, an fp32, bf16 or fp16 ``(H,)`` tensor on ``q``'s device, in
             the units of the final scores (natural log, after scale and softcap). Each

@@ -302,15 +302,11 @@ def check_options(causal: bool, softmax_scale: float | None, schedule: str,
         raise ValueError(f"num_workers must be a positive int or None, got {num_workers!r}")
 
 
-def check_softcap(softcap: float, exact: bool) -> float:
-    """``softcap`` as a float: a finite number >= 0 (0: none), refused with ``exact=True``
-    (the exact arithmetic has no model of the kernels' ``tanh``)."""
+def check_softcap(softcap: float) -> float:
+    """``softcap`` as a float: a finite number >= 0 (0: none)."""
     if isinstance(softcap, bool) or not isinstance(softcap, Real) or not (
             math.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap must be a finite number >= 0 (0: none), got {softcap!r}")
-    if softcap and exact:
-        raise ValueError("softcap is not supported with exact=True: the exact arithmetic has "
-                         "no bit-exact model of the kernels' tanh")
     return float(softcap)
 
 

@@ -84,7 +84,7 @@ class Options:
         mask = Mask.of(causal, window_size)  # one-line errors naming window_size
         check_options(causal, softmax_scale, schedule, deterministic, num_workers, exact,
                       backend, portable, packed, mask.kind == "window")
-        cap = check_softcap(softcap, exact)
+        cap = check_softcap(softcap)
         # one value per rule: causal exactly where the rule sees no key right of the
         # diagonal (FlashAttention's (-1, 0) is the causal flag), a window only where the
         # rule has one

@@ -398,10 +398,10 @@ def _chain(a: Arithmetic, p: Problem, c: Chain, q: torch.Tensor, k: torch.Tensor
         pr = steps.softmax_p(a, s, scale2, lse2[c.b, sl, c.h], visible(p, rows, cols))
         dv = steps.dv_step(a, dv, _operand(a, pr, dtype), do_i)
         dp = steps.dp(a, do_i, v_j)
-        if capped is not None and a.forward == "cute":  # the fast order: P scaled first
+        if capped is not None and steps.ratio_softcap(a):  # the slope folded into P first
             pr = steps.softcap_grad(a, pr, t)
         ds = steps.ds(pr, dp, delta[c.b, sl, c.h])
-        if capped is not None and a.forward != "cute":
+        if capped is not None and not steps.ratio_softcap(a):
             ds = steps.softcap_grad(a, ds, t)
         ds_op = _operand(a, ds, dtype)
         dk = steps.dk_step(a, dk, ds_op, q_i)

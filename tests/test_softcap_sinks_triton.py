@@ -261,6 +261,59 @@ def _qkv(h=2):
     return q, q.clone(), q.clone()
 
 
+# -- exact=True with a softcap: L2 on the CPU --------------------------------------------------
+# (name, causal, S_q, S_k, H, H_kv, d, dtype, amplitude of q, softcap, schedule)
+EXACT_CAPPED = [
+    ("cap30-causal-gqa", True, 90, 120, 2, 1, 32, BF16, 8.0, 30.0, "descending"),
+    ("cap50-full-d256", False, 70, 60, 2, 2, 256, F16, 3.0, 50.0, "shift"),
+    ("cap5-causal-rows-without-keys", True, 100, 40, 2, 2, 16, BF16, 3.0, 5.0, "naive"),
+]
+
+
+@pytest.fixture(scope="module")
+def exact_capped_runs(tmp_path_factory):
+    calls = []
+    for n, (_, causal, s_q, s_k, h, hk, d, dtype, amp, cap, schedule) in enumerate(
+            EXACT_CAPPED):
+        case = (None, causal, (-1, -1), s_q, s_k, h, hk, d, dtype, amp)
+        calls.append(passes(inputs(case, seed=600 + n), causal=causal, schedule=schedule,
+                            softcap=cap, exact=True))
+    pytest.importorskip("triton.runtime.interpreter")
+    from triton_interpreter import run
+
+    return run(calls, tmp_path_factory.mktemp("softcap_exact"), hopper=True)
+
+
+@pytest.mark.parametrize("index", range(len(EXACT_CAPPED)), ids=[c[0] for c in EXACT_CAPPED])
+def test_the_exact_capped_backward_is_the_emulators_bit_for_bit(exact_capped_runs, index):
+    """``exact=True`` with a softcap: every step of the audited backward, the ratio form's
+    cap and slope included, is ``dash_ref``'s exact emulation (fed the kernel's O and LSE2);
+    the emulation without the cap differs, so the cap's steps are compared."""
+    from test_varlen_triton import emulated_steps
+
+    _, causal, s_q, s_k, h, hk, d, *_ = EXACT_CAPPED[index]
+    c = exact_capped_runs[index]
+    problem = dash_cuda.backward_problem(1, h, hk, s_q, s_k, d, causal)
+    steps = emulated_steps(c, problem)
+    for name, got, want in steps:
+        assert not got.isnan().any(), name
+        assert torch.equal(got, want), name
+    uncapped = dict(c, kwargs={k: v for k, v in c["kwargs"].items() if k != "softcap"})
+    assert not torch.equal(emulated_steps(uncapped, problem)[-3][2], c["out"]["dq"])
+
+
+@pytest.mark.parametrize("index", range(len(EXACT_CAPPED)), ids=[c[0] for c in EXACT_CAPPED])
+def test_the_exact_capped_outputs_are_within_the_float64_bound(exact_capped_runs, index):
+    _, causal, *_, dtype, _, cap, _ = EXACT_CAPPED[index]
+    c = exact_capped_runs[index]
+    got = grads_of(c["out"], sink=False)
+    ref = attention_f64(c["q"], c["k"], c["v"], c["do"], causal, softcap=cap)
+    for name, check in grad_checks(got, ref, dtype).items():
+        assert check.ok, (name, check)
+    uncapped = attention_f64(c["q"], c["k"], c["v"], c["do"], causal)
+    assert not all(x.ok for x in grad_checks(got, uncapped, dtype).values())
+
+
 @pytest.mark.parametrize("value", [-1.0, math.inf, math.nan, "5", True])
 def test_bad_softcaps_are_refused_by_name(value):
     for fn in (dash_cuda.attention, dash_cuda.attention_forward):
@@ -285,16 +338,15 @@ def test_bad_sinks_are_refused_by_name(value, error, words):
         assert "learnable_sink" in text and words in text
 
 
-def test_exact_refuses_softcap_and_sinks():
-    with pytest.raises(ValueError) as info:
-        dash_cuda.attention(*_qkv(), softcap=30.0, exact=True)
-    assert _one_line(info).startswith("softcap is not supported with exact=True")
+def test_exact_refuses_sinks_and_takes_softcap():
     with pytest.raises(ValueError) as info:
         dash_cuda.attention(*_qkv(), learnable_sink=torch.zeros(2), exact=True)
     assert _one_line(info).startswith("learnable_sink is not supported with exact=True")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):  # past every other check
+        dash_cuda.attention(*_qkv(), softcap=30.0, exact=True)
     q = torch.randn(10, 2, 16, dtype=BF16)
     cu = torch.tensor([0, 10], dtype=torch.int32)
-    with pytest.raises(ValueError, match="^softcap is not supported with exact=True"):
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
         dash_cuda.attention_varlen(q, q, q, cu, cu, 10, 10, softcap=5.0, exact=True)
 
 

@@ -109,7 +109,8 @@ def emulated_steps(c: dict, problem: Problem):
         assert torch.equal(flush_subnormals_f32(x), x)
     arithmetic = EXACT.with_dq_adds(flush_subnormals=True)
     emu = backward(schedule, c["q"], c["k"], c["v"], out["o"], out["lse"], c["do"],
-                   return_partials=True, arithmetic=arithmetic)
+                   return_partials=True, arithmetic=arithmetic,
+                   softcap=c["kwargs"].get("softcap", 0.0))
     rows = torch.tensor([len(problem.rows(i, chain.b)) for _, chain in schedule.chains()
                          for i in chain.visits])
     real = torch.arange(problem.block_m)[None, :] < rows[:, None]

@@ -126,7 +126,7 @@ FEATURES = ("softcap", "sinks")
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False, features=FEATURES)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
-                   flush_dq_adds=True, forward=None)
+                   flush_dq_adds=True, forward=None, features=("softcap",))
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
                   flush_dq_adds=False, forward="cute", features=("softcap", "sinks"))
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
@@ -264,6 +264,14 @@ def tanh_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x.to(torch.float64)).to(F32)
 
 
+def ratio_softcap(a: Arithmetic) -> bool:
+    """Whether ``a`` caps scores in the ratio form ``softcap (1 - 2 r)``, ``r = 1 / (1 +
+    e^(2y))`` (the fast and the exact arithmetic: steps the CPU reproduces), which folds the
+    gradient's slope into ``P`` before [ds] (:func:`softcap_grad`), rather than with
+    ``tanh`` (IEEE)."""
+    return a.forward == "cute" or a.exp2 == "fma"
+
+
 def softcap_constants(softmax_scale: float, cap: float) -> tuple[float, float]:
     """The fast softcap's fp32 constants, as Python floats (kernel arguments): ``k =
     fp32(2 softmax_scale log2(e) / softcap)`` (the float64 value rounded once) and
@@ -293,13 +301,20 @@ def softcap(a: Arithmetic, s: torch.Tensor, softmax_scale: float, cap: float
     step is one rounding the CPU reproduces, so the capped scores are the kernels' bits;
     against ``softcap * tanh`` they are off by at most 8 ulps of ``softcap`` (the MUFU
     errors, then the cancellation of ``1 - 2r`` near 0: ``tests/test_softcap_fast.py``).
+
+    Exact (the Triton backward with ``exact=True``): the same form with ``e =
+    exp2_fma(u)`` (:func:`~dash_ref.arithmetic.exp2.exp2_fma`) and ``r = 1 / w`` by a
+    correctly rounded division (``div.rn.f32``), both of which the CPU reproduces.
     """
     require_feature(a, "softcap")
-    if a.forward == "cute":
+    if ratio_softcap(a):
         k, cap32 = softcap_constants(softmax_scale, cap)
         u = s * torch.tensor(k, dtype=F32)
-        w = ex2_approx_ftz(u) + torch.tensor(1.0, dtype=F32)
-        r = ex2_approx_ftz(-lg2_approx_ftz(w))
+        if a.exp2 == "fma":
+            r = torch.tensor(1.0, dtype=F32) / (exp2_fma(u) + torch.tensor(1.0, dtype=F32))
+        else:
+            w = ex2_approx_ftz(u) + torch.tensor(1.0, dtype=F32)
+            r = ex2_approx_ftz(-lg2_approx_ftz(w))
         return fma_f32(r, -2.0 * cap32, cap32), r
     cap32 = torch.tensor(cap, dtype=F32)
     x = s * torch.tensor(softmax_scale, dtype=F32)
@@ -549,13 +564,13 @@ def softcap_grad(a: Arithmetic, x: torch.Tensor, t: torch.Tensor) -> torch.Tenso
     with ``dS'``, each one fp32 rounding (the epilogue's ``softmax_scale`` then turns the
     gradient of ``x = S * scale`` into that of ``S``, as without softcap).
 
-    Fast: ``x`` is ``P`` (before :func:`ds`, which then takes the result in place of ``P``;
-    the kernels keep no second fp32 tile across the dP product) and ``t`` is
-    :func:`softcap`'s ``r``: ``1 - tanh^2 = 4 r (1 - r)`` as ``4 * fma.rn(-r, r, r)`` (the
-    multiply by 4 exact), then ``mul.rn.f32`` with ``P``.
+    Fast and exact (:func:`ratio_softcap`): ``x`` is ``P`` (before :func:`ds`, which then
+    takes the result in place of ``P``; the kernels keep no second fp32 tile across the dP
+    product) and ``t`` is :func:`softcap`'s ``r``: ``1 - tanh^2 = 4 r (1 - r)`` as ``4 *
+    fma.rn(-r, r, r)`` (the multiply by 4 exact), then ``mul.rn.f32`` with ``P``.
     """
     require_feature(a, "softcap")
-    if a.forward == "cute":
+    if ratio_softcap(a):
         return x * (fma_f32(-t, t, t) * 4.0)
     return x * (1.0 - t * t)
 

@@ -12,8 +12,10 @@
 - a sink of -1e4 gives the no-sink bits (``exp2`` of it underflows to 0 against any score);
 - ``torch.compile(fullgraph=True)`` of a model with softcap and a trainable sink gives the
   eager bits, ``dsink`` included; ``opcheck`` accepts both ops with a sink;
-- ``backend="auto"`` runs softcap on Triton (CuTe has none) and sinks alone on CuTe where
-  it is installed (``tests/gpu/test_cute_sinks.py`` tests them there).
+- ``exact=True`` with a softcap: every backward step is the exact emulation (L2), at d = 64,
+  192 and 256;
+- ``backend="auto"`` runs softcap at d = 64 on Triton (the CuTe softcap is at 96 and 128)
+  and sinks alone on CuTe where it is installed (``tests/gpu/test_cute_sinks.py`` tests them there).
 """
 
 from __future__ import annotations
@@ -174,3 +176,25 @@ def test_auto_runs_softcap_on_triton_and_sinks_on_cute():
     assert resolve_backend(q, options, sink=True).name == "triton"
     cute = "triton" if get_backend("cute").missing() else "cute"
     assert resolve_backend(q, Options.checked(64), sink=True).name == cute
+
+
+@pytest.mark.parametrize("shape, d, dtype, causal", [
+    ((1, 4, 2, 300, 520), 64, torch.bfloat16, True),
+    ((2, 8, 8, 256, 256), 256, torch.bfloat16, True),  # Gemma 2's head dim
+    ((1, 2, 2, 200, 333), 192, torch.float16, False)])
+def test_exact_with_a_softcap_is_the_emulation_bit_for_bit(shape, d, dtype, causal):
+    """``exact=True`` with softcap 50: every step of the audited backward, the ratio form's
+    cap and slope included, is ``dash_ref``'s exact emulation (L2)."""
+    from verify.l2 import first_difference, record_steps
+
+    q, k, v, do = inputs(shape, d, dtype, seed=47)
+    q = (q.float() * 3).to(dtype)  # scores that reach the cap
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softcap=50.0, **TRITON)
+    dq, dk, dv, record = dash_cuda.attention_backward(
+        q, k, v, o, lse, do, causal=causal, softcap=50.0, exact=True, audit=True,
+        _poison=True, **TRITON)
+    assert record.exact
+    steps = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv), softcap=50.0)
+    assert first_difference(steps) is None
+    uncapped = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv))
+    assert first_difference(uncapped) is not None  # the cap's steps are what matched

@@ -57,9 +57,11 @@ n_q(b) + i`` (the schedule's table ``Q_TILE_BASE``; ``n_q(b)`` the sequence's Q 
 ``SOFTCAP`` (FlashAttention's logit softcap, a runtime fp32 value; None: none, and Triton
 drops it): the raw products are capped as in the forward (:mod:`.softcap`, ``scale_log2``
 then ``fp32(log2 e)``) and ``dS`` is multiplied by ``1 - t^2``, ``t`` the visit's own
-recomputed ``tanh``; the epilogue's ``softmax_scale`` is unchanged. Learnable sinks need
-nothing here: ``LSE2`` includes them, so ``P`` is already right, and ``dsink`` is computed
-after the kernel (:func:`dash_cuda.prepost.sink_grad`).
+recomputed ``tanh``; the epilogue's ``softmax_scale`` is unchanged. With ``EXACT`` the cap
+is the ratio form (``SOFTCAP_K`` its constant; :func:`.softcap.softcap_ratio`) and the slope
+``4 r (1 - r)`` multiplies ``P`` before [ds], as ``dash_ref``'s exact steps write them.
+Learnable sinks need nothing here: ``LSE2`` includes them, so ``P`` is already right, and
+``dsink`` is computed after the kernel (:func:`dash_cuda.prepost.sink_grad`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from dash_cuda.tile_io import load_tile, padded, sequence_rows, store_tile
 
 from .exp2 import exp2_fma
 from .mask import visible
-from .softcap import softcap_scores
+from .softcap import softcap_ratio, softcap_scores, softcap_slope
 
 
 @triton.jit
@@ -165,7 +167,7 @@ def dash_bwd_kernel(
     PER_HEAD: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr,
     OPAQUE: tl.constexpr = True,
     CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None, VARLEN: tl.constexpr = False,
-    WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None,
+    WINDOW_LEFT=None, WINDOW_RIGHT=None, SOFTCAP=None, SOFTCAP_K=None,
 ):
     worker = tl.program_id(0)
     offs_d = tl.arange(0, padded(HEAD_DIM))  # a dQ row's columns, padding included
@@ -230,7 +232,10 @@ def dash_bwd_kernel(
             # straight from registers; only dS for the partial needs a transpose.
             s_t = tl.dot(k, tl.trans(q))                                    # [qk]
             if SOFTCAP is not None:  # scale_log2 is then fp32(log2 e)
-                s_t, t_t = softcap_scores(s_t, softmax_scale, SOFTCAP)      # [softcap]
+                if EXACT:  # the ratio form, r kept for the slope
+                    s_t, t_t = softcap_ratio(s_t, SOFTCAP_K, SOFTCAP)       # [softcap]
+                else:
+                    s_t, t_t = softcap_scores(s_t, softmax_scale, SOFTCAP)  # [softcap]
             # the transposed score tile's elements (keys as rows) that exist and are unmasked
             seen = visible(rows[None, :], cols[:, None], seqlen_q, seqlen_k, causal_offset,
                            WINDOW_LEFT, WINDOW_RIGHT, MASK)
@@ -238,8 +243,10 @@ def dash_bwd_kernel(
             p_op = p_t.to(q.dtype)                                          # [round_operand]
             dv += tl.dot(p_op, do)                                          # [dv_step]
             dp_t = tl.dot(v, tl.trans(do))                                  # [dp]
+            if SOFTCAP is not None and EXACT:  # the slope folded into P (dV took rnd(P))
+                p_t = softcap_slope(p_t, t_t)                               # [softcap_grad]
             ds_t = p_t * (dp_t - delta[None, :])                            # [ds]
-            if SOFTCAP is not None:  # the gradient of the scaled scores: times 1 - tanh^2
+            if SOFTCAP is not None and not EXACT:  # the scaled scores' gradient: 1 - tanh^2
                 ds_t = ds_t * (1.0 - t_t * t_t)                             # [softcap_grad]
             ds_op = ds_t.to(q.dtype)                                        # [round_operand]
             dk += tl.dot(ds_op, q)                                          # [dk_step]

@@ -126,7 +126,7 @@ def compile_backward(v: Variant):
                      PREFETCH=cfg.prefetch, EXACT=v.exact, OPAQUE=True,
                      # a rectangular launch: the packed-batch arguments are absent
                      CU_SEQLENS_Q=None, CU_SEQLENS_K=None, Q_TILE_BASE=None,
-                     VARLEN=False, SOFTCAP=None)  # no softcap (exact refuses it)
+                     VARLEN=False, SOFTCAP=None, SOFTCAP_K=None)  # no softcap
     if v.mask.kind != "window":  # a window's extents are i32 arguments; else absent
         constants |= dict(WINDOW_LEFT=None, WINDOW_RIGHT=None)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -12,7 +12,7 @@ from dash_cuda import triton_launch
 from dash_cuda.backends import Launch, device_properties, new_packed_row_stats, new_row_stats
 from dash_cuda.tables import PACKED_TABLE_NAMES, TABLE_NAMES
 from dash_ref import Mask
-from dash_ref.arithmetic.steps import scale_log2_value
+from dash_ref.arithmetic.steps import scale_log2_value, softcap_constants
 
 from .bwd_kernel import dash_bwd_kernel
 from .config import backward_config, forward_config
@@ -149,6 +149,9 @@ def _backward_args(launch: Launch) -> tuple[tuple, dict]:
         MASK=mask.kind, **window_extents(mask),
         DETERMINISTIC=launch.deterministic, AUDIT=launch.audit, PER_HEAD=launch.per_head,
         PREFETCH=cfg.prefetch, EXACT=launch.exact, SOFTCAP=launch.softcap or None,
+        # exact: the ratio form's constant fp32(2 softmax_scale log2(e) / softcap)
+        SOFTCAP_K=softcap_constants(launch.softmax_scale, launch.softcap)[0]
+        if launch.softcap and launch.exact else None,
         OPAQUE=os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=not launch.exact,
     )

@@ -6,6 +6,9 @@ softmax then takes ``log2(e)`` alone), the order of
 rounded division by the cap, ``tanh``, one multiply by the cap. The kernels take the cap as
 ``SOFTCAP``, a runtime fp32 value or None; None (no softcap) drops every use at compile
 time, so those kernels compile exactly as they did before softcap existed.
+
+The backward with ``exact=True`` caps in the ratio form instead (:func:`softcap_ratio`),
+whose every step the CPU reproduces, as ``dash_ref``'s exact ``softcap`` step writes it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from .exp2 import exp2_fma
 
 
 @triton.jit
@@ -28,3 +33,21 @@ def softcap_scores(s, softmax_scale, SOFTCAP):
     """
     t = libdevice.tanh(tl.math.div_rn(s * softmax_scale, SOFTCAP))
     return SOFTCAP * t, t
+
+
+@triton.jit
+def softcap_ratio(s, SOFTCAP_K, SOFTCAP):
+    """[softcap] exact: ``(softcap * (1 - 2 r), r)`` with ``r = 1 / (1 + 2^(s k))``, ``k =
+    SOFTCAP_K = fp32(2 softmax_scale log2(e) / softcap)`` (``tanh(y) = 1 - 2 / (1 +
+    e^(2y))``): ``mul.rn``, the software :func:`.exp2.exp2_fma`, ``add.rn``, ``div.rn`` and
+    one ``fma.rn``, each a rounding the CPU reproduces (the kernel is built with fp fusion
+    off, so nothing else fuses). The backward keeps ``r`` for the slope ``4 r (1 - r)``."""
+    r = tl.math.div_rn(1.0, exp2_fma(s * SOFTCAP_K) + 1.0)
+    return tl.fma(r, -2.0 * SOFTCAP, SOFTCAP), r
+
+
+@triton.jit
+def softcap_slope(p, r):
+    """[softcap_grad] exact: ``P * 4 fma.rn(-r, r, r)``, ``4 r (1 - r) = 1 - tanh^2`` folded
+    into ``P`` before [ds] (the multiply by 4 is exact)."""
+    return p * (tl.fma(-r, r, r) * 4.0)
