@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import dash_cuda
 from dash_cuda.backends import Case, choose_backend, get_backend
 from dash_cuda.ops import attention_op
-from dash_ref import Mask, build_schedule
+from dash_ref import Mask, Problem, build_schedule
 from dash_ref.arithmetic.steps import sink_logit
 from verify.reference import attention_f64, attention_f64_packed, grad_checks, packed_grad_checks
 
@@ -278,6 +278,14 @@ def exact_capped_runs(tmp_path_factory):
         case = (None, causal, (-1, -1), s_q, s_k, h, hk, d, dtype, amp)
         calls.append(passes(inputs(case, seed=600 + n), causal=causal, schedule=schedule,
                             softcap=cap, exact=True))
+    # a packed batch (an empty sequence among them), the same steps per sequence
+    from test_varlen_triton import SEQLENS_K, SEQLENS_Q, packed_inputs, varlen_call
+
+    tensors = packed_inputs(SEQLENS_Q, SEQLENS_K, 2, 1, 32, BF16, seed=650)
+    tensors = ((tensors[0].float() * 8).to(BF16), *tensors[1:])
+    calls.append(varlen_call("passes_varlen", tensors, SEQLENS_Q, SEQLENS_K, audit=True,
+                             causal=True, schedule="lpt", exact=True, softcap=30.0,
+                             backend="triton"))
     pytest.importorskip("triton.runtime.interpreter")
     from triton_interpreter import run
 
@@ -300,6 +308,19 @@ def test_the_exact_capped_backward_is_the_emulators_bit_for_bit(exact_capped_run
         assert torch.equal(got, want), name
     uncapped = dict(c, kwargs={k: v for k, v in c["kwargs"].items() if k != "softcap"})
     assert not torch.equal(emulated_steps(uncapped, problem)[-3][2], c["out"]["dq"])
+
+
+def test_the_exact_capped_packed_backward_is_the_emulators_bit_for_bit(exact_capped_runs):
+    from test_varlen_triton import SEQLENS_K, SEQLENS_Q, emulated_steps
+
+    from dash_cuda.backends.triton.config import backward_config
+
+    cfg = backward_config(32)
+    problem = Problem.packed(SEQLENS_Q, SEQLENS_K, 2, 1, 32, "causal", cfg.block_m,
+                             cfg.block_n)
+    for name, got, want in emulated_steps(exact_capped_runs[len(EXACT_CAPPED)], problem):
+        assert not got.isnan().any(), name
+        assert torch.equal(got, want), name
 
 
 @pytest.mark.parametrize("index", range(len(EXACT_CAPPED)), ids=[c[0] for c in EXACT_CAPPED])
