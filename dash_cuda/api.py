@@ -93,13 +93,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             sum to less than 1 and a row that sees no key gives 0. It gets a gradient
             (``dsink_h = -sum_rows exp(sink_h - LSE) D``, summed in a fixed order: the
             same bits on every run), in its own dtype. Both backends compute it (the CuTe
-            forward bit for bit as ``dash_ref``'s fast arithmetic); not with
-            ``exact=True``.
+            forward bit for bit as ``dash_ref``'s fast arithmetic), Triton with
+            ``exact=True`` too (``dsink`` then bit for bit as the exact arithmetic's).
 
     Returns:
         The attention output, shaped and laid out like ``q``, with ``v``'s head dim.
     """
-    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink, exact,
+    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink,
                        lambda: Options.checked(
                            q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                            schedule=schedule, deterministic=deterministic,
@@ -117,8 +117,7 @@ def _with_sink(named: dict[str, torch.Tensor], learnable_sink: torch.Tensor | No
 
 
 def _checked(named: dict[str, torch.Tensor], layout: str,
-             learnable_sink: torch.Tensor | None, exact: bool,
-             options: Callable[[], Options]) -> Options:
+             learnable_sink: torch.Tensor | None, options: Callable[[], Options]) -> Options:
     """The checked options: the tensors' structure, then ``options()`` and the sinks, then
     the devices, in that order (a mistake reads the same on a machine without CUDA). Inputs
     whose shapes, strides, dtypes and devices passed before skip the tensor and device
@@ -129,7 +128,7 @@ def _checked(named: dict[str, torch.Tensor], layout: str,
     if not known:
         check_tensors(named, layout)
     checked = options()
-    check_learnable_sink(learnable_sink, as_bshd(named["q"], layout).shape[2], exact)
+    check_learnable_sink(learnable_sink, as_bshd(named["q"], layout).shape[2])
     if not known:
         check_devices(with_sink)
         remember_passed(key)
@@ -150,7 +149,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     that sees no key has that logit as its ``LSE2``. ``_poison`` (tests) fills the outputs
     with NaN before the run. Other arguments as in :func:`attention`.
     """
-    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink, False,
+    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink,
                        lambda: Options.checked(
                            q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                            backend=backend, window_size=window_size, softcap=softcap))
@@ -180,7 +179,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
     ``exact`` and ``portable`` included, as in :func:`attention`.
     """
     named = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
-    options = _checked(named, layout, learnable_sink, exact,
+    options = _checked(named, layout, learnable_sink,
                        lambda: Options.checked(
                            q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                            schedule=schedule, deterministic=deterministic,
@@ -319,7 +318,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               num_workers=num_workers, exact=exact, backend=backend,
                               portable=portable, packed=True, window_size=window_size,
                               softcap=softcap)
-    check_learnable_sink(learnable_sink, q.shape[1], exact)
+    check_learnable_sink(learnable_sink, q.shape[1])
     packing = _packing(_with_sink(named, learnable_sink), *offsets,
                        read=not torch.compiler.is_compiling())
     return varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -547,7 +546,7 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     options = Options.checked(q.shape[-1], causal=causal, softmax_scale=softmax_scale,
                               backend=backend, packed=True, window_size=window_size,
                               softcap=softcap)
-    check_learnable_sink(learnable_sink, q.shape[1], False)
+    check_learnable_sink(learnable_sink, q.shape[1])
     packing = _packing(_with_sink(named, learnable_sink), *offsets)
     return forward_views(q, k, v, options, _poison, packing, learnable_sink)
 
@@ -583,7 +582,7 @@ def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               num_workers=num_workers, exact=exact, backend=backend,
                               portable=portable, packed=True, window_size=window_size,
                               softcap=softcap)
-    check_learnable_sink(learnable_sink, q.shape[1], exact)
+    check_learnable_sink(learnable_sink, q.shape[1])
     if not isinstance(audit, bool):
         raise TypeError(f"audit must be a bool, got {audit!r}")
     packing = _packing(_with_sink(named, learnable_sink), *offsets)

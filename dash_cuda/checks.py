@@ -314,9 +314,9 @@ def check_softcap(softcap: float) -> float:
 SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_learnable_sink(learnable_sink: torch.Tensor | None, heads: int, exact: bool) -> None:
+def check_learnable_sink(learnable_sink: torch.Tensor | None, heads: int) -> None:
     """``learnable_sink``: None, or one logit per query head, an fp32/bf16/fp16 ``(H,)``
-    tensor (FlashAttention-4's dtypes); refused with ``exact=True``. Its device is checked
+    tensor (FlashAttention-4's dtypes). Its device is checked
     with the other tensors' (:func:`check_devices`); its values are not read (no sync)."""
     if learnable_sink is None:
         return
@@ -329,6 +329,3 @@ def check_learnable_sink(learnable_sink: torch.Tensor | None, heads: int, exact:
     if tuple(learnable_sink.shape) != (heads,):
         raise ValueError(f"learnable_sink must have shape ({heads},): one logit per query "
                          f"head, got {tuple(learnable_sink.shape)}")
-    if exact:
-        raise ValueError("learnable_sink is not supported with exact=True: the exact "
-                         "arithmetic does not model the sinks' steps")

@@ -17,7 +17,9 @@ nothing), each with its launcher:
   scale)``, ``dV = rnd(sum)``.
 * :func:`sink_grad` (:func:`dash_sink_grad_kernel`) -- step ``sink_grad`` of learnable
   sinks, ``dsink_h = -sum_r exp2(s2_h - LSE2_r) D_r`` over every query row of head ``h``,
-  in an order fixed by the kernel alone (its docstring), so the same on every run and GPU.
+  in an order fixed by the kernel alone (its docstring), so the same on every run and GPU;
+  with ``EXACT`` the order and arithmetic of :func:`dash_ref.arithmetic.steps.sink_grad`'s
+  exact form.
 
 Every program writes every element it owns, so outputs need no clearing beforehand.
 """
@@ -29,9 +31,10 @@ import triton
 import triton.language as tl
 
 from dash_cuda.backends import new_row_stats
+from dash_cuda.backends.triton.exp2 import exp2_fma  # the exact arithmetic's exp2
 from dash_cuda.tile_io import load_tile, padded, store_tile
 from dash_cuda.triton_launch import launch
-from dash_ref.arithmetic.steps import sink_logit
+from dash_ref.arithmetic.steps import SINK_LANES, sink_logit
 
 #: fp32 elements a program of :func:`dash_delta_kernel` zeroes per store of the workspace
 CLEAR_BLOCK = 1024
@@ -46,7 +49,7 @@ def _halve(x):
 
 @triton.jit
 def _rowsum_pairwise(x):
-    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 8``) as the pairwise tree of ``delta``
+    """Row sums of an ``(M, 2**k)`` fp32 tile (``k <= 10``) as the pairwise tree of ``delta``
     (a head dim that is not a power of two comes zero-padded, as that tree pads it).
 
     ``tl.sum``'s order (per-thread adds, then a shuffle tree) is Triton's to choose; this
@@ -54,7 +57,8 @@ def _rowsum_pairwise(x):
     kernel is built with ``enable_fp_fusion=False``, so the products are not fused into
     the first level's adds).
     """
-    for _ in tl.static_range(8):  # enough levels for the widest head dim, 256
+    # enough levels for the widest head dim, 256, and the sink gradient's 1024 lanes
+    for _ in tl.static_range(10):
         if x.shape[1] > 1:
             x = _halve(x)
     return tl.reshape(x, [x.shape[0]])
@@ -152,7 +156,7 @@ def dash_gqa_kernel(
 
 @triton.jit(do_not_specialize=["B", "S_Q", "stride_lb", "stride_ls", "stride_lh"])
 def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_ls, stride_lh,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, EXACT: tl.constexpr = False):
     """[sink_grad] One program per query head: ``DSINK[h] = -sum_r P_sink,r D_r``.
 
     Deterministic by construction, with no atomics and nothing that depends on the grid or
@@ -160,7 +164,9 @@ def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_l
     BLOCK, ...`` in batch-then-row order, and the lanes are then summed by ``tl.sum``,
     whose reduction tree is fixed when the kernel is compiled (``BLOCK``, ``num_warps``).
     ``P_sink = exp2(s2 - LSE2)`` is at most about 1 (``LSE2`` includes the sink), so it
-    neither overflows nor needs a guard; lanes past ``S_Q`` add 0.
+    neither overflows nor needs a guard; lanes past ``S_Q`` add 0. ``EXACT`` (built with fp
+    fusion off): ``exp2`` is :func:`exp2_fma` and the lanes are joined by the pairwise tree
+    of :func:`_rowsum_pairwise`, the order ``dash_ref``'s exact ``sink_grad`` writes.
     """
     h = tl.program_id(0)
     sink2 = tl.load(SINK2 + h)
@@ -173,8 +179,13 @@ def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_l
             inside = rows < S_Q
             lse2 = tl.load(LSE2 + base + rows * stride_ls, mask=inside, other=0.0)
             delta = tl.load(DELTA + base + rows * stride_ls, mask=inside, other=0.0)
-            acc += tl.where(inside, tl.math.exp2(sink2 - lse2) * delta, 0.0)
-    tl.store(DSINK + h, -tl.sum(acc, 0))
+            p_sink = exp2_fma(sink2 - lse2) if EXACT else tl.math.exp2(sink2 - lse2)
+            acc += tl.where(inside, p_sink * delta, 0.0)
+    if EXACT:  # one row of BLOCK lanes through the pairwise tree
+        total = _rowsum_pairwise(tl.reshape(acc, [1, BLOCK]))
+        tl.store(DSINK + h + tl.arange(0, 1), -total)
+    else:
+        tl.store(DSINK + h, -tl.sum(acc, 0))
 
 
 # -- launchers --------------------------------------------------------------------------------
@@ -247,16 +258,18 @@ def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
         HEAD_DIM_V=head_dim_v), dict(num_warps=4)
 
 
-def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor,
+              exact: bool = False) -> torch.Tensor:
     """``dsink`` ``(H,)``, of ``sink``'s dtype, of learnable sinks ``sink`` from the forward's
     ``LSE2`` and ``D``, fp32 ``(B, S_q, H)`` views with one set of strides; the kernel
     reads the sinks in base 2 (:func:`dash_ref.arithmetic.steps.sink_logit`) and sums in
-    fp32 in the fixed order of :func:`dash_sink_grad_kernel`."""
+    fp32 in the fixed order of :func:`dash_sink_grad_kernel` (``exact``: the order and
+    arithmetic ``dash_ref``'s exact ``sink_grad`` reproduces)."""
     batch, seqlen_q, heads = lse2.shape
     if lse2.stride() != delta.stride():
         raise ValueError("sink_grad reads LSE2 and D with one set of strides")
     dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
     launch(dash_sink_grad_kernel, (heads,), (lse2, delta, sink_logit(sink).contiguous(), dsink,
                                              batch, seqlen_q, *lse2.stride()),
-           dict(BLOCK=1024), num_warps=4)
+           dict(BLOCK=SINK_LANES, EXACT=exact), num_warps=4, enable_fp_fusion=not exact)
     return dsink.to(sink.dtype)

@@ -463,7 +463,7 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return _result(dq_acc, dk_acc, dv_acc, scale, q.dtype,
                    partials if return_partials else None,
                    _sink_grads(a, sink, learnable_sink, lse2.reshape(-1, p.heads),
-                               delta.reshape(-1, p.heads)))
+                               delta.reshape(-1, p.heads), p.seqlen_q))
 
 
 def _result(dq_acc: torch.Tensor, dk_acc: torch.Tensor, dv_acc: torch.Tensor, scale: float,
@@ -477,12 +477,13 @@ def _result(dq_acc: torch.Tensor, dk_acc: torch.Tensor, dv_acc: torch.Tensor, sc
 
 
 def _sink_grads(a: Arithmetic, sink: torch.Tensor | None, learnable_sink: torch.Tensor | None,
-                lse2: torch.Tensor, delta: torch.Tensor) -> dict[str, torch.Tensor]:
+                lse2: torch.Tensor, delta: torch.Tensor, rows_per_batch: int | None = None
+                ) -> dict[str, torch.Tensor]:
     """``dsink`` and ``dsink_acc`` of :class:`BackwardResult` from ``(R, H)`` rows in layout
-    order (nothing without sinks)."""
+    order, ``rows_per_batch`` rows a batch (None: one batch; nothing without sinks)."""
     if sink is None:
         return {}
-    acc = steps.sink_grad(a, steps.sink_logit(sink), lse2, delta)
+    acc = steps.sink_grad(a, steps.sink_logit(sink), lse2, delta, rows_per_batch)
     return {"dsink": acc.to(learnable_sink.dtype), "dsink_acc": acc}
 
 

@@ -286,6 +286,16 @@ def exact_capped_runs(tmp_path_factory):
     calls.append(varlen_call("passes_varlen", tensors, SEQLENS_Q, SEQLENS_K, audit=True,
                              causal=True, schedule="lpt", exact=True, softcap=30.0,
                              backend="triton"))
+    # sinks with exact=True: two batches of more rows than the sum's lanes (1024), so lanes
+    # restart per batch and take several rows each; sinks far above and below the scores
+    gen = torch.Generator().manual_seed(660)
+    long = tuple(torch.randn(*s, generator=gen).to(BF16)
+                 for s in ((2, 1100, 2, 16), (2, 30, 1, 16), (2, 30, 1, 16), (2, 1100, 2, 16)))
+    calls.append(passes(long, causal=False, schedule="naive", exact=True,
+                        learnable_sink=torch.tensor([6.0, -3.0])))
+    calls.append(varlen_call("passes_varlen", tensors, SEQLENS_Q, SEQLENS_K, audit=True,
+                             causal=True, schedule="descending", exact=True,
+                             learnable_sink=torch.tensor([0.5, -8.0]), backend="triton"))
     pytest.importorskip("triton.runtime.interpreter")
     from triton_interpreter import run
 
@@ -321,6 +331,37 @@ def test_the_exact_capped_packed_backward_is_the_emulators_bit_for_bit(exact_cap
     for name, got, want in emulated_steps(exact_capped_runs[len(EXACT_CAPPED)], problem):
         assert not got.isnan().any(), name
         assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rectangular", "packed"])
+def test_exact_sinks_give_the_emulators_dsink_and_backward_bit_for_bit(exact_capped_runs,
+                                                                       packed):
+    """``exact=True`` with sinks: every backward step (LSE2 carries the sinks) and ``dsink``,
+    its lanes and pairwise tree included, are ``dash_ref``'s exact emulation; the IEEE
+    arithmetic's row-by-row order gives other ``dsink`` bits, so the order is compared."""
+    from test_varlen_triton import SEQLENS_K, SEQLENS_Q, emulated_steps
+
+    from dash_cuda.backends.triton.config import backward_config
+    from dash_ref.emulate import backward
+
+    c = exact_capped_runs[len(EXACT_CAPPED) + 1 + packed]
+    sink = c["kwargs"]["learnable_sink"]
+    cfg = backward_config(c["q"].shape[-1])
+    if packed:
+        problem = Problem.packed(SEQLENS_Q, SEQLENS_K, 2, 1, 32, "causal", cfg.block_m,
+                                 cfg.block_n)
+    else:
+        problem = dash_cuda.backward_problem(2, 2, 1, 1100, 30, 16, False)
+    for name, got, want in emulated_steps(c, problem):
+        assert not got.isnan().any(), name
+        assert torch.equal(got, want), name
+    out = c["out"]
+    schedule = build_schedule(problem, c["kwargs"]["schedule"], 1)
+    emu = {a: backward(schedule, c["q"], c["k"], c["v"], out["o"], out["lse"], c["do"],
+                       arithmetic=a, learnable_sink=sink) for a in ("exact", "ieee")}
+    assert torch.equal(out["dsink"], emu["exact"].dsink)
+    if not packed:  # 1100 rows: the orders' roundings differ
+        assert not torch.equal(emu["ieee"].dsink, emu["exact"].dsink)
 
 
 @pytest.mark.parametrize("index", range(len(EXACT_CAPPED)), ids=[c[0] for c in EXACT_CAPPED])
@@ -359,12 +400,10 @@ def test_bad_sinks_are_refused_by_name(value, error, words):
         assert "learnable_sink" in text and words in text
 
 
-def test_exact_refuses_sinks_and_takes_softcap():
-    with pytest.raises(ValueError) as info:
-        dash_cuda.attention(*_qkv(), learnable_sink=torch.zeros(2), exact=True)
-    assert _one_line(info).startswith("learnable_sink is not supported with exact=True")
-    with pytest.raises(ValueError, match="needs CUDA tensors"):  # past every other check
-        dash_cuda.attention(*_qkv(), softcap=30.0, exact=True)
+def test_exact_takes_softcap_and_sinks():
+    for kw in (dict(softcap=30.0), dict(learnable_sink=torch.zeros(2))):
+        with pytest.raises(ValueError, match="needs CUDA tensors"):  # past every other check
+            dash_cuda.attention(*_qkv(), exact=True, **kw)
     q = torch.randn(10, 2, 16, dtype=BF16)
     cu = torch.tensor([0, 10], dtype=torch.int32)
     with pytest.raises(ValueError, match="needs CUDA tensors"):

@@ -126,7 +126,7 @@ FEATURES = ("softcap", "sinks")
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False, features=FEATURES)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
-                   flush_dq_adds=True, forward=None, features=("softcap",))
+                   flush_dq_adds=True, forward=None, features=("softcap", "sinks"))
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
                   flush_dq_adds=False, forward="cute", features=("softcap", "sinks"))
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
@@ -262,6 +262,10 @@ def tanh_f32(x: torch.Tensor) -> torch.Tensor:
     stays NaN.
     """
     return torch.tanh(x.to(torch.float64)).to(F32)
+
+
+#: lanes of the exact sink gradient's sum (:func:`sink_grad`; the kernel's ``BLOCK``)
+SINK_LANES = 1024
 
 
 def ratio_softcap(a: Arithmetic) -> bool:
@@ -628,19 +632,39 @@ def epilogue(acc: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torc
 
 @step("sink_grad", "backward", "dsink_h = ((+0 - t_0) - t_1) - ..., t_r = exp2(s2_h - LSE2_r) "
       "* D_r, rows in layout order", feature="sinks")
-def sink_grad(a: Arithmetic, sink2: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor
-              ) -> torch.Tensor:
+def sink_grad(a: Arithmetic, sink2: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor,
+              rows_per_batch: int | None = None) -> torch.Tensor:
     """The sink logits' gradient, fp32 ``(H,)``: ``-sum_r P_sink,r D_r`` over every query row.
 
     ``lse2`` and ``delta`` are ``(R, H)``: the rows in layout order (``(B, S_q, H)`` with
-    its first two dims flattened, batch by batch; a packed batch's ``(total_q, H)``). IEEE:
-    ``P_sink = exp2(s2 - LSE2)`` (one rounded difference, a correctly rounded exp2), one
-    fp32 product ``t = P_sink * D``, then per head one fp32 subtraction per row from
-    ``+0``, rows ascending: a fixed order, so a kernel that writes the per-row terms
-    (where it computes ``D``) and sums them in this order gets these bits. A row without
-    keys has ``O = 0``, so ``D = 0`` and it adds ``-0``.
+    its first two dims flattened, batch by batch, ``rows_per_batch = S_q``; a packed
+    batch's ``(total_q, H)``, one batch of all its rows: None). IEEE (and fast): ``P_sink =
+    exp2(s2 - LSE2)`` (one rounded difference, a correctly rounded exp2), one fp32 product
+    ``t = P_sink * D``, then per head one fp32 subtraction per row from ``+0``, rows
+    ascending. A row without keys has ``O = 0``, so ``D = 0`` and it adds ``-0``.
+
+    Exact (the Triton kernel's order with ``exact=True``, ``dash_sink_grad_kernel``): ``t =
+    exp2_fma(s2 - LSE2) * D`` (``sub.rn``, :func:`~dash_ref.arithmetic.exp2.exp2_fma`,
+    ``mul.rn``); lane ``l`` of :data:`SINK_LANES` adds, from ``+0``, the terms of each
+    batch's rows ``l, l + SINK_LANES, ...`` (batch by batch; a lane past a batch's last
+    row adds ``+0``); the lanes are then joined by a pairwise tree (neighbours first, as
+    ``D``'s) and the sum negated.
     """
     require_feature(a, "sinks")
+    if a.exp2 == "fma":
+        terms = exp2_fma(sink2[None, :] - lse2) * delta
+        rows, heads = terms.shape
+        per_batch = rows_per_batch or rows
+        acc = torch.zeros(SINK_LANES, heads, dtype=F32)
+        for first in range(0, rows if per_batch else 0, per_batch or 1):
+            batch = terms[first:first + per_batch]
+            pad = -len(batch) % SINK_LANES  # lanes past the batch's rows add +0
+            batch = torch.cat([batch, batch.new_zeros(pad, heads)])
+            for chunk in batch.view(-1, SINK_LANES, heads):
+                acc = acc + chunk
+        while len(acc) > 1:
+            acc = acc[0::2] + acc[1::2]
+        return -acc[0]
     terms = exp2_rn(sink2[None, :] - lse2) * delta
     acc = torch.zeros(sink2.shape, dtype=F32)
     for r in range(terms.shape[0]):

@@ -12,8 +12,8 @@
 - a sink of -1e4 gives the no-sink bits (``exp2`` of it underflows to 0 against any score);
 - ``torch.compile(fullgraph=True)`` of a model with softcap and a trainable sink gives the
   eager bits, ``dsink`` included; ``opcheck`` accepts both ops with a sink;
-- ``exact=True`` with a softcap: every backward step is the exact emulation (L2), at d = 64,
-  192 and 256;
+- ``exact=True`` with a softcap (d = 64, 192, 256) or sinks (d = 64, 256): every backward
+  step, and ``dsink``, is the exact emulation (L2);
 - ``backend="auto"`` runs softcap at d = 64 on Triton (the CuTe softcap is at 96 and 128)
   and sinks alone on CuTe where it is installed (``tests/gpu/test_cute_sinks.py`` tests them there).
 """
@@ -198,3 +198,24 @@ def test_exact_with_a_softcap_is_the_emulation_bit_for_bit(shape, d, dtype, caus
     assert first_difference(steps) is None
     uncapped = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv))
     assert first_difference(uncapped) is not None  # the cap's steps are what matched
+
+
+@pytest.mark.parametrize("shape, d, dtype", [((2, 4, 2, 1500, 700), 64, torch.bfloat16),
+                                             ((1, 8, 8, 600, 600), 256, torch.float16)])
+def test_exact_with_sinks_is_the_emulation_bit_for_bit_dsink_included(shape, d, dtype):
+    """``exact=True`` with learnable sinks: every backward step and ``dsink`` (its lanes and
+    pairwise tree) are ``dash_ref``'s exact emulation (L2)."""
+    from dash_ref.emulate import backward
+    from verify.l2 import first_difference, record_steps
+
+    q, k, v, do = inputs(shape, d, dtype, seed=48)
+    sink = torch.randn(shape[1], device="cuda") * 4
+    o, lse = dash_cuda.attention_forward(q, k, v, causal=True, learnable_sink=sink, **TRITON)
+    dq, dk, dv, dsink, record = dash_cuda.attention_backward(
+        q, k, v, o, lse, do, causal=True, learnable_sink=sink, exact=True, audit=True,
+        _poison=True, **TRITON)
+    steps = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv))
+    assert first_difference(steps) is None
+    emu = backward(record.schedule, *(x.cpu() for x in (q, k, v, o, lse, do)),
+                   arithmetic="exact", learnable_sink=sink.cpu())
+    assert torch.equal(dsink.cpu(), emu.dsink)
