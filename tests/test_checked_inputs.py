@@ -35,20 +35,20 @@ def qkv(dtype=torch.bfloat16):
 
 def test_a_signature_that_passed_skips_the_tensor_checks(counted):
     for _ in range(3):
-        assert api._checked(qkv(), "bshd", None, False, lambda: "options") == "options"
+        assert api._checked(qkv(), "bshd", None, lambda: "options") == "options"
     assert len(counted) == 1
     # other strides (a transposed buffer), another layout: a new signature, checked
     named = qkv()
     named["k"] = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16).transpose(1, 2)
-    api._checked(named, "bshd", None, False, lambda: None)
-    api._checked(qkv(), "bhsd", None, False, lambda: None)
+    api._checked(named, "bshd", None, lambda: None)
+    api._checked(qkv(), "bhsd", None, lambda: None)
     assert len(counted) == 3
 
 
 def test_inputs_that_failed_are_checked_and_refused_every_time(counted):
     for _ in range(2):
         with pytest.raises(TypeError, match="q must be bfloat16 or float16"):
-            api._checked(qkv(torch.float32), "bshd", None, False, lambda: None)
+            api._checked(qkv(torch.float32), "bshd", None, lambda: None)
     assert len(counted) == 2
 
     def bad_options():
@@ -56,7 +56,7 @@ def test_inputs_that_failed_are_checked_and_refused_every_time(counted):
 
     for _ in range(2):  # the tensors pass, the options fail: nothing is remembered
         with pytest.raises(ValueError, match="bad option"):
-            api._checked(qkv(), "bshd", None, False, bad_options)
+            api._checked(qkv(), "bshd", None, bad_options)
     assert len(counted) == 4
 
 

@@ -29,7 +29,7 @@ def test_breakdown_times_the_named_steps_and_restores_them():
     def call():  # a call that passes through one named step (the checks), on the CPU
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             importlib.import_module("dash_cuda.api")._checked(
-                {"q": q, "k": q, "v": q}, "bshd", None, False, lambda: None)
+                {"q": q, "k": q, "v": q}, "bshd", None, lambda: None)
 
     steps = host_overhead.breakdown(call, calls=3)
     assert set(steps) == {"_checked"} and steps["_checked"] > 0

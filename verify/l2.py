@@ -5,7 +5,8 @@ Given the kernel's inputs, its ``O`` and ``LSE2`` and what its audit mode wrote,
 arithmetic the kernel ran and pairs each kernel value with the emulator's, in the order
 the backward computes them: ``D``, the dQ partials (on the query rows that exist), the dQ
 accumulators, the per-head dK/dV accumulators (one query head per KV head only; with GQA
-the emulator keeps only their sums) and the rounded ``dQ``, ``dK``, ``dV``.
+the emulator keeps only their sums) and the rounded ``dQ``, ``dK``, ``dV``, then, for a call
+with learnable sinks, ``dsink``.
 :func:`forward_steps` does the same for the forward's ``O`` and ``LSE2``. A kernel whose
 arithmetic ``dash_ref`` reproduces must match on every step (``torch.equal``).
 
@@ -36,13 +37,14 @@ Steps = list[tuple[str, torch.Tensor, torch.Tensor]]
 def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
              kernel: dict[str, torch.Tensor], softmax_scale: float | None = None,
              flush_subnormals: bool = True, arithmetic: str | Arithmetic = "exact", *,
-             softcap: float = 0.0) -> Steps:
+             softcap: float = 0.0, learnable_sink: torch.Tensor | None = None) -> Steps:
     """``[(step, kernel value, emulated value)]`` for one backward.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` and ``kernel`` maps :data:`KERNEL_VALUES` to
     the kernel's tensors, all on the CPU. ``arithmetic`` is the arithmetic the kernel
     ran (``"exact"`` or ``"fast"``) and ``flush_subnormals`` how its dQ additions treated
-    subnormals (its audit record says both); ``softcap`` the call's.
+    subnormals (its audit record says both); ``softcap`` the call's; ``learnable_sink`` its
+    sinks, whose gradient ``kernel["dsink"]`` is then the last step.
     """
     missing = [name for name in KERNEL_VALUES if name not in kernel]
     if missing:
@@ -50,8 +52,11 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
     q, k, v, o, lse2, do = inputs
     p = schedule.problem
     a = contract.arithmetic(arithmetic).with_dq_adds(flush_subnormals)
+    sink = None if learnable_sink is None else learnable_sink.cpu()
+    if sink is not None and "dsink" not in kernel:
+        raise ValueError("kernel values missing: ['dsink'] (the call has learnable sinks)")
     emu = backward(schedule, q, k, v, o, lse2, do, softmax_scale, return_partials=True,
-                   arithmetic=a, softcap=softcap)
+                   arithmetic=a, softcap=softcap, learnable_sink=sink)
     rows = torch.tensor(visit_rows(schedule))
     real_rows = torch.arange(p.block_m)[None, :] < rows[:, None]  # padding rows are not read
     steps = [("D", kernel["delta"], contract.delta(a, o, do)),
@@ -62,6 +67,8 @@ def l2_steps(schedule: Schedule, inputs: tuple[torch.Tensor, ...],
                   ("dv_acc", kernel["dv_heads"], emu.dv_acc)]
     steps += [("dq", kernel["dq"], emu.dq), ("dk", kernel["dk"], emu.dk),
               ("dv", kernel["dv"], emu.dv)]
+    if sink is not None:
+        steps.append(("dsink", kernel["dsink"], emu.dsink))
     return steps
 
 
@@ -110,18 +117,22 @@ def record_arithmetic(record) -> str:
 
 
 def record_steps(record, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...],
-                 softmax_scale: float | None = None, softcap: float = 0.0) -> Steps:
+                 softmax_scale: float | None = None, softcap: float = 0.0,
+                 learnable_sink: torch.Tensor | None = None) -> Steps:
     """:func:`l2_steps` for a kernel's audit record, with the record's arithmetic choices.
 
     ``inputs`` is ``(q, k, v, o, lse2, do)`` (any device) and ``grads`` the kernel's
-    ``(dQ, dK, dV)``. A record that no CPU arithmetic reproduces (the Triton backend's
-    default) raises ``ValueError`` saying so.
+    ``(dQ, dK, dV)``, or ``(dQ, dK, dV, dsink)`` with ``learnable_sink``. A record that no
+    CPU arithmetic reproduces (the Triton backend's default) raises ``ValueError`` saying
+    so.
     """
     name = record_arithmetic(record)
-    return l2_steps(record.schedule, tuple(x.cpu() for x in inputs),
-                    kernel_values(record, grads), softmax_scale,
+    values = kernel_values(record, grads[:3])
+    if learnable_sink is not None:
+        values["dsink"] = grads[3].cpu()
+    return l2_steps(record.schedule, tuple(x.cpu() for x in inputs), values, softmax_scale,
                     flush_subnormals=record.flush_subnormals, arithmetic=name,
-                    softcap=softcap)
+                    softcap=softcap, learnable_sink=learnable_sink)
 
 
 def first_difference(steps: Steps) -> tuple[str, int, int] | None:
