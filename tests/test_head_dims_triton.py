@@ -183,3 +183,15 @@ def test_cute_refuses_what_its_kernels_lack_and_auto_takes_triton(head_dim, head
     assert get_backend("triton").unsupported(case) is None
     if get_backend("triton").missing() is None:
         assert choose_backend("auto", case).name == "triton"
+
+
+def test_flash_attention_entry_points_take_a_value_head_dim():
+    """FlashAttention's own names pass a 192 / 128 call through every structural check (to
+    the CUDA check, the last), rectangular and packed."""
+    q, k = torch.randn(1, 8, 2, 192).to(BF16), torch.randn(1, 8, 2, 192).to(BF16)
+    v = torch.randn(1, 8, 2, 128).to(BF16)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        dash_cuda.flash_attn_func(q, k, v, causal=True)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        dash_cuda.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 5, 5, causal=True)
