@@ -43,7 +43,14 @@ from dash_ref import Mask, Problem, resolve_name
 from dash_ref.arithmetic.steps import sink_logit
 
 from . import plans
-from .backends import Backend, Case, choose_backend, new_packed_row_stats, new_row_stats
+from .backends import (
+    Backend,
+    Case,
+    choose_backend,
+    new_output,
+    new_packed_row_stats,
+    new_row_stats,
+)
 from .launch import (
     BackwardAudit,
     on_device,
@@ -152,15 +159,6 @@ def resolve_packed_schedule(backend: Backend, q: Tensor, k: Tensor, packing: Pac
     return resolve_name(options.schedule, problem, backend.name, options.portable)
 
 
-def _output_like(q: Tensor, v: Tensor, zeros: bool = False) -> Tensor:
-    """``O`` of queries ``q`` and values ``v``, as the forwards allocate it: ``q``'s shape
-    with ``v``'s head dim (``q``'s strides where the head dims agree, else contiguous)."""
-    if v.shape[-1] == q.shape[-1]:
-        return torch.zeros_like(q) if zeros else torch.empty_like(q)
-    shape = (*q.shape[:-1], v.shape[-1])
-    return q.new_zeros(shape) if zeros else q.new_empty(shape)
-
-
 def _lse_like(q: Tensor, fill: float | None = None) -> Tensor:
     """The ``LSE2`` of queries ``q`` (``(B, S_q, H, d)``, or packed ``(total_q, H, d)``), in
     the layout every forward writes."""
@@ -187,7 +185,7 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
         lse = _lse_like(q, -math.inf)
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
-        return _output_like(q, v, zeros=True), lse, None
+        return new_output(q, v, zeros=True), lse, None
     head_dim_v = value_dim(q, v)
     if packing is not None:
         backend = resolve_backend(q, options, True, sink is not None, head_dim_v)
@@ -272,7 +270,7 @@ attention_backward_op = torch.library.custom_op("dash::attention_backward",
 
 @attention_op.register_fake
 def _(q, k, v, *options):
-    return _output_like(q, v), _lse_like(q)
+    return new_output(q, v), _lse_like(q)
 
 
 def _fake_dsink(q: Tensor, sink: Tensor | None) -> Tensor:
@@ -397,7 +395,7 @@ attention_varlen_backward_op = torch.library.custom_op("dash::attention_varlen_b
 
 @attention_varlen_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options):
-    return _output_like(q, v), _lse_like(q)
+    return new_output(q, v), _lse_like(q)
 
 
 @attention_varlen_backward_op.register_fake

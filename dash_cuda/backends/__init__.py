@@ -46,6 +46,16 @@ def new_row_stats(batch: int, seqlen_q: int, heads: int, device: torch.device,
     return out.transpose(1, 2)
 
 
+def new_output(q: torch.Tensor, v: torch.Tensor, zeros: bool = False) -> torch.Tensor:
+    """``O`` of queries ``q`` and values ``v`` as every forward allocates it: ``q``'s shape
+    with ``v``'s head dim, ``q``'s strides where the head dims agree (else contiguous);
+    ``zeros``: filled with 0 (a call with nothing to compute)."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.zeros_like(q) if zeros else torch.empty_like(q)
+    shape = (*q.shape[:-1], v.shape[-1])
+    return q.new_zeros(shape) if zeros else q.new_empty(shape)
+
+
 def new_packed_row_stats(total_q: int, heads: int, device: torch.device,
                          fill: float | None = None) -> torch.Tensor:
     """The same statistic of a packed batch: a ``(total_q, H)`` view of an ``(H, total_q)``

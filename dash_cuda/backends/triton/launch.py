@@ -9,7 +9,13 @@ import torch
 import triton
 
 from dash_cuda import triton_launch
-from dash_cuda.backends import Launch, device_properties, new_packed_row_stats, new_row_stats
+from dash_cuda.backends import (
+    Launch,
+    device_properties,
+    new_output,
+    new_packed_row_stats,
+    new_row_stats,
+)
 from dash_cuda.tables import PACKED_TABLE_NAMES, TABLE_NAMES
 from dash_ref import Mask
 from dash_ref.arithmetic.steps import scale_log2_value, softcap_constants
@@ -48,8 +54,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     folded in (LSE2 includes them)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    o = torch.empty_like(q) if head_dim_v == head_dim else q.new_empty(
-        (batch, seqlen_q, heads, head_dim_v))
+    o = new_output(q, v)
     # each head's rows contiguous: the backward loads a Q tile's LSE2 values as vectors
     lse2 = new_row_stats(batch, seqlen_q, heads, q.device)
     if poison:
@@ -83,8 +88,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
     :func:`run_forward`."""
     total_q, heads, head_dim = q.shape
     heads_kv, head_dim_v = k.shape[1], v.shape[2]
-    o = torch.empty_like(q) if head_dim_v == head_dim else q.new_empty(
-        (total_q, heads, head_dim_v))
+    o = new_output(q, v)
     lse2 = new_packed_row_stats(total_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
