@@ -1,4 +1,4 @@
-"""Packed batches, sliding windows, sinks and softcap against FlashAttention-4, in rounds.
+"""Packed batches, sliding windows, sinks, softcap and head dims against FlashAttention-4.
 
 Cells (bf16, d = 128, 16 heads, causal):
 
@@ -337,7 +337,8 @@ def model_gain(cell: dict) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
-        "# Packed batches, sliding windows, sinks and softcap against FlashAttention-4",
+        "# Packed batches, sliding windows, sinks, softcap and head dims against "
+        "FlashAttention-4",
         "",
         f"`{report['command']}` at `{report['git_revision']}`, {env['gpu']}, torch "
         f"{env['torch']}, triton {env['triton']}. bf16; d = 128, 16 heads, causal where the "
@@ -403,8 +404,8 @@ def plot(path: Path) -> Path:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells_))])
     ax.set_xticklabels([cell_name(c) for c in cells_], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("backward speed / FA4 deterministic")
-    ax.set_title(f"Packed batches, windows, sinks and softcap, backward, H200, bf16, d = 128 "
-                 f"(git {report['git_revision']})")
+    ax.set_title(f"Packed batches, windows, sinks, softcap and head dims, backward, H200, "
+                 f"bf16 (git {report['git_revision']})")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     out = path.with_suffix(".png")
