@@ -186,9 +186,8 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
         if sink is not None:  # rows without keys: LSE2 is the sink's (dash_ref's fwd_sink)
             lse.copy_(sink_logit(sink).expand_as(lse))
         return new_output(q, v, zeros=True), lse, None
-    head_dim_v = value_dim(q, v)
     if packing is not None:
-        backend = resolve_backend(q, options, True, sink is not None, head_dim_v)
+        backend = resolve_backend(q, options, True, sink is not None, value_dim(q, v))
         return *run_forward(backend, q, k, v, options, poison, packing, sink), None
     kept, key = None, None
     tensors = (q, k, v) if sink is None else (q, k, v, sink)
@@ -197,7 +196,7 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
     if kept is not None:
         with on_device(q.device):
             return *kept.run(q, k, v, sink), kept
-    backend = resolution_for(q, k, options, sink is not None, head_dim_v).backend
+    backend = resolution_for(q, k, options, sink is not None, value_dim(q, v)).backend
     o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
     return o, lse, None if key is None else plans.kept(key)
 
@@ -222,8 +221,9 @@ def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
         resolved = resolution_for(q, k, options, sink is not None, value_dim(q, v))
         return run_backward(resolved.backend, q, k, v, o, lse, do, options, resolved.schedule,
                             audit, poison, sink=sink, problem=resolved.problem, plan_key=key)
-    backend = resolve_backend(q, options, True, sink is not None, value_dim(q, v))
-    name = resolve_packed_schedule(backend, q, k, packing, options, value_dim(q, v))
+    head_dim_v = value_dim(q, v)
+    backend = resolve_backend(q, options, True, sink is not None, head_dim_v)
+    name = resolve_packed_schedule(backend, q, k, packing, options, head_dim_v)
     return run_backward(backend, q, k, v, o, lse, do, options, name, audit, poison, packing,
                         sink)
 
