@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from dash_cuda.backends import new_row_stats
-from dash_cuda.backends.triton.exp2 import exp2_fma  # the exact arithmetic's exp2
+from dash_cuda.exp2 import exp2_fma
 from dash_cuda.tile_io import load_tile, padded, store_tile
 from dash_cuda.triton_launch import launch
 from dash_ref.arithmetic.steps import SINK_LANES, sink_logit

@@ -4,7 +4,7 @@
 approximation, so an emulator cannot reproduce its bits. :func:`exp2_fma` replaces it in the
 backward's ``exact`` arithmetic: every step is an fp32 operation with one defined rounding
 (or none), so a kernel that issues the same operations in the same order gets the same
-bits. Its kernel twin is ``dash_cuda.backends.triton.exp2.exp2_fma``; on an H200 the two
+bits. Its kernel twin is ``dash_cuda.exp2.exp2_fma``; on an H200 the two
 agree bit for bit on 1.3 million inputs across the whole range, specials included
 (``tests/gpu/test_cuda_exact.py``). The steps, for an fp32 input ``x``:
 

@@ -2,7 +2,6 @@
 
 - :mod:`.fwd_kernel`: the forward, FlashAttention's online softmax in base 2;
 - :mod:`.bwd_kernel`: the persistent backward that runs any schedule's tables;
-- :mod:`.exp2`: the kernel twin of :func:`dash_ref.arithmetic.exp2.exp2_fma`;
 - :mod:`.mask`: which keys a query row sees (the kernels' twin of :class:`dash_ref.Mask`);
 - :mod:`.config`: tiles and launch settings per head dim;
 - :mod:`.launch`: kernel arguments and residency;

@@ -69,9 +69,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dash_cuda.exp2 import exp2_fma
 from dash_cuda.tile_io import load_tile, padded, sequence_rows, store_tile
 
-from .exp2 import exp2_fma
 from .mask import visible
 from .softcap import softcap_ratio, softcap_scores, softcap_slope
 
@@ -132,7 +132,7 @@ def _softmax_p(s_t, lse2, scale_log2, seen, EXACT: tl.constexpr):
 
     Default: the compiler contracts the product and difference into one FFMA and
     ``exp2`` is ``ex2.approx.ftz`` (fast, its bits known only to the hardware). ``EXACT``:
-    the same FFMA written out, then the software :func:`.exp2.exp2_fma`, the arithmetic
+    the same FFMA written out, then the software :func:`dash_cuda.exp2.exp2_fma`, the arithmetic
     the CPU reproduces.
     """
     if EXACT:  # Triton's unary minus is 0 - x; written out, as the emulator mirrors it

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .exp2 import exp2_fma
+from dash_cuda.exp2 import exp2_fma
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def softcap_scores(s, softmax_scale, SOFTCAP):
 def softcap_ratio(s, SOFTCAP_K, SOFTCAP):
     """[softcap] exact: ``(softcap * (1 - 2 r), r)`` with ``r = 1 / (1 + 2^(s k))``, ``k =
     SOFTCAP_K = fp32(2 softmax_scale log2(e) / softcap)`` (``tanh(y) = 1 - 2 / (1 +
-    e^(2y))``): ``mul.rn``, the software :func:`.exp2.exp2_fma`, ``add.rn``, ``div.rn`` and
+    e^(2y))``): ``mul.rn``, the software :func:`dash_cuda.exp2.exp2_fma`, ``add.rn``, ``div.rn`` and
     one ``fma.rn``, each a rounding the CPU reproduces (the kernel is built with fp fusion
     off, so nothing else fuses). The backward keeps ``r`` for the slope ``4 r (1 - r)``."""
     r = tl.math.div_rn(1.0, exp2_fma(s * SOFTCAP_K) + 1.0)

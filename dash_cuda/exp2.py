@@ -1,5 +1,8 @@
 """The kernel side of :func:`dash_ref.arithmetic.exp2.exp2_fma`: ``2^x`` from fp32 operations only.
 
+A shared Triton helper (as :mod:`dash_cuda.tile_io`): the Triton backward and the small
+kernels of :mod:`dash_cuda.prepost` take it in ``exact`` mode.
+
 The backward's ``exact`` mode calls :func:`exp2_fma` instead of ``tl.math.exp2``
 (``ex2.approx.ftz.f32``, whose bits no CPU can reproduce). Each line below is one step of
 the sequence written down in :mod:`dash_ref.arithmetic.exp2`, in the same order; the coefficients
