@@ -92,9 +92,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             row's softmax gets one more column of logit ``sink_h`` and no value, so rows
             sum to less than 1 and a row that sees no key gives 0. It gets a gradient
             (``dsink_h = -sum_rows exp(sink_h - LSE) D``, summed in a fixed order: the
-            same bits on every run), in its own dtype. Both backends compute it (the CuTe
-            forward bit for bit as ``dash_ref``'s fast arithmetic), Triton with
-            ``exact=True`` too (``dsink`` then bit for bit as the exact arithmetic's).
+            same bits on every run, one kernel for every backend), in its own dtype. Both
+            backends compute it (the CuTe forward and backward, ``dsink`` included, bit
+            for bit as ``dash_ref``'s fast arithmetic), Triton with ``exact=True`` too
+            (bit for bit as the exact arithmetic's).
 
     Returns:
         The attention output, shaped and laid out like ``q``, with ``v``'s head dim.

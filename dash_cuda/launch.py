@@ -313,8 +313,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
                              softmax_scale)
     dsink = None
     if sink is not None:
-        dsink = prepost.sink_grad(_batched(lse2, packed), _batched(delta, packed), sink,
-                                  exact)
+        dsink = prepost.sink_grad(_batched(lse2, packed), _batched(delta, packed), sink)
     record = None
     if audit:
         record = BackwardAudit(sched.schedule(), backend.partials_rows(launch.partials, problem),

@@ -17,9 +17,9 @@ nothing), each with its launcher:
   scale)``, ``dV = rnd(sum)``.
 * :func:`sink_grad` (:func:`dash_sink_grad_kernel`) -- step ``sink_grad`` of learnable
   sinks, ``dsink_h = -sum_r exp2(s2_h - LSE2_r) D_r`` over every query row of head ``h``,
-  in an order fixed by the kernel alone (its docstring), so the same on every run and GPU;
-  with ``EXACT`` the order and arithmetic of :func:`dash_ref.arithmetic.steps.sink_grad`'s
-  exact form.
+  in an order and arithmetic fixed by the kernel alone (its docstring), so the same on
+  every run and GPU, and the same for every backend and arithmetic: those of
+  :func:`dash_ref.arithmetic.steps.sink_grad`'s ``"lanes"`` order.
 
 Every program writes every element it owns, so outputs need no clearing beforehand.
 """
@@ -156,17 +156,17 @@ def dash_gqa_kernel(
 
 @triton.jit(do_not_specialize=["B", "S_Q", "stride_lb", "stride_ls", "stride_lh"])
 def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_ls, stride_lh,
-                          BLOCK: tl.constexpr, EXACT: tl.constexpr = False):
+                          BLOCK: tl.constexpr):
     """[sink_grad] One program per query head: ``DSINK[h] = -sum_r P_sink,r D_r``.
 
     Deterministic by construction, with no atomics and nothing that depends on the grid or
-    the device: lane ``t`` of a ``BLOCK``-wide fp32 vector adds the terms of rows ``t, t +
-    BLOCK, ...`` in batch-then-row order, and the lanes are then summed by ``tl.sum``,
-    whose reduction tree is fixed when the kernel is compiled (``BLOCK``, ``num_warps``).
-    ``P_sink = exp2(s2 - LSE2)`` is at most about 1 (``LSE2`` includes the sink), so it
-    neither overflows nor needs a guard; lanes past ``S_Q`` add 0. ``EXACT`` (built with fp
-    fusion off): ``exp2`` is :func:`exp2_fma` and the lanes are joined by the pairwise tree
-    of :func:`_rowsum_pairwise`, the order ``dash_ref``'s exact ``sink_grad`` writes.
+    the device, and written down to the last add (built with fp fusion off), so one order
+    and arithmetic serve every backend: lane ``t`` of a ``BLOCK``-wide fp32 vector adds the
+    terms of rows ``t, t + BLOCK, ...`` in batch-then-row order, and the lanes are then
+    joined by the pairwise tree of :func:`_rowsum_pairwise` (``tl.sum``'s tree would be
+    Triton's to choose). ``P_sink = exp2_fma(s2 - LSE2)``, at most about 1 (``LSE2``
+    includes the sink), so it neither overflows nor needs a guard; lanes past ``S_Q`` add
+    0. This is :func:`dash_ref.arithmetic.steps.sink_grad`'s ``"lanes"`` order.
     """
     h = tl.program_id(0)
     sink2 = tl.load(SINK2 + h)
@@ -179,13 +179,9 @@ def dash_sink_grad_kernel(LSE2, DELTA, SINK2, DSINK, B, S_Q, stride_lb, stride_l
             inside = rows < S_Q
             lse2 = tl.load(LSE2 + base + rows * stride_ls, mask=inside, other=0.0)
             delta = tl.load(DELTA + base + rows * stride_ls, mask=inside, other=0.0)
-            p_sink = exp2_fma(sink2 - lse2) if EXACT else tl.math.exp2(sink2 - lse2)
-            acc += tl.where(inside, p_sink * delta, 0.0)
-    if EXACT:  # one row of BLOCK lanes through the pairwise tree
-        total = _rowsum_pairwise(tl.reshape(acc, [1, BLOCK]))
-        tl.store(DSINK + h + tl.arange(0, 1), -total)
-    else:
-        tl.store(DSINK + h, -tl.sum(acc, 0))
+            acc += tl.where(inside, exp2_fma(sink2 - lse2) * delta, 0.0)
+    total = _rowsum_pairwise(tl.reshape(acc, [1, BLOCK]))  # one row of BLOCK lanes
+    tl.store(DSINK + h + tl.arange(0, 1), -total)
 
 
 # -- launchers --------------------------------------------------------------------------------
@@ -258,18 +254,17 @@ def gqa_launch(dk_heads: torch.Tensor, dv_heads: torch.Tensor, dk: torch.Tensor,
         HEAD_DIM_V=head_dim_v), dict(num_warps=4)
 
 
-def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor,
-              exact: bool = False) -> torch.Tensor:
+def sink_grad(lse2: torch.Tensor, delta: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     """``dsink`` ``(H,)``, of ``sink``'s dtype, of learnable sinks ``sink`` from the forward's
     ``LSE2`` and ``D``, fp32 ``(B, S_q, H)`` views with one set of strides; the kernel
     reads the sinks in base 2 (:func:`dash_ref.arithmetic.steps.sink_logit`) and sums in
-    fp32 in the fixed order of :func:`dash_sink_grad_kernel` (``exact``: the order and
-    arithmetic ``dash_ref``'s exact ``sink_grad`` reproduces)."""
+    fp32 in the fixed order of :func:`dash_sink_grad_kernel`, the one ``dash_ref``'s
+    ``sink_grad`` reproduces in every kernel arithmetic."""
     batch, seqlen_q, heads = lse2.shape
     if lse2.stride() != delta.stride():
         raise ValueError("sink_grad reads LSE2 and D with one set of strides")
     dsink = torch.empty(heads, device=lse2.device, dtype=torch.float32)
     launch(dash_sink_grad_kernel, (heads,), (lse2, delta, sink_logit(sink).contiguous(), dsink,
                                              batch, seqlen_q, *lse2.stride()),
-           dict(BLOCK=SINK_LANES, EXACT=exact), num_warps=4, enable_fp_fusion=not exact)
+           dict(BLOCK=SINK_LANES), num_warps=4, enable_fp_fusion=False)
     return dsink.to(sink.dtype)

@@ -430,10 +430,11 @@ def backward(schedule: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``arrival_seed`` (a stand-in for the run-to-run variation of atomics).
 
     The window and the value head dim come with the schedule's problem. ``softcap`` and
-    ``learnable_sink`` (``"ieee"`` only) must be the forward's; with sinks ``lse2`` is the
-    forward's (it includes them) and the result carries ``dsink``: step ``sink_grad``, one
-    fp32 sum per head over every query row in layout order (batch by batch, rows
-    ascending; a packed batch's ``total_q`` order), rounded to ``learnable_sink``'s dtype.
+    ``learnable_sink`` must be the forward's; with sinks ``lse2`` is the forward's (it
+    includes them) and the result carries ``dsink``: step ``sink_grad``, one fp32 sum per
+    head over every query row in layout order (batch by batch; a packed batch's
+    ``total_q`` order) in the arithmetic's ``sink_order``, rounded to
+    ``learnable_sink``'s dtype.
     """
     a = steps.arithmetic(arithmetic)
     p = _schedule(schedule).problem

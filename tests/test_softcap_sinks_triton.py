@@ -12,6 +12,9 @@ models: ``hopper=True``), and their plumbing (checks, custom ops, autograd) on t
 - **LSE2** includes the sink: a row that sees no key has ``O = 0`` and ``LSE2 =
   fp32(sink * log2 e)`` exactly; the others are within ``2^-12 max(1, |LSE2|)`` of the
   float64 value (fp32 arithmetic on exact products and the MUFU models, far inside).
+- **dsink** is one kernel for every backend and arithmetic: from the run's ``LSE2`` and
+  ``D``, the fast and the exact arithmetics' ``sink_grad`` give its bits (its lanes,
+  ``exp2_fma`` and pairwise tree), on the default path as with ``exact=True``.
 - **The audit** partials replay to the dQ accumulator bit for bit (the replay does not
   depend on the arithmetic).
 - **Limits that hold exactly**: a sink of -1e4 (``exp2`` of it underflows to 0 against
@@ -149,6 +152,23 @@ def test_within_the_float64_bound(runs, index):
         assert check.ok, check
     if sink:
         assert out["dsink"].dtype == torch.float32 and out["dsink"].shape == (case[5],)
+
+
+SINK_CASES = [i for i, c in enumerate(CASES) if c[11] is not None]
+
+
+@pytest.mark.parametrize("index", SINK_CASES, ids=[NAMES[i] for i in SINK_CASES])
+def test_dsink_is_the_kernel_arithmetics_sum_bit_for_bit(runs, index):
+    """The default path's ``dsink`` is the sink kernel's written-down sum: ``dash_ref``'s
+    ``sink_grad`` in the fast and the exact arithmetic (``sink_order="lanes"``), fed the
+    run's ``LSE2`` and audited ``D``, gives its bits."""
+    from dash_ref.arithmetic.steps import EXACT, FAST, sink_grad
+
+    out, heads = runs[index]["out"], CASES[index][5]
+    sink2 = sink_logit(torch.tensor(CASES[index][11], dtype=torch.float32))
+    rows = [out[n].reshape(-1, heads) for n in ("lse", "delta")]
+    for a in (FAST, EXACT):
+        assert torch.equal(sink_grad(a, sink2, *rows, CASES[index][3]), out["dsink"]), a.name
 
 
 @pytest.mark.parametrize("index", [i for i, c in enumerate(CASES) if c[10]],

@@ -115,6 +115,10 @@ class Arithmetic:
     # the optional features whose steps this arithmetic computes ("softcap", "sinks"): the
     # IEEE arithmetic has both; a kernel's arithmetic those its kernels compute
     features: tuple[str, ...] = ()
+    # the sinks' gradient (sink_grad): "rows" (correctly rounded exp2, one row after
+    # another) or "lanes" (the one sink kernel every backend runs: exp2_fma, SINK_LANES
+    # lanes joined by a pairwise tree)
+    sink_order: str = "rows"
 
     def with_dq_adds(self, flush_subnormals: bool) -> Arithmetic:
         """This arithmetic with dQ additions that do (or do not) flush subnormals."""
@@ -126,9 +130,11 @@ FEATURES = ("softcap", "sinks")
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False, features=FEATURES)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
-                   flush_dq_adds=True, forward=None, features=("softcap", "sinks"))
+                   flush_dq_adds=True, forward=None, features=("softcap", "sinks"),
+                   sink_order="lanes")
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
-                  flush_dq_adds=False, forward="cute", features=("softcap", "sinks"))
+                  flush_dq_adds=False, forward="cute", features=("softcap", "sinks"),
+                  sink_order="lanes")
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
 ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}
 
@@ -264,7 +270,7 @@ def tanh_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x.to(torch.float64)).to(F32)
 
 
-#: lanes of the exact sink gradient's sum (:func:`sink_grad`; the kernel's ``BLOCK``)
+#: lanes of the kernels' sink gradient sum (:func:`sink_grad`; the kernel's ``BLOCK``)
 SINK_LANES = 1024
 
 
@@ -630,28 +636,30 @@ def epilogue(acc: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torc
     return acc.to(dtype)
 
 
-@step("sink_grad", "backward", "dsink_h = ((+0 - t_0) - t_1) - ..., t_r = exp2(s2_h - LSE2_r) "
-      "* D_r, rows in layout order", feature="sinks")
+@step("sink_grad", "backward", "dsink_h = -sum_r t_r, t_r = exp2(s2_h - LSE2_r) * D_r: rows "
+      "one by one (IEEE) or the sink kernel's lanes and pairwise tree", feature="sinks")
 def sink_grad(a: Arithmetic, sink2: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor,
               rows_per_batch: int | None = None) -> torch.Tensor:
     """The sink logits' gradient, fp32 ``(H,)``: ``-sum_r P_sink,r D_r`` over every query row.
 
     ``lse2`` and ``delta`` are ``(R, H)``: the rows in layout order (``(B, S_q, H)`` with
     its first two dims flattened, batch by batch, ``rows_per_batch = S_q``; a packed
-    batch's ``(total_q, H)``, one batch of all its rows: None). IEEE (and fast): ``P_sink =
-    exp2(s2 - LSE2)`` (one rounded difference, a correctly rounded exp2), one fp32 product
-    ``t = P_sink * D``, then per head one fp32 subtraction per row from ``+0``, rows
-    ascending. A row without keys has ``O = 0``, so ``D = 0`` and it adds ``-0``.
+    batch's ``(total_q, H)``, one batch of all its rows: None). ``a.sink_order``:
 
-    Exact (the Triton kernel's order with ``exact=True``, ``dash_sink_grad_kernel``): ``t =
-    exp2_fma(s2 - LSE2) * D`` (``sub.rn``, :func:`~dash_ref.arithmetic.exp2.exp2_fma`,
-    ``mul.rn``); lane ``l`` of :data:`SINK_LANES` adds, from ``+0``, the terms of each
-    batch's rows ``l, l + SINK_LANES, ...`` (batch by batch; a lane past a batch's last
-    row adds ``+0``); the lanes are then joined by a pairwise tree (neighbours first, as
-    ``D``'s) and the sum negated.
+    - ``"rows"`` (IEEE): ``P_sink = exp2(s2 - LSE2)`` (one rounded difference, a correctly
+      rounded exp2), one fp32 product ``t = P_sink * D``, then per head one fp32
+      subtraction per row from ``+0``, rows ascending. A row without keys has ``O = 0``,
+      so ``D = 0`` and it adds ``-0``.
+    - ``"lanes"`` (exact and fast: the one kernel every backend runs,
+      ``dash_cuda.prepost.dash_sink_grad_kernel``): ``t = exp2_fma(s2 - LSE2) * D``
+      (``sub.rn``, :func:`~dash_ref.arithmetic.exp2.exp2_fma`, ``mul.rn``); lane ``l`` of
+      :data:`SINK_LANES` adds, from ``+0``, the terms of each batch's rows ``l, l +
+      SINK_LANES, ...`` (batch by batch; a lane past a batch's last row adds ``+0``); the
+      lanes are then joined by a pairwise tree (neighbours first, as ``D``'s) and the sum
+      negated.
     """
     require_feature(a, "sinks")
-    if a.exp2 == "fma":
+    if a.sink_order == "lanes":
         terms = exp2_fma(sink2[None, :] - lse2) * delta
         rows, heads = terms.shape
         per_batch = rows_per_batch or rows

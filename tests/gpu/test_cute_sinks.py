@@ -3,7 +3,7 @@
 - L2: the forward's ``O`` and ``LSE2`` with sinks are ``dash_ref``'s fast forward with
   them (step ``fwd_sink``), bit for bit, every mask kind, rectangular and packed, and the
   backward from them reproduces too (``verify.capture``: its steps do not change, LSE2
-  carries the sinks);
+  carries the sinks), ``dsink`` included (the one sink kernel every backend runs);
 - accuracy: ``O``, ``dQ``, ``dK``, ``dV`` and ``dsink`` within the float64 reference's
   bound, GQA, ``S_q != S_k`` (causal rows that see no key: ``O = 0``, ``LSE2`` the sink's);
 - determinism (L0): 1000 runs with a busy stream give one bit pattern, ``dsink`` included;
@@ -94,17 +94,20 @@ def test_within_the_float64_bound(shape, d, dtype, mask):
 @pytest.mark.parametrize("schedule", ["shift", "descending"])
 def test_the_backward_from_the_sinks_lse2_is_reproduced_by_the_cpu(schedule):
     """The backward's steps do not change with sinks (LSE2 carries them): every step of an
-    audited run, D to the rounded gradients, is the fast emulation's (L2)."""
+    audited run, D to the rounded gradients and ``dsink`` (the one sink kernel's lanes and
+    pairwise tree), is the fast emulation's (L2); two batches of more rows than the sum's
+    lanes, so lanes restart per batch and take several rows each."""
     from verify.l2 import record_steps
 
-    q, k, v, do = inputs((1, 2, 2, 260, 300), 64, torch.bfloat16, seed=93)
+    q, k, v, do = inputs((2, 2, 2, 1100, 130), 64, torch.bfloat16, seed=93)
     sink = sinks(2)
     o, lse, got = run(q, k, v, do, sink, dict(causal=True), schedule=schedule,
                       num_workers=4, audit=True)
     dq, dk, dv, dsink, record = got
     assert record.arithmetic == "fast"
-    steps = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv))
-    assert first_difference(steps) is None
+    steps = record_steps(record, (q, k, v, o, lse, do), (dq, dk, dv, dsink),
+                         learnable_sink=sink)
+    assert steps[-1][0] == "dsink" and first_difference(steps) is None
 
 
 def test_one_bit_pattern_in_1000_runs_with_a_busy_stream():
