@@ -101,7 +101,8 @@ def transcript(command: str) -> tuple[int, str]:
 
 def transcripts() -> tuple[dict, dict]:
     """Audits of ``emulator:atomic`` and ``emulator:shift``, a fuzz of a planted bug, the
-    reproducer it prints, and the same case on a correct implementation."""
+    reproducer it prints, the same case on a correct implementation, and an audit with a
+    softcap and sinks of a planted order-dependent ``dsink``."""
     numbers, out = {}, {}
     for impl in ("atomic", "shift"):
         _, out[f"audit_{impl}"] = transcript(
@@ -117,6 +118,10 @@ def transcripts() -> tuple[dict, dict]:
         _, out["check_emulator"] = transcript(correct)
         case = re.search(r"--seqlen-q (\d+) --seqlen-k (\d+)", repro.group(1))
         numbers["fuzz.seqlen_q"], numbers["fuzz.seqlen_k"] = map(int, case.groups())
+    _, out["audit_sinks"] = transcript(
+        "PYTHONPATH=tests dash-verify audit --impl planted:shuffled_dsink --seqlen-q 64 "
+        "--heads 2 --head-dim 16 --softcap 30 --learnable-sink=0.5,-2 --trials 6 "
+        "--no-perturb")
     _, out["schedule_shift"] = transcript(
         "dash-verify schedule --name shift --mask full --seqlen-q 512 --block-m 128 "
         "--block-n 128 --heads 2 --head-dim 64 --workers 4")

@@ -59,3 +59,79 @@ def ignores_window(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)):
 
 
 ignores_window.takes_window = True
+
+
+# -- FlashAttention's softcap and learnable sinks ---------------------------------------------
+def _featured(q, k, v, do, causal, softmax_scale, softcap, learnable_sink):
+    """float64 outputs and gradients with the features, rounded to the inputs' dtypes."""
+    g = attention_f64(q, k, v, do, causal, softmax_scale, softcap=softcap,
+                      learnable_sink=learnable_sink)
+    out = tuple(x.to(q.dtype) for x in (g.o, g.dq, g.dk, g.dv))
+    return out + (() if learnable_sink is None else (g.dsink.to(learnable_sink.dtype),))
+
+
+def featured_reference(q, k, v, do, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    """Correct: takes a softcap and sinks, float64 gradients (dsink too) rounded."""
+    return _featured(q, k, v, do, causal, softmax_scale, softcap, learnable_sink)
+
+
+def ignores_softcap(q, k, v, do, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    """Softcap bug: says it takes one, then runs without it."""
+    return _featured(q, k, v, do, causal, softmax_scale, 0.0, learnable_sink)
+
+
+def zero_dsink(q, k, v, do, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    """Sink bug: the forward uses the sinks, their gradient is left at zero."""
+    out = _featured(q, k, v, do, causal, softmax_scale, softcap, learnable_sink)
+    return out if learnable_sink is None else (*out[:4], torch.zeros_like(out[4]))
+
+
+def forgets_dsink(q, k, v, do, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    """Contract bug: takes sinks, returns no gradient for them (four outputs)."""
+    return _featured(q, k, v, do, causal, softmax_scale, softcap, learnable_sink)[:4]
+
+
+_CALLS = [0]
+
+
+def shuffled_dsink(q, k, v, do, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    """Order-dependent: dsink is an fp32 sum over query rows in a fresh order every call
+    (drawn from the call count, so a test run repeats); O and the other gradients are
+    deterministic."""
+    out = _featured(q, k, v, do, causal, softmax_scale, softcap, learnable_sink)
+    if learnable_sink is None:
+        return out
+    g = attention_f64(q, k, v, do, causal, softmax_scale, softcap=softcap,
+                      learnable_sink=learnable_sink)
+    # per row: -P_sink D, the terms of dsink (B, S_q, H)
+    sink = learnable_sink.double()
+    lse = torch.logsumexp(torch.cat([_scores(q, k, causal, softmax_scale, softcap),
+                                     sink[None, :, None, None].expand(q.shape[0], -1,
+                                                                      q.shape[1], 1)], -1), -1)
+    delta = (g.o * do.double()).sum(-1).permute(0, 2, 1)  # (B, H, S_q)
+    terms = (-(sink[None, :, None] - lse).exp() * delta).float().permute(1, 0, 2)
+    terms = terms.reshape(q.shape[2], -1)
+    _CALLS[0] += 1
+    order = torch.randperm(terms.shape[1], generator=torch.Generator().manual_seed(_CALLS[0]))
+    dsink = torch.zeros(q.shape[2])
+    for r in order:  # one fp32 addition per row, in this call's order
+        dsink = dsink + terms[:, r]
+    return (*out[:4], dsink.to(learnable_sink.dtype))
+
+
+def _scores(q, k, causal, softmax_scale, softcap):
+    """Scaled (and capped) float64 scores ``(B, H, S_q, S_k)``, masked ones ``-inf``."""
+    group = q.shape[2] // k.shape[2]
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(),
+                     k.double().repeat_interleave(group, 2)) * softmax_scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if causal:
+        s_q, s_k = q.shape[1], k.shape[1]
+        rows = torch.arange(s_q)[:, None] + (s_k - s_q)
+        s = s.masked_fill(torch.arange(s_k)[None, :] > rows, float("-inf"))
+    return s
+
+
+for _fn in (featured_reference, ignores_softcap, zero_dsink, forgets_dsink, shuffled_dsink):
+    _fn.takes_softcap = _fn.takes_sinks = True

@@ -166,3 +166,68 @@ def test_the_mufu_models_match_their_special_cases():
     assert z[:2].tolist() == [0.0, 1.0] and (z[3:6] == -math.inf).all()
     assert z[2] == -1.0 + 2.0**-23  # MUFU.LG2(0.5) as measured: two fp32 ulps above -1
     assert z[6].isnan() and z[7] == math.inf
+
+
+# -- FlashAttention's other options, captured from the Triton kernels in the interpreter ------
+@pytest.fixture(scope="module")
+def featured_capture(tmp_path_factory):
+    """``verify.capture.capture`` of the Triton backend's ``exact=True`` run, in Triton's CPU
+    interpreter with the GPU's rounding models: GQA, ``S_q != S_k``, a two-sided window, a
+    value head dim of its own, a softcap and sinks."""
+    pytest.importorskip("triton.runtime.interpreter")
+    from triton_interpreter import run
+
+    gen = torch.Generator().manual_seed(41)
+    q, k, v, do = (torch.randn(*s, generator=gen).to(torch.bfloat16) * a for s, a in (
+        ((1, 70, 2, 32), 4.0), ((1, 90, 1, 32), 1.0), ((1, 90, 1, 16), 1.0),
+        ((1, 70, 2, 16), 1.0)))
+    call = dict(kind="capture", q=q, k=k, v=v, do=do, kwargs=dict(
+        causal=False, schedule="shift", num_workers=1, backend="triton", exact=True,
+        window_size=(30, 12), softcap=20.0, learnable_sink=torch.tensor([1.5, -2.0])))
+    (done,) = run([call], tmp_path_factory.mktemp("capture"), hopper=True)
+    path = tmp_path_factory.mktemp("file") / "featured.capture"
+    cap.save(cap.Capture(done["out"]["meta"], done["out"]["tensors"]), path)
+    return path
+
+
+def test_a_capture_with_every_option_round_trips_and_reproduces(featured_capture, capsys):
+    c = cap.load(featured_capture)
+    p = c.problem
+    assert (p.window_size, p.head_dim_v, p.group) == ((30, 12), 16, 2)
+    assert c.softcap == 20.0 and torch.equal(c.learnable_sink, torch.tensor([1.5, -2.0]))
+    assert "d_v=16 window=(30, 12) softcap=20 sinks" in c.describe()
+    steps_ = cap.check(c)
+    assert steps_[-1][0] == "dsink" and first_difference(steps_) is None
+    assert main(["reproduce", str(featured_capture)]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change", ["no softcap", "another sink", "no window"])
+def test_a_capture_with_a_changed_option_no_longer_reproduces(featured_capture, tmp_path,
+                                                               change):
+    """Each option is read back and used: changed, the CPU computes other bits (a sink
+    logit: ``dsink``; the backward's other steps do not depend on the sinks, LSE2 carries
+    them) or, for the window, another schedule, whose fingerprint is refused."""
+    c = cap.load(featured_capture)
+    if change == "no softcap":
+        c.meta["softcap"] = 0.0
+    elif change == "another sink":
+        c.tensors["learnable_sink"] = c.tensors["learnable_sink"] + torch.tensor([0.0, 0.5])
+    else:
+        c.meta["window_size"] = None
+    cap.save(c, tmp_path / "x.capture")
+    changed = cap.load(tmp_path / "x.capture")
+    try:
+        diff = first_difference(cap.check(changed))
+    except cap.CaptureError as exc:
+        assert change == "no window" and "fingerprint" in str(exc)
+    else:
+        assert diff is not None
+        assert change != "another sink" or diff[0] == "dsink"
+
+
+def test_sinks_without_their_gradient_are_refused(featured_capture, tmp_path):
+    c = cap.load(featured_capture)
+    del c.tensors["dsink"]
+    cap.save(c, tmp_path / "x.capture")
+    with pytest.raises(cap.CaptureError, match="tensors missing: dsink"):
+        cap.load(tmp_path / "x.capture")

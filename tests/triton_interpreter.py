@@ -162,12 +162,18 @@ def _call(c: dict) -> dict:
 
     ``"attention_varlen"`` / ``"attention"``: ``o`` and, with ``do`` given, the gradients by
     autograd (``dq``, ``dk``, ``dv``; ``dsink`` with a ``learnable_sink`` among the
-    keywords). ``"passes_varlen"`` / ``"passes"``: the two passes (``o``, ``lse``, ``dq``,
+    keywords). ``"capture"``: :func:`verify.capture.capture` (``meta`` and ``tensors``).
+    ``"passes_varlen"`` / ``"passes"``: the two passes (``o``, ``lse``, ``dq``,
     ``dk``, ``dv``, ``dsink`` with sinks, and, with ``audit``, the record's ``partials``,
     ``dq_acc``, ``dk_heads``, ``dv_heads``, ``delta``), outputs poisoned with NaN first.
     """
     import dash_cuda
 
+    if c["kind"] == "capture":  # verify.capture.capture: the file's meta and tensors
+        from verify.capture import capture
+
+        got = capture(c["q"], c["k"], c["v"], c["do"], **c.get("kwargs", {}))
+        return {"meta": got.meta, "tensors": got.tensors}
     kw = dict(c.get("kwargs", {}))
     q, k, v, do = c["q"], c["k"], c["v"], c.get("do")
     kind = c["kind"]

@@ -1,7 +1,8 @@
 """Audit a determinism claim: run one attention many times on identical inputs, count the bits.
 
 :func:`audit` runs forward + backward ``trials`` times on the same inputs and reports, for
-each of O, dQ, dK, dV, how many distinct bit patterns appeared, the largest distance (in
+each of O, dQ, dK, dV (and ``dsink``, the learnable sinks' gradient, when the audited call
+has them), how many distinct bit patterns appeared, the largest distance (in
 units in the last place) of any run from the first, where the first difference sits, and
 how long the runs took. With ``perturb=True`` every run also varies what may legally vary
 between two runs of a training job:
@@ -34,7 +35,7 @@ from dash_ref import Problem
 from dash_ref._checks import boolean, choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
 from verify import guard
-from verify.contract import OUTPUTS, Finding, check_outputs
+from verify.contract import OUTPUTS, SINK_OUTPUT, Finding, check_outputs, output_names
 from verify.impls import Impl, Unavailable, get_impl, packing_of
 from verify.options import softmax_scale_or_default, timeout_seconds
 from verify.progress import progress_bar
@@ -68,6 +69,8 @@ class AuditReport:
     note: str = ""
     failure: str = ""  # a finding that ended the audit early (crash, contract, timeout)
     tiles: tuple[int, int] | None = None  # (BM, BN) the implementation ran, where we chose
+    softcap: float = 0.0  # the audited call's softcap (0: none)
+    learnable_sink: tuple[float, ...] | None = None  # its sink logits, one per query head
 
     @property
     def deterministic(self) -> bool:
@@ -89,7 +92,9 @@ class AuditReport:
             f"  problem B={p.batch} H={p.heads} H_kv={p.heads_kv} S_q={p.seqlen_q} "
             f"S_k={p.seqlen_k} d={p.head_dim}"
             f"{f' d_v={p.head_dim_v}' if p.head_dim_v != p.head_dim else ''} mask={p.mask}"
-            f"{f' window={p.window_size}' if p.is_windowed else ''} dtype={self.dtype}"
+            f"{f' window={p.window_size}' if p.is_windowed else ''}"
+            f"{f' softcap={self.softcap:g}' if self.softcap else ''}"
+            f"{' sinks' if self.learnable_sink is not None else ''} dtype={self.dtype}"
             f"{f' packed: {p.total_q} query and {p.total_k} key rows' if p.is_packed else ''}",
             f"  {self.trials} trials, perturbations: {', '.join(self.perturbations) or 'none'}",
         ]
@@ -97,7 +102,7 @@ class AuditReport:
             lines.append(f"  {'output':<7}{'distinct':>9}{'max ulp':>9}  first difference")
         for o in (self.outputs.values() if self.times_ms else ()):
             where = ("-" if o.first_trial is None else
-                     f"trial {o.first_trial} at {'(t, h, d)' if p.is_packed else '(b, s, h, d)'}"
+                     f"trial {o.first_trial} at {_axes(o.name, p.is_packed)}"
                      f" = {o.first_index}: "
                      f"{o.first_values[0]!r} vs {o.first_values[1]!r}")
             spread = f"{o.max_ulp_spread}{'+NaN' if o.nan_differences else ''}"
@@ -115,6 +120,13 @@ class AuditReport:
         out["deterministic"] = self.deterministic
         out["median_ms"] = self.median_ms
         return out
+
+
+def _axes(name: str, packed: bool) -> str:
+    """What an index of output ``name`` counts: ``dsink`` has one entry per query head."""
+    if name == SINK_OUTPUT:
+        return "(h,)"
+    return "(t, h, d)" if packed else "(b, s, h, d)"
 
 
 _HASH_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
@@ -180,7 +192,8 @@ class _Perturber:
 def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool = True,
           dtype: str = "bf16", seed: int = 0, softmax_scale: float | None = None,
           device: str | None = None, progress: bool = True, timeout: float | None = None,
-          tiles: tuple[int, int] | None = None) -> AuditReport:
+          tiles: tuple[int, int] | None = None, softcap: float = 0.0,
+          learnable_sink: tuple[float, ...] | None = None) -> AuditReport:
     """Run ``impl`` ``trials`` times on one seeded input set and report how the bits varied.
 
     ``timeout`` bounds each call in seconds (a hang becomes a finding); ``tiles`` asks the
@@ -188,7 +201,10 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     windowed ``problem`` passes its ``window_size`` to every call, a packed one (with
     ``seqlens_q``, ``seqlens_k``) its offsets and longest lengths on ``(total, H, d)``
     inputs; an implementation that takes no window (:attr:`~verify.impls.Impl.windows`) or
-    no packed batch (:attr:`~verify.impls.Impl.packed`) is refused. Raises
+    no packed batch (:attr:`~verify.impls.Impl.packed`) is refused. ``softcap`` (a
+    positive cap) and ``learnable_sink`` (one logit per query head, as fp32) go to every
+    call, whose fifth output ``dsink`` is then audited too; an implementation that takes
+    neither (:attr:`~verify.impls.Impl.features`) is refused. Raises
     :class:`~verify.impls.Unavailable` when the implementation cannot run here, and
     ``ValueError``/``TypeError`` for bad arguments, before any trial runs. What the
     implementation does wrong on a call is a finding in the report (``failure``).
@@ -211,20 +227,25 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     timeout = timeout_seconds(timeout)
     if tiles is not None:
         impl = impl.with_tiles(*tiles)
+    case = Case(problem, dtype, seed=seed, softcap=softcap, learnable_sink=learnable_sink)
     impl.require_window(problem.window_size)
     impl.require_packed(problem.is_packed)
+    impl.require_features(case.softcap, case.sink_tensor)
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
     impl.require()
+    sink = None if case.sink_tensor is None else case.sink_tensor.to(dev)
     run = partial(impl, window_size=problem.window_size,
-                  packing=packing_of(problem, dev) if problem.is_packed else None)
+                  packing=packing_of(problem, dev) if problem.is_packed else None,
+                  softcap=case.softcap, learnable_sink=sink)
     scale = softmax_scale_or_default(softmax_scale, problem.head_dim)
-    inputs = Case(problem, dtype, seed=seed).tensors(dev)
+    inputs = case.tensors(dev)
     causal = problem.mask == "causal"
     perturber = _Perturber(dev, perturb, seed)
-    outputs = {name: OutputAudit(name) for name in OUTPUTS}
-    seen: dict[str, set[tuple[int, ...]]] = {name: set() for name in OUTPUTS}
+    names = output_names(sink is not None)
+    outputs = {name: OutputAudit(name) for name in names}
+    seen: dict[str, set[tuple[int, ...]]] = {name: set() for name in names}
     first: dict[str, torch.Tensor] = {}
     times: list[float] = []
     failure = ""
@@ -236,7 +257,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         start = time.perf_counter()
         try:
             result = check_outputs(guard.call(run, *args, causal, scale, timeout=timeout),
-                                   *args)
+                                   *args, sink)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         except Finding as found:
@@ -245,7 +266,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         finally:
             perturber.after()
         times.append((time.perf_counter() - start) * 1e3)
-        for name, x in zip(OUTPUTS, result):
+        for name, x in zip(names, result):
             digest = _digest(x)
             if t == 0:
                 first[name] = x.detach().clone()
@@ -256,7 +277,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
         bar.update(1)
     bar.close()
     return AuditReport(impl.name, problem, dtype, trials, perturber.names, outputs, times,
-                       impl.note, failure, impl.tiles)
+                       impl.note, failure, impl.tiles, case.softcap, case.learnable_sink)
 
 
 def _record_difference(out: OutputAudit, trial: int, ref: torch.Tensor, x: torch.Tensor

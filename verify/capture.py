@@ -7,7 +7,10 @@ fingerprint), the arithmetic the run used, and the environment (GPU, driver, lib
 versions). :func:`load` reads such a file back and refuses a bad or truncated one with
 :class:`CaptureError`; :func:`check` recomputes every step on the CPU with ``dash_ref``
 (:mod:`verify.l2`) and returns them beside the GPU's, in the order the run computed them:
-``O``, ``LSE2``, ``D``, the partials, the accumulators, ``dQ``, ``dK``, ``dV``.
+``O``, ``LSE2``, ``D``, the partials, the accumulators, ``dQ``, ``dK``, ``dV`` (and
+``dsink``). A run may have FlashAttention's other options: a sliding window, a value head dim
+of its own, a softcap and learnable sinks (the sinks and their gradient are then kept too);
+files written before these existed read as runs without them.
 
 ``dash-verify capture`` and ``dash-verify reproduce`` are the command-line front ends;
 ``tests/data/captures/`` holds H200 captures that the CPU test suite reproduces.
@@ -35,6 +38,8 @@ FORMAT = "dash-capture/1"
 TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partials", "dq_acc")
 #: with one query head per KV head, also the fp32 per-head dK/dV accumulators
 PER_HEAD = ("dk_heads", "dv_heads")
+#: with learnable sinks, also the sinks and their gradient
+SINKS = ("learnable_sink", "dsink")
 _MAGIC = b"DASHCAPTURE1\n"
 
 
@@ -51,18 +56,34 @@ class Capture:
 
     @property
     def problem(self) -> Problem:
-        m = self.meta
-        b, s_q, h, d = self.tensors["q"].shape
-        return Problem(b, h, self.tensors["k"].shape[2], s_q, self.tensors["k"].shape[1], d,
-                       "causal" if m["causal"] else "full", m["block_m"], m["block_n"])
+        m, t = self.meta, self.tensors
+        b, s_q, h, d = t["q"].shape
+        window = m.get("window_size")
+        return Problem(b, h, t["k"].shape[2], s_q, t["k"].shape[1], d,
+                       "causal" if m["causal"] else "full", m["block_m"], m["block_n"],
+                       window_size=None if window is None else tuple(window),
+                       head_dim_v=t["v"].shape[-1] if "v" in t else None)
+
+    @property
+    def softcap(self) -> float:
+        return float(self.meta.get("softcap", 0.0))
+
+    @property
+    def learnable_sink(self) -> torch.Tensor | None:
+        return self.tensors.get("learnable_sink")
 
     def describe(self) -> str:
-        """One line: shape, dtype, mask, schedule, backend, arithmetic, GPU."""
+        """One line: shape, dtype, mask and options, schedule, backend, arithmetic, GPU."""
         p, m = self.problem, self.meta
+        options = "".join([f" d_v={p.head_dim_v}" if p.head_dim_v != p.head_dim else "",
+                           f" window={p.window_size}" if p.is_windowed else "",
+                           f" softcap={self.softcap:g}" if self.softcap else "",
+                           " sinks" if self.learnable_sink is not None else ""])
         return (f"B={p.batch} S_q={p.seqlen_q} S_k={p.seqlen_k} H={p.heads} H_kv={p.heads_kv} "
                 f"d={p.head_dim} {str(self.tensors['q'].dtype).removeprefix('torch.')} "
-                f"{p.mask} {m['schedule']} (W={m['num_workers']}) backend={m['backend']} "
-                f"arithmetic={m['arithmetic']} on {m['environment'].get('gpu', '?')}")
+                f"{p.mask}{options} {m['schedule']} (W={m['num_workers']}) "
+                f"backend={m['backend']} arithmetic={m['arithmetic']} on "
+                f"{m['environment'].get('gpu', '?')}")
 
 
 # -- on the GPU ----------------------------------------------------------------------------
@@ -87,30 +108,41 @@ def environment() -> dict:
 def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
             causal: bool = False, softmax_scale: float | None = None,
             schedule: str = "auto", num_workers: int | None = None, backend: str = "cute",
-            exact: bool = False) -> Capture:
+            exact: bool = False, window_size: tuple[int, int] = (-1, -1),
+            softcap: float = 0.0, learnable_sink: torch.Tensor | None = None) -> Capture:
     """Run the forward and the audited backward on ``q``'s GPU and capture everything.
 
-    ``(B, S, H, d)`` CUDA tensors. The backward runs with ``audit=True`` (every dQ partial
-    is kept; small problems only) in the backend's default arithmetic (``exact``: the
-    Triton backend's ``exact=True``); every output and scratch buffer is filled with NaN
-    first, so an element a kernel does not write shows.
+    ``(B, S, H, d)`` CUDA tensors (``v`` and ``do`` may have a head dim of their own). The
+    backward runs with ``audit=True`` (every dQ partial is kept; small problems only) in
+    the backend's default arithmetic (``exact``: the Triton backend's ``exact=True``);
+    every output and scratch buffer is filled with NaN first, so an element a kernel does
+    not write shows. ``window_size``, ``softcap`` and ``learnable_sink`` are
+    FlashAttention's, given to both passes.
     """
     import dash_cuda
     from dash_cuda.backends import get_backend
 
+    features = dict(window_size=tuple(window_size), softcap=softcap,
+                    learnable_sink=learnable_sink)
     o, lse2 = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                          backend=backend, _poison=True)
-    dq, dk, dv, rec = dash_cuda.attention_backward(
+                                          backend=backend, _poison=True, **features)
+    *grads, rec = dash_cuda.attention_backward(
         q, k, v, o, lse2, do, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-        num_workers=num_workers, audit=True, exact=exact, backend=backend, _poison=True)
-    torch.cuda.synchronize()
+        num_workers=num_workers, audit=True, exact=exact, backend=backend, _poison=True,
+        **features)
+    if q.is_cuda:
+        torch.cuda.synchronize(q.device)
     p = rec.schedule.problem
-    tensors = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse2": lse2, "dq": dq, "dk": dk,
-               "dv": dv, "delta": rec.delta, "partials": _real_rows(rec.partials, rec.schedule),
-               "dq_acc": rec.dq_acc}
+    tensors = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse2": lse2, "dq": grads[0],
+               "dk": grads[1], "dv": grads[2], "delta": rec.delta,
+               "partials": _real_rows(rec.partials, rec.schedule), "dq_acc": rec.dq_acc}
     if p.heads == p.heads_kv:  # with GQA the emulator keeps only the heads' sums
         tensors.update(dk_heads=rec.dk_heads, dv_heads=rec.dv_heads)
+    if learnable_sink is not None:
+        tensors.update(learnable_sink=learnable_sink, dsink=grads[3])
     meta = {"format": FORMAT, "causal": bool(causal), "softmax_scale": softmax_scale,
+            "window_size": None if p.window_size is None else list(p.window_size),
+            "softcap": float(softcap),
             "schedule": rec.schedule.name, "num_workers": rec.schedule.num_workers,
             "fingerprint": rec.schedule.fingerprint(), "block_m": p.block_m,
             "block_n": p.block_n, "backend": rec.backend, "arithmetic": rec.arithmetic,
@@ -160,6 +192,8 @@ def load(path: str | Path) -> Capture:
     missing = [n for n in TENSORS if n not in tensors]
     if "k" in tensors and "q" in tensors and tensors["k"].shape[2] == tensors["q"].shape[2]:
         missing += [n for n in PER_HEAD if n not in tensors]
+    if any(n in tensors for n in SINKS):  # the sinks come with their gradient
+        missing += [n for n in SINKS if n not in tensors]
     if missing:
         raise CaptureError(f"{path}: tensors missing: {', '.join(missing)}")
     c = Capture(meta, tensors)
@@ -176,14 +210,15 @@ def load(path: str | Path) -> Capture:
 
 def _check_shapes(path, c: Capture, p: Problem) -> None:
     t = c.tensors
-    want = {"k": (p.batch, p.seqlen_k, p.heads_kv, p.head_dim), "v": None, "do": None,
-            "o": None, "dq": None, "dk": None, "dv": None,
-            "lse2": (p.batch, p.seqlen_q, p.heads), "delta": (p.batch, p.seqlen_q, p.heads),
-            "dq_acc": (p.batch, p.seqlen_q, p.heads, p.head_dim),
-            "dk_heads": (p.batch, p.seqlen_k, p.heads, p.head_dim), "dv_heads": None}
-    want["v"] = want["dk"] = want["dv"] = want["k"]
-    want["do"] = want["o"] = want["dq"] = want["dq_acc"]
-    want["dv_heads"] = want["dk_heads"]
+    rows_q, rows_k = (p.batch, p.seqlen_q), (p.batch, p.seqlen_k)
+    want = {"k": (*rows_k, p.heads_kv, p.head_dim), "v": (*rows_k, p.heads_kv, p.head_dim_v),
+            "do": (*rows_q, p.heads, p.head_dim_v), "dq": (*rows_q, p.heads, p.head_dim),
+            "lse2": (*rows_q, p.heads), "delta": (*rows_q, p.heads),
+            "dk_heads": (*rows_k, p.heads, p.head_dim),
+            "dv_heads": (*rows_k, p.heads, p.head_dim_v),
+            "learnable_sink": (p.heads,), "dsink": (p.heads,)}
+    want["dk"], want["dv"] = want["k"], want["v"]
+    want["o"], want["dq_acc"] = want["do"], want["dq"]
     for name, shape in want.items():
         if name in t and tuple(t[name].shape) != shape:
             raise CaptureError(f"{path}: {name} has shape {tuple(t[name].shape)}, the problem "
@@ -205,16 +240,20 @@ def check(c: Capture) -> Steps:
         raise CaptureError("the schedule rebuilt on this machine has another fingerprint than "
                            "the captured one (a different dash_ref version?)")
     steps = []
+    p = sched.problem
+    features = dict(softcap=c.softcap, learnable_sink=c.learnable_sink)
     if m.get("forward_block_n") and m["arithmetic"] == "fast":
         steps += forward_steps((t["q"], t["k"], t["v"]), t["o"], t["lse2"], m["causal"],
-                               m["softmax_scale"], m["forward_block_n"], m["arithmetic"])
-    kernel = {n: t[n] for n in ("delta", "dq_acc", "dq", "dk", "dv")}
+                               m["softmax_scale"], m["forward_block_n"], m["arithmetic"],
+                               window_size=p.window_size if p.is_windowed else (-1, -1),
+                               **features)
+    kernel = {n: t[n] for n in ("delta", "dq_acc", "dq", "dk", "dv", "dsink") if n in t}
     # with GQA l2_steps compares the heads' sums only (dK, dV), never these
     kernel.update({n: t.get(n, torch.empty(0)) for n in PER_HEAD})
     kernel["partials"] = _padded(t["partials"], sched)
     inputs = tuple(t[n] for n in ("q", "k", "v", "o", "lse2", "do"))
     steps += l2_steps(sched, inputs, kernel, m["softmax_scale"], m["flush_subnormals"],
-                      m["arithmetic"])
+                      m["arithmetic"], **features)
     return steps
 
 

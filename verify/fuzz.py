@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
 from verify import guard
-from verify.contract import OUTPUTS, ContractViolation, Finding, check_outputs
+from verify.contract import ContractViolation, Finding, check_outputs, output_names
 from verify.impls import Impl, get_impl
 from verify.options import timeout_seconds
 from verify.progress import progress_bar
@@ -70,8 +70,11 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     contract is a finding (``ok`` false, ``kind`` and the message say which); an
     implementation that cannot run here raises :class:`~verify.impls.Unavailable`
     instead. The emulator runs the case's tiles; other implementations choose their own.
-    A windowed case's ``window_size`` goes to the implementation and to the reference; one
-    that takes no window (:attr:`~verify.impls.Impl.windows`) is refused (``ValueError``).
+    A windowed case's ``window_size`` goes to the implementation and to the reference, and
+    so do its ``softcap`` and ``learnable_sink`` (whose gradient ``dsink`` is then held to
+    the reference's too); an implementation that takes no window
+    (:attr:`~verify.impls.Impl.windows`) or not the case's features
+    (:attr:`~verify.impls.Impl.features`) is refused (``ValueError``).
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
     if not isinstance(impl, Impl):
@@ -84,23 +87,29 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
         impl = impl.with_tiles(case.problem.block_m, case.problem.block_n)
     window = case.problem.window_size  # None: no window, and the six-argument call
     impl.require_window(window)
+    sink = None if case.sink_tensor is None else case.sink_tensor.to(impl.device)
+    impl.require_features(case.softcap, sink)
     impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
-    run = impl if window is None else partial(impl, window_size=window)
-    bitwise = (impl.bitwise if window is None or impl.bitwise is None
-               else partial(impl.bitwise, window_size=window))
+    # only what the case has: without window and features, the six-argument calls
+    asked = ({} if window is None else {"window_size": window}) | (
+        {"softcap": case.softcap} if case.softcap else {}) | (
+        {} if sink is None else {"learnable_sink": sink})
+    run = partial(impl, **asked)
+    bitwise = None if impl.bitwise is None else partial(impl.bitwise, **asked)
     try:
         got = check_outputs(guard.call(run, q, k, v, do, case.causal, scale,
-                                       timeout=timeout), q, k, v, do)
+                                       timeout=timeout), q, k, v, do, sink)
         problems = (guard.call(bitwise, q, k, v, do, case.causal, scale,
                                timeout=timeout) if bitwise else [])
     except Finding as found:
         return CheckResult(case, False, {}, str(found), _kind(found))
     ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale,
-                        window_size=window)
+                        window_size=window, **case.features)
     errors = {}
-    outputs = {name.lower(): x.detach().cpu() for name, x in zip(OUTPUTS, got)}
+    outputs = {name.lower(): x.detach().cpu()
+               for name, x in zip(output_names(sink is not None), got)}
     for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
         errors[name] = c.normwise
         if not c.finite:
@@ -147,7 +156,9 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     implementation that cannot run here raises :class:`~verify.impls.Unavailable` before
     any case is drawn. ``windows=True`` (passed on to :func:`verify.strategies.problems`)
     draws sliding windows too; an implementation that takes none is refused
-    (``ValueError``) before any case is drawn.
+    (``ValueError``) before any case is drawn; ``softcaps=True`` and ``sinks=True`` draw
+    softcaps and learnable sinks as well (likewise refused by an implementation that takes
+    none, :attr:`~verify.impls.Impl.features`).
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
     if not isinstance(impl, Impl):
@@ -159,6 +170,10 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     timeout = timeout_seconds(timeout)
     if case_kwargs.get("windows") and not impl.windows:
         raise ValueError(impl.window_refusal("fuzzed with --windows"))
+    for flag, feature, noun in (("softcaps", "softcap", "softcap"),
+                                ("sinks", "sinks", "learnable sinks")):
+        if case_kwargs.get(flag) and feature not in impl.features:
+            raise ValueError(impl.feature_refusal(noun, f"fuzzed with --{flag}"))
     impl.require()
     case_kwargs.setdefault("schedules", (recorded_schedule(impl),))
     bar = progress_bar(budget, f"fuzz {impl.name}", progress, unit="cases")

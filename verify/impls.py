@@ -9,10 +9,15 @@ arguments keeps working; asked for a window, one that does not take it is refuse
 (``ValueError``: ``dash-verify`` exits 2) rather than run without it. One that takes packed
 batches (:attr:`Impl.packed`, FlashAttention's varlen layout) is called on ``(total, H, d)``
 tensors with the keywords ``cu_seqlens_q``, ``cu_seqlens_k`` (int32, ``B + 1`` offsets),
-``max_seqlen_q`` and ``max_seqlen_k``; the others are refused a packed problem.
+``max_seqlen_q`` and ``max_seqlen_k``; the others are refused a packed problem. One that
+takes FlashAttention's softcap and learnable sinks (:attr:`Impl.features`) is passed
+``softcap=`` (a positive cap) and ``learnable_sink=`` (an fp32 ``(H,)`` tensor on the
+inputs' device) only when the call has them, and with sinks returns their gradient as a
+fifth output, ``(o, dq, dk, dv, dsink)`` (:mod:`verify.contract`); asked for a feature, one
+that does not take it is refused like a window.
 :func:`get_impl` resolves a name (the last column: whether it takes a window; those that do
-take packed batches too, ``dash_cuda.attention_varlen`` and FlashAttention-4's
-``flash_attn_varlen_func`` for the kernels):
+take packed batches, softcaps and sinks too, ``dash_cuda.attention_varlen`` and
+FlashAttention-4's ``flash_attn_varlen_func`` for the kernels):
 
 =====================  ===============================================================  ======
 name                   what runs                                                        window
@@ -38,7 +43,9 @@ name                   what runs                                                
                        ``deterministic=True`` (its window: None for ``-1``)
 ``module:function``    any importable user callable with the signature above; it takes  if set
                        windows where it sets ``fn.takes_window = True``, packed
-                       batches where it sets ``fn.takes_packed = True``
+                       batches where it sets ``fn.takes_packed = True``, a softcap
+                       where ``fn.takes_softcap = True``, sinks where
+                       ``fn.takes_sinks = True``
 =====================  ===============================================================  ======
 
 :meth:`Impl.unavailable` says why an implementation cannot run on this machine (no CUDA
@@ -60,7 +67,7 @@ import torch
 
 from . import guard
 
-Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Outputs = tuple[torch.Tensor, ...]  # (o, dq, dk, dv), and dsink with sinks
 AttentionFn = Callable[..., Outputs]
 
 
@@ -87,6 +94,9 @@ class Impl:
     # the dash_ref schedule it runs (emulator:NAME, dash*:NAME; "auto" where the name gives
     # none), None for the peers, whose summation orders are their own
     schedule: str | None = None
+    # FlashAttention's optional features it takes as keywords: "softcap" (softcap=) and
+    # "sinks" (learnable_sink=, then returning dsink as a fifth output)
+    features: tuple[str, ...] = ()
     _make: Callable[[int, int], AttentionFn] | None = None
 
     def with_tiles(self, block_m: int, block_n: int) -> Impl:
@@ -105,10 +115,12 @@ class Impl:
 
     def __call__(self, q, k, v, do, causal: bool, softmax_scale: float,
                  window_size: tuple[int, int] | None = None,
-                 packing: dict | None = None) -> Outputs:
+                 packing: dict | None = None, softcap: float = 0.0,
+                 learnable_sink: torch.Tensor | None = None) -> Outputs:
         """Run the implementation; ``window_size`` only where the problem has a window
         (None: none), ``packing`` (the varlen keywords, :func:`packing_of`) only for a
-        packed batch: without either the call is the six-argument one."""
+        packed batch, ``softcap`` and ``learnable_sink`` only where set: without any the
+        call is the six-argument one."""
         extra: dict = {}
         if window_size is not None:
             self.require_window(window_size)
@@ -116,7 +128,30 @@ class Impl:
         if packing is not None:
             self.require_packed(True)
             extra.update(packing)
+        self.require_features(softcap, learnable_sink)
+        if softcap:
+            extra["softcap"] = softcap
+        if learnable_sink is not None:
+            extra["learnable_sink"] = learnable_sink
         return self.fn(q, k, v, do, causal, softmax_scale, **extra)
+
+    def require_features(self, softcap: float = 0.0,
+                         learnable_sink: torch.Tensor | None = None) -> None:
+        """``ValueError`` when a softcap (non-zero) or sinks (not None) are asked for and
+        this implementation does not take them: it would run without them."""
+        asked = [(f"held to --softcap {softcap}", "softcap", "softcap") if softcap else None,
+                 ("given --sinks", "sinks", "learnable sinks")
+                 if learnable_sink is not None else None]
+        for what, feature, noun in filter(None, asked):
+            if feature not in self.features:
+                raise ValueError(self.feature_refusal(noun, what))
+
+    def feature_refusal(self, noun: str, asked: str) -> str:
+        """The one-line refusal of a feature (``noun``) this implementation does not take."""
+        attr = "takes_softcap" if noun == "softcap" else "takes_sinks"
+        return (f"{self.name} takes no {noun}, so it cannot be {asked} (it would run "
+                f"without it); emulator:NAME, dash:NAME, dash-exact:NAME, fa4[-det] and a "
+                f"module:function with {attr} = True take it")
 
     def require_packed(self, packed: bool) -> None:
         """``ValueError`` when a packed batch is asked for and this implementation does
@@ -172,7 +207,8 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
     arrivals = random.Random(0)  # atomics: a fresh arrival order per call, the same per run
 
     def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), cu_seqlens_q=None,
-            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, softcap=0.0,
+            learnable_sink=None):
         head_dim_v = v.shape[-1]  # the values' own head dim, where they have one
         if cu_seqlens_q is None:
             p = problem_of(q, k, causal, block_m, block_n, window_size=window_size,
@@ -183,8 +219,9 @@ def _emulator(schedule: str, block_m: int = 16, block_n: int = 16, workers: int 
                                   head_dim_v=head_dim_v)
         sched = build_schedule(p, schedule, workers)
         seed = arrivals.randrange(2**31) if schedule == "atomic" else None
-        fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed)
-        return fwd.o, bwd.dq, bwd.dk, bwd.dv
+        fwd, bwd = emulate(sched, q, k, v, do, softmax_scale, arrival_seed=seed,
+                           softcap=softcap, learnable_sink=learnable_sink)
+        return (fwd.o, bwd.dq, bwd.dk, bwd.dv) + (() if bwd.dsink is None else (bwd.dsink,))
 
     return run
 
@@ -237,20 +274,33 @@ def _sdpa(backend: str, deterministic: bool) -> AttentionFn:
 def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> AttentionFn:
     import dash_cuda
 
-    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), **packing):
+    def run(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), softcap=0.0,
+            learnable_sink=None, **packing):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        sink = _leaf(learnable_sink)
         options = dict(causal=causal, softmax_scale=softmax_scale,
                        schedule="naive" if schedule == "atomic" else schedule,
                        deterministic=schedule != "atomic", exact=exact, backend=backend,
-                       window_size=tuple(window_size))
+                       window_size=tuple(window_size), softcap=softcap, learnable_sink=sink)
         if packing:  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             o = dash_cuda.attention_varlen(qg, kg, vg, **packing, **options)
         else:
             o = dash_cuda.attention(qg, kg, vg, **options)
         o.backward(do)
-        return o.detach(), qg.grad, kg.grad, vg.grad
+        return _grads(o, qg, kg, vg, sink)
 
     return run
+
+
+def _leaf(x: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh leaf of ``x`` that takes a gradient (None stays None)."""
+    return None if x is None else x.detach().clone().requires_grad_()
+
+
+def _grads(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           sink: torch.Tensor | None) -> Outputs:
+    """``(o, dq, dk, dv)`` after ``o.backward``, and ``dsink`` with sinks."""
+    return (o.detach(), q.grad, k.grad, v.grad) + (() if sink is None else (sink.grad,))
 
 
 def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
@@ -263,14 +313,18 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
     from dash_ref.emulate import epilogue, replay
     from verify.l2 import forward_steps, record_steps
 
-    def checks(q, k, v, do, causal, softmax_scale, window_size=(-1, -1)) -> list[str]:
+    def checks(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), softcap=0.0,
+               learnable_sink=None) -> list[str]:
         window_size = tuple(window_size)
+        features = dict(softcap=softcap, learnable_sink=learnable_sink)
         o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                             backend=backend, window_size=window_size)
-        dq, dk, dv, rec = dash_cuda.attention_backward(
+                                             backend=backend, window_size=window_size,
+                                             **features)
+        *grads, rec = dash_cuda.attention_backward(
             q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
             schedule=schedule, audit=True, exact=exact, backend=backend,
-            window_size=window_size)
+            window_size=window_size, **features)
+        dq = grads[0]
         # the replay runs the record's schedule: it must be that of the windowed problem
         want = dash_cuda.backward_problem(q.shape[0], q.shape[2], k.shape[2], q.shape[1],
                                           k.shape[1], q.shape[3], causal, rec.backend,
@@ -285,11 +339,13 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
         if not torch.equal(dq.cpu(), epilogue(acc, softmax_scale, q.dtype)):
             found.append("L1: dQ differs from the replay's epilogue")
         if rec.arithmetic is not None:  # L2: exact=True, or the CuTe default arithmetic
-            steps = record_steps(rec, (q, k, v, o, lse, do), (dq, dk, dv), softmax_scale)
+            steps = record_steps(rec, (q, k, v, o, lse, do), tuple(grads), softmax_scale,
+                                 **features)
             if rec.arithmetic == "fast":
                 steps = forward_steps((q.cpu(), k.cpu(), v.cpu()), o.cpu(), lse.cpu(), causal,
                                       softmax_scale, get_backend(rec.backend).forward_block_n(
-                                          q.shape[-1]), window_size=window_size) + steps
+                                          q.shape[-1]), window_size=window_size,
+                                      **features) + steps
             found += [f"L2: {name} differs from the CPU emulation"
                       for name, got, want in steps if not torch.equal(got, want)]
         return found
@@ -315,22 +371,27 @@ def _fa4(deterministic: bool) -> AttentionFn:
                           "flash-attn-4, or put it on PYTHONPATH (scripts/fa4_bundle.sh packs "
                           "it for the GPU machine)")
 
-    def run(q, k, v, do, causal, softmax_scale, window_size=None, **packing):
+    def run(q, k, v, do, causal, softmax_scale, window_size=None, softcap=0.0,
+            learnable_sink=None, **packing):
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        sink = _leaf(learnable_sink)
         # FlashAttention-4 spells an unbounded side None, not -1
         window = {} if window_size is None else {
             "window_size": tuple(None if x < 0 else x for x in window_size)}
         call = load_fa4(varlen=True) if packing else fa
         out = call(qg, kg, vg, softmax_scale=softmax_scale, causal=causal,
-                   deterministic=deterministic, **window, **packing)
+                   deterministic=deterministic, softcap=softcap, learnable_sink=sink,
+                   **window, **packing)
         o = out[0] if isinstance(out, tuple) else out
         o.backward(do)
-        return o.detach(), qg.grad, kg.grad, vg.grad
+        return _grads(o, qg, kg, vg, sink)
 
     return run
 
 
 SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
+#: the optional features an implementation may take (:attr:`Impl.features`)
+FEATURES = ("softcap", "sinks")
 KINDS = ("emulator:NAME, dash[-triton|-cute]:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
          "fa4[-det], module:function")
 DASH_KINDS = {"dash": ("auto", False), "dash-triton": ("triton", False),
@@ -364,7 +425,7 @@ def _resolve(name: str) -> Impl:
         schedule = _schedule_name(name, arg)
         return Impl(name, _emulator(schedule, *EMULATOR_TILES), "cpu",
                     "tile-level emulation on the CPU", tiles=EMULATOR_TILES, windows=True,
-                    packed=True, schedule=schedule,
+                    packed=True, schedule=schedule, features=FEATURES,
                     _make=lambda bm, bn: _emulator(schedule, bm, bn))
     if kind in DASH_KINDS:
         backend, exact = DASH_KINDS[kind]
@@ -373,7 +434,7 @@ def _resolve(name: str) -> Impl:
             raise ValueError("dash-exact needs a deterministic schedule, not 'atomic'")
         needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
         return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
-                    windows=True, packed=True, schedule=schedule,
+                    windows=True, packed=True, schedule=schedule, features=FEATURES,
                     bitwise=None if schedule == "atomic"
                     else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):
@@ -386,7 +447,8 @@ def _resolve(name: str) -> Impl:
         note = "use_deterministic_algorithms(True), strict" if det else ""
         return Impl(name, _sdpa(backend, det), device, note)
     if name in ("fa4", "fa4-det"):
-        return Impl(name, _fa4(name == "fa4-det"), "cuda", windows=True, packed=True)
+        return Impl(name, _fa4(name == "fa4-det"), "cuda", windows=True, packed=True,
+                    features=FEATURES)
     if colon and kind and arg:
         try:  # importing runs user code: it may raise, exit or print
             module = guard.call(importlib.import_module, kind)
@@ -398,5 +460,7 @@ def _resolve(name: str) -> Impl:
             raise ValueError(f"implementation {name!r}: module {kind!r} has no callable {arg!r}")
         return Impl(name, fn, "cuda" if torch.cuda.is_available() else "cpu", "user callable",
                     windows=getattr(fn, "takes_window", False) is True,
-                    packed=getattr(fn, "takes_packed", False) is True)
+                    packed=getattr(fn, "takes_packed", False) is True,
+                    features=tuple(f for f, attr in zip(FEATURES, ("takes_softcap", "takes_sinks"))
+                                   if getattr(fn, attr, False) is True))
     raise ValueError(f"unknown implementation {name!r}: use {KINDS}")

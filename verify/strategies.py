@@ -128,21 +128,23 @@ class Case:
         """The command-line flags that rebuild this case (for one-line reproducers);
         ``tiles=False`` leaves out ``--block-m``/``--block-n`` (for an implementation that
         chooses its own tiles, which ``dash-verify check`` refuses them for); a window
-        as ``--window-size LEFT RIGHT``."""
+        as ``--window-size LEFT RIGHT``, a softcap as ``--softcap CAP``, sinks as
+        ``--learnable-sink=L,L,...`` (``=``: a list may start with a minus sign), each value
+        written so that it reads back to the same fp32 (``repr``)."""
         p = self.problem
         if p.is_packed:
             raise ValueError("Case.flags: the command line takes rectangular problems only; "
                              "this case is a packed batch")
-        if self.softcap or self.learnable_sink is not None:
-            raise ValueError("Case.flags: the command line takes no softcap or sinks; this "
-                             "case has one")
+        features = (f"--softcap {self.softcap!r} " if self.softcap else "") + (
+            "" if self.learnable_sink is None
+            else f"--learnable-sink={','.join(repr(float(x)) for x in self.learnable_sink)} ")
         blocks = f"--block-m {p.block_m} --block-n {p.block_n} " if tiles else ""
         window = (f"--window-size {p.window_size[0]} {p.window_size[1]} " if p.is_windowed
                   else "")
         return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
                 f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
                 f"{f'--head-dim-v {p.head_dim_v} ' if p.head_dim_v != p.head_dim else ''}"
-                f"--mask {p.mask} {window}{blocks}"
+                f"--mask {p.mask} {window}{features}{blocks}"
                 f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
 
 
@@ -187,6 +189,9 @@ def softcaps() -> st.SearchStrategy:
     models use (Gemma 2: 50, 30) and anything between."""
     return st.one_of(st.sampled_from((0.5, 1.0, 2.0, 5.0, 30.0, 50.0)),
                      st.floats(0.25, 64.0, allow_nan=False, allow_infinity=False))
+
+
+_softcaps = softcaps  # for cases(), whose flag of that name hides it
 
 
 def learnable_sinks(heads: int) -> st.SearchStrategy:
@@ -260,14 +265,20 @@ def _problems(draw, max_elements: int, head_dims: tuple[int, ...], masks: tuple[
 
 @st.composite
 def cases(draw, max_elements: int = 200_000, schedules: tuple[str, ...] = NAMES,
-          dtypes: tuple[str, ...] = ("bf16", "fp16"), **problem_kwargs) -> Case:
-    """A :class:`Case`: a problem, a dtype, a schedule name and an input seed."""
-    return Case(
-        problem=draw(problems(max_elements=max_elements, **problem_kwargs)),
-        dtype=draw(st.sampled_from(dtypes)),
-        schedule=draw(st.sampled_from(schedules)),
-        seed=draw(st.integers(0, 2**31 - 1)),
-    )
+          dtypes: tuple[str, ...] = ("bf16", "fp16"), softcaps: bool = False,
+          sinks: bool = False, **problem_kwargs) -> Case:
+    """A :class:`Case`: a problem, a dtype, a schedule name and an input seed; with
+    ``softcaps`` and ``sinks``, each about half the time, a softcap (:func:`softcaps`) and
+    sinks (:func:`learnable_sinks`), drawn last (without them a case is drawn as it always
+    was)."""
+    problem = draw(problems(max_elements=max_elements, **problem_kwargs))
+    case = dict(problem=problem, dtype=draw(st.sampled_from(dtypes)),
+                schedule=draw(st.sampled_from(schedules)), seed=draw(st.integers(0, 2**31 - 1)))
+    if softcaps:
+        case["softcap"] = draw(st.one_of(st.just(0.0), _softcaps()))
+    if sinks:
+        case["learnable_sink"] = draw(st.one_of(st.none(), learnable_sinks(problem.heads)))
+    return Case(**case)
 
 
 # ---------------------------------------------------------------------------------------

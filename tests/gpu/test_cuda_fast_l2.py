@@ -78,3 +78,23 @@ def test_a_negative_scale_is_reproduced():
         steps = forward_steps((q.cpu(), k.cpu(), v.cpu()), o.cpu(), lse.cpu(), False, scale,
                               128)
         assert first_difference(steps) is None, scale
+
+
+@pytest.mark.parametrize("window_size, softcap, sinks", [
+    ((40, 0), 0.0, True), ((-1, -1), 30.0, True), ((64, 16), 50.0, False)],
+    ids=["causal-window-sinks", "softcap-sinks", "window-softcap"])
+def test_a_capture_with_the_options_is_reproduced_on_the_cpu(tmp_path, window_size, softcap,
+                                                            sinks):
+    """A window, a softcap and sinks captured from the CuTe default (through the file):
+    every step, ``dsink`` included, is the CPU's."""
+    from verify.capture import load, save
+
+    q, k, v, do = inputs((1, 4, 2, 230, 260), 128, torch.bfloat16, seed=31)
+    sink = torch.tensor([2.0, -1.0, 0.5, -6.0], device="cuda") if sinks else None
+    c = capture(q * 3, k, v, do, causal=window_size[1] == 0, schedule="shift",
+                window_size=window_size, softcap=softcap, learnable_sink=sink)
+    save(c, tmp_path / "run.capture")
+    steps = check(load(tmp_path / "run.capture"))
+    assert [s for s, _, _ in steps][:2] == ["O", "LSE2"]
+    assert (steps[-1][0] == "dsink") == sinks
+    assert first_difference(steps) is None

@@ -77,6 +77,26 @@ def _float(text: str) -> float:
     return float(text)
 
 
+def positive_number(text: str) -> float:
+    """A finite number > 0."""
+    value = _float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
+
+
+def logits(text: str) -> tuple[float, ...]:
+    """Comma-separated finite numbers (one sink logit per query head)."""
+    values = tuple(_float(part) for part in text.split(","))
+    bad = [x for x in values if not math.isfinite(x)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"must be finite, got {bad[0]}")
+    return values
+
+
+logits.__name__ = "comma-separated logits"
+
+
 def cost(text: str) -> float:
     """A finite, non-negative cost."""
     special = text.lower().lstrip("+-") in ("nan", "inf", "infinity")
@@ -152,6 +172,20 @@ def add_shape_args(parser: argparse.ArgumentParser, workers: bool = True,
     if workers:
         g.add_argument("--workers", type=positive_int, default=DEFAULT_WORKERS, metavar="W",
                        help="persistent workers (SMs); pin it to reproduce the same orders")
+
+
+def add_feature_args(parser: argparse.ArgumentParser) -> None:
+    """``--softcap`` and ``--learnable-sink``: FlashAttention's other two options (the
+    commands that run implementations refuse them for one that takes neither,
+    :attr:`verify.impls.Impl.features`, rather than run without)."""
+    g = parser.add_argument_group("features")
+    g.add_argument("--softcap", type=positive_number, default=0.0, metavar="CAP",
+                   help="FlashAttention's softcap: scores become CAP * tanh(scores / CAP) "
+                        "(default: none)")
+    g.add_argument("--learnable-sink", type=logits, default=None, metavar="L,L,...",
+                   help="learnable attention sinks, one logit per query head (write "
+                        "--learnable-sink=-1.5,2 when the first is negative); the sinks' "
+                        "gradient dsink is checked too")
 
 
 def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16)

@@ -11,6 +11,7 @@ from .args import (
     EXIT_FINDING,
     EXIT_OK,
     Outcome,
+    add_feature_args,
     add_impl_args,
     add_shape_args,
     at_least,
@@ -29,10 +30,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "dtype and device, finite). Exit 0 if each output had one pattern, 1 "
                     "if not or if the implementation crashed, exited, timed out or broke "
                     "the contract. With --window-size every call runs the window, with "
-                    "--seqlens-q a packed batch (an implementation that takes neither is "
-                    "refused, exit 2).")
+                    "--seqlens-q a packed batch, with --softcap and --learnable-sink those "
+                    "features (dsink is then audited too); an implementation that takes "
+                    "none of them is refused, exit 2.")
     add_impl_args(p)
     add_shape_args(p, workers=False, impl_tiles=True, windows=True, packed=True)
+    add_feature_args(p)
     budget.add_allow_large(p)
     p.add_argument("--trials", type=at_least(2), default=100, help="runs to compare")
     p.add_argument("--no-perturb", dest="perturb", action="store_false",
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     if impl.tiles is not None:  # the emulator: its cost is known
         budget.require(budget.emulator_cost(problem, args.trials), args)
     report = audit(impl, problem, trials=args.trials, perturb=args.perturb, dtype=args.dtype,
-                   seed=args.seed, timeout=args.timeout)
+                   seed=args.seed, timeout=args.timeout, softcap=args.softcap,
+                   learnable_sink=args.learnable_sink)
     print(report.summary(), file=out)
     if report.times_ms:
         print(report.timing(), file=sys.stderr)

@@ -7,7 +7,15 @@ from typing import TextIO
 
 from dash_ref.schedules.problem import MASKS
 
-from .args import EXIT_OK, SCHEDULES, Outcome, nonnegative_int, output_file, positive_int
+from .args import (
+    EXIT_OK,
+    SCHEDULES,
+    Outcome,
+    add_feature_args,
+    nonnegative_int,
+    output_file,
+    positive_int,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,6 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--heads-kv", type=positive_int, default=None, metavar="H_KV",
                    help="key/value heads, a divisor of H (default: --heads)")
     g.add_argument("--head-dim", type=positive_int, default=64, metavar="D", help="head dim")
+    g.add_argument("--head-dim-v", type=positive_int, default=None, metavar="D_V",
+                   help="the values' head dim (default: --head-dim)")
+    g.add_argument("--window-size", type=int, nargs=2, default=(-1, -1),
+                   metavar=("LEFT", "RIGHT"),
+                   help="FlashAttention's sliding window (-1: unbounded on that side)")
     g.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="input dtype")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed")
     g.add_argument("--schedule", choices=[s for s in SCHEDULES if s != "atomic"],
@@ -41,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "its backward the CPU reproduces)")
     g.add_argument("--exact", action="store_true",
                    help="the backward in exact=True arithmetic (Triton backend)")
+    add_feature_args(p)
     return p
 
 
@@ -57,16 +71,26 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     if args.heads % heads_kv:
         raise ValueError(f"--heads-kv {heads_kv} must divide --heads {args.heads}")
     s_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
+    d_v = args.head_dim if args.head_dim_v is None else args.head_dim_v
+    if args.learnable_sink is not None and len(args.learnable_sink) != args.heads:
+        raise ValueError(f"--learnable-sink has {len(args.learnable_sink)} logits, --heads "
+                         f"{args.heads}: one per query head")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    q, do = (torch.randn(args.batch, args.seqlen_q, args.heads, args.head_dim, device="cuda",
-                         generator=gen).to(dtype) for _ in range(2))
-    k, v = (torch.randn(args.batch, s_k, heads_kv, args.head_dim, device="cuda",
-                        generator=gen).to(dtype) for _ in range(2))
+
+    def draw(s, h, d):
+        return torch.randn(args.batch, s, h, d, device="cuda", generator=gen).to(dtype)
+
+    q, do = draw(args.seqlen_q, args.heads, args.head_dim), draw(args.seqlen_q, args.heads, d_v)
+    k, v = draw(s_k, heads_kv, args.head_dim), draw(s_k, heads_kv, d_v)
+    sink = None if args.learnable_sink is None else torch.tensor(
+        args.learnable_sink, dtype=torch.float32, device="cuda")
     if args.backend == "triton" and not args.exact:
         raise ValueError("the triton backend's default arithmetic has no CPU counterpart: "
                          "capture it with --exact, or capture the cute backend")
     c = capture(q, k, v, do, causal=args.mask == "causal", schedule=args.schedule,
-                num_workers=args.workers, backend=args.backend, exact=args.exact)
+                num_workers=args.workers, backend=args.backend, exact=args.exact,
+                window_size=tuple(args.window_size), softcap=args.softcap,
+                learnable_sink=sink)
     save(c, args.out)
     print(f"captured {c.describe()} into {args.out}", file=out)
     return Outcome(EXIT_OK, f"captured into {args.out}",

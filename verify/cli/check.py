@@ -13,6 +13,7 @@ from .args import (
     EXIT_OK,
     SCHEDULES,
     Outcome,
+    add_feature_args,
     add_impl_args,
     add_shape_args,
     impl_from_args,
@@ -27,11 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "the bound of verify.highprec (and to L1/L2 where the implementation "
                     "has an audit mode), after holding them to the interface contract. Exit "
                     "0 if it passes, 1 if not or if the implementation crashed, exited, "
-                    "timed out or broke the contract. With --window-size the implementation "
-                    "and the reference run the window (one that takes none is refused, "
-                    "exit 2).")
+                    "timed out or broke the contract. With --window-size, --softcap or "
+                    "--learnable-sink the implementation and the reference run them (one "
+                    "that takes none is refused, exit 2).")
     add_impl_args(p)
     add_shape_args(p, workers=False, impl_tiles=True, windows=True)
+    add_feature_args(p)
     budget.add_allow_large(p)
     p.add_argument("--schedule", choices=(*SCHEDULES, *BANDED), default="naive",
                    help="recorded with the case only: the implementation name picks the "
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
 
     impl = impl_from_args(args)
     case = Case(problem_from_args(args, impl.tiles or (16, 16)), args.dtype, args.schedule,
-                args.seed)
+                args.seed, args.softcap, args.learnable_sink)
     if impl.tiles is not None:  # the emulator: its cost is known
         budget.require(budget.emulator_cost(case.problem, 1), args)
     result = check(impl, case, timeout=args.timeout)
