@@ -64,13 +64,16 @@
 #                                        # forward and backward, float64, busy-stream trials,
 #                                        # packed), Triton's, then against FA4 in rounds
 #                                        # (bench_features.py --kinds softcap)
+#   scripts/gpu_release.sh pending OUT [bench]  # the GPU tests written or changed since
+#                                        # their last GPU run, side by side (bench: the
+#                                        # softcap cell and the head-dim grid against FA4)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -306,6 +309,25 @@ sinks)
     step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds sinks --tag bench_sinks \
         --time-budget 150
     [ -f "$LOG/bench_sinks.md" ] && grep -E '^\| sinks' "$LOG/bench_sinks.md"
+    ;;
+pending)
+    # MODE tests (default): the GPU tests written or changed since their last GPU run, side
+    # by side; MODE bench: the softcap cell and the head-dim grid against FA4 in rounds
+    fa4_unpack
+    if [ "$MODE" = bench ]; then
+        step bench_softcap 200 $PY benchmarks/bench_features.py --out "$LOG" \
+            --kinds softcap --tag bench_softcap --time-budget 150
+        step bench_headdims_grid 300 $PY benchmarks/bench_features.py --out "$LOG" \
+            --kinds headdims-grid --tag bench_headdims_grid --time-budget 210
+        for t in bench_softcap bench_headdims_grid; do
+            [ -f "$LOG/$t.md" ] && grep -E '^\| (softcap|d)' "$LOG/$t.md"
+        done
+    else
+        side_by_side 450 tests/gpu/test_cute_softcap.py tests/gpu/test_triton_softcap_sinks.py \
+            tests/gpu/test_cute_sinks.py tests/gpu/test_cuda_fast_l2.py \
+            tests/gpu/test_cuda_exact.py tests/gpu/test_triton_head_dims.py \
+            tests/gpu/test_cuda_plans.py
+    fi
     ;;
 softcap)
     fa4_unpack
