@@ -122,6 +122,12 @@ def transcripts() -> tuple[dict, dict]:
         "PYTHONPATH=tests dash-verify audit --impl planted:shuffled_dsink --seqlen-q 64 "
         "--heads 2 --head-dim 16 --softcap 30 --learnable-sink=0.5,-2 --trials 6 "
         "--no-perturb")
+    _, out["audit_sinks"] = transcript(
+        "dash-verify audit --impl emulator:shift --seqlen-q 64 --heads 2 --head-dim 16 "
+        "--softcap 30 --learnable-sink=0.5,-2 --trials 4")
+    _, out["check_sinks"] = transcript(
+        "PYTHONPATH=tests dash-verify check --impl planted:zero_dsink --seqlen-q 64 "
+        "--heads 2 --head-dim 16 --softcap 30 --learnable-sink=0.5,-2")
     _, out["schedule_shift"] = transcript(
         "dash-verify schedule --name shift --mask full --seqlen-q 512 --block-m 128 "
         "--block-n 128 --heads 2 --head-dim 64 --workers 4")

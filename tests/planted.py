@@ -135,3 +135,30 @@ def _scores(q, k, causal, softmax_scale, softcap):
 
 for _fn in (featured_reference, ignores_softcap, zero_dsink, forgets_dsink, shuffled_dsink):
     _fn.takes_softcap = _fn.takes_sinks = True
+
+
+# -- packed batches (FlashAttention's varlen layout) ------------------------------------------
+def _lengths(cu):
+    offsets = cu.tolist()
+    return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+def packed_reference(q, k, v, do, causal, softmax_scale, cu_seqlens_q=None, cu_seqlens_k=None,
+                     max_seqlen_q=None, max_seqlen_k=None):
+    """Correct: each packed sequence on its own, float64 gradients rounded."""
+    from verify.reference import attention_f64_packed
+
+    g = attention_f64_packed(q, k, v, do, _lengths(cu_seqlens_q), _lengths(cu_seqlens_k),
+                             causal, softmax_scale)
+    return tuple(x.to(q.dtype) for x in (g.o, g.dq, g.dk, g.dv))
+
+
+def one_long_sequence(q, k, v, do, causal, softmax_scale, cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=None, max_seqlen_k=None):
+    """Packing bug: ignores the offsets, so every query attends to every packed sequence's
+    keys (right only for a batch of one sequence)."""
+    out = reference_cast(q[None], k[None], v[None], do[None], causal, softmax_scale)
+    return tuple(x[0] for x in out)
+
+
+packed_reference.takes_packed = one_long_sequence.takes_packed = True

@@ -10,16 +10,15 @@ without. A reproducer writes the features as flags that rebuild the same case.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verify.cli import main
-from verify.cli.args import add_feature_args
 from verify.impls import Impl, get_impl
 from verify.strategies import Case, feature_cases
 
@@ -180,20 +179,82 @@ def test_fa4_is_given_the_features_and_returns_dsink(monkeypatch):
     assert torch.allclose(out[4][0], x.sum(), rtol=1e-5)
 
 
-@settings(max_examples=25, deadline=None)
-@given(feature_cases(max_elements=4000))
-def test_a_case_with_features_rebuilds_from_its_flags(case):
-    """The reproducer's flags give back the case's softcap and sink logits exactly."""
-    if case.problem.is_packed:
-        return
-    parser = argparse.ArgumentParser()
-    add_feature_args(parser)
-    flags = shlex.split(case.flags())
-    picked = [f for n, f in enumerate(flags) if f.startswith("--learnable-sink=")
-              or f == "--softcap" or (n and flags[n - 1] == "--softcap")]
-    args = parser.parse_args(picked)
-    assert args.softcap == case.softcap
-    assert args.learnable_sink == case.learnable_sink
-    rebuilt = Case(case.problem, case.dtype, case.schedule, case.seed, args.softcap,
-                   args.learnable_sink)
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(feature_cases(max_elements=4000),
+                 feature_cases(max_elements=4000, packed=True)))
+def test_a_case_rebuilds_from_its_flags(case):
+    """The reproducer's flags, read by ``dash-verify check``'s own parser, give back the same
+    case: its lengths (packed ones too), window, value head dim, tiles, softcap and sink
+    logits exactly."""
+    from verify.cli import build_parser
+    from verify.cli.args import problem_from_args
+
+    args = build_parser().parse_args(["check", "--impl", "emulator:naive",
+                                      *shlex.split(case.flags())])
+    rebuilt = Case(problem_from_args(args), args.dtype, args.schedule, args.seed,
+                   args.softcap, args.learnable_sink)
     assert rebuilt == case
+
+
+# -- packed batches through check and fuzz ----------------------------------------------------
+PACKED = ["--seqlens-q", "37,0,64,20", "--seqlens-k", "50,12,64,9", "--heads", "2",
+          "--heads-kv", "1", "--head-dim", "16", "--mask", "causal"]
+
+
+def test_check_holds_each_packed_sequence_to_its_own_bound(capsys):
+    code, out, err = _run(capsys, ["check", "--impl", "emulator:lpt", *PACKED, *CAP, *SINKS,
+                                   "--json"])
+    assert code == 0, err
+    result = json.loads(out)["result"]
+    assert result["ok"] and set(result["errors"]) == {"o", "dq", "dk", "dv", "dsink"}
+    assert result["case"].startswith("--seqlens-q 37,0,64,20 --seqlens-k 50,12,64,9 ")
+    code, out, _ = _run(capsys, ["check", "--impl", "planted:one_long_sequence", *PACKED])
+    assert code == 1 and "sequence 0: o error" in out
+    assert main(["check", "--impl", "planted:packed_reference", *PACKED]) == 0
+    # one sequence is a rectangular problem: the helper's bug cannot show there
+    assert main(["check", "--impl", "planted:one_long_sequence", "--seqlens-q", "40",
+                 "--seqlens-k", "50", *PACKED[4:]]) == 0
+
+
+def test_fuzz_draws_packed_batches_finds_the_packing_bug_and_reproduces_it(capsys):
+    code, out, _ = _run(capsys, ["fuzz", "--impl", "planted:one_long_sequence", "--packed",
+                                 "--budget", "30", "--max-elements", "6000"])
+    assert code == 1
+    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
+    argv = shlex.split(line.removeprefix("reproduce: dash-verify "))
+    assert "--seqlens-q" in argv and "--batch" not in argv
+    assert main(argv) == 1
+    capsys.readouterr()
+    assert main(["fuzz", "--impl", "emulator:lpt", "--packed", "--sinks", "--softcaps",
+                 "--windows", "--budget", "6", "--max-elements", "6000"]) == 0
+    code, _, err = _run(capsys, ["fuzz", "--impl", "sdpa-math", "--packed", "--budget", "2"])
+    assert code == 2 and "takes no packed batches" in err
+
+
+# -- dash_cuda's own checks (L1, and L2 with exact=True) with the options, in the interpreter --
+@pytest.fixture(scope="module")
+def interpreted_checks(tmp_path_factory):
+    """``verify.fuzz.check`` of the Triton kernels, through ``dash_cuda``, in Triton's CPU
+    interpreter with the GPU's rounding models: the float64 bound, L1 (the replay of the
+    audited partials) and, for ``dash-exact``, L2 of every step, ``dsink`` included."""
+    pytest.importorskip("triton.runtime.interpreter")
+    from triton_interpreter import run
+
+    from dash_ref import Problem
+
+    packed = Problem.packed((37, 0, 64, 20), (50, 12, 64, 9), 2, 1, 16, "causal", 16, 16)
+    square = Problem(1, 2, 2, 70, 90, 32, "full", 16, 16, window_size=(30, 10))
+    cases = [("dash-exact:lpt", Case(packed, "bf16", "lpt", 3, 20.0, (0.5, -1.0))),
+             ("dash-triton:lpt", Case(packed, "fp16", "lpt", 4, 0.0, (2.0, -3.0))),
+             ("dash-exact:banded", Case(square, "bf16", "banded", 5, 30.0, (1.0, -4.0)))]
+    calls = [dict(kind="check", impl=name, flags=case.flags(tiles=False), q=None, k=None,
+                  v=None) for name, case in cases]
+    return run(calls, tmp_path_factory.mktemp("checks"), hopper=True)
+
+
+@pytest.mark.parametrize("index", range(3), ids=["exact-packed", "default-packed",
+                                                 "exact-window"])
+def test_dash_cuda_passes_its_own_checks_with_the_options(interpreted_checks, index):
+    out = interpreted_checks[index]["out"]
+    assert out["ok"], out["message"]
+    assert set(out["errors"]) == {"o", "dq", "dk", "dv", "dsink"}

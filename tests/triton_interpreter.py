@@ -11,7 +11,7 @@ What the interpreter needs to get there on CPU tensors is patched in that proces
   (every other check runs, on CPU tensors);
 - the residency check takes the grid as it is: interpreted programs run one after
   another, so a persistent backward runs on ``num_workers=1`` (a program that waited for
-  another would spin forever);
+  another would spin forever), and a call that names no worker count gets one;
 - two gaps of the interpreter (Triton 3.6, NumPy 2.4): a scalar loaded from memory is a
   one-element array, which ``range`` cannot take, and ``libdevice.rint`` and
   ``libdevice.tanh`` (the softcap's) have no CPU body: NumPy's ``rint`` and fp32 ``tanh``
@@ -155,6 +155,7 @@ def _patch_dash_cuda() -> None:
     torch.cuda.device = lambda device: contextlib.nullcontext()
     dash_cuda.api.check_cuda = dash_cuda.checks.check_cuda = lambda named: None
     dash_cuda.launch.max_workers = lambda backend, launch: launch.num_workers
+    dash_cuda.launch.sm_count = lambda device: 1  # a call that names no workers runs on one
 
 
 def _call(c: dict) -> dict:
@@ -163,12 +164,31 @@ def _call(c: dict) -> dict:
     ``"attention_varlen"`` / ``"attention"``: ``o`` and, with ``do`` given, the gradients by
     autograd (``dq``, ``dk``, ``dv``; ``dsink`` with a ``learnable_sink`` among the
     keywords). ``"capture"``: :func:`verify.capture.capture` (``meta`` and ``tensors``).
+    ``"check"``: :func:`verify.fuzz.check` of ``impl`` (its inputs on the CPU) on the case
+    ``flags`` describe (``dash-verify check``'s; ``ok``, ``message``, ``kind``, ``errors``).
     ``"passes_varlen"`` / ``"passes"``: the two passes (``o``, ``lse``, ``dq``,
     ``dk``, ``dv``, ``dsink`` with sinks, and, with ``audit``, the record's ``partials``,
     ``dq_acc``, ``dk_heads``, ``dv_heads``, ``delta``), outputs poisoned with NaN first.
     """
     import dash_cuda
 
+    if c["kind"] == "check":  # verify.fuzz.check of an implementation on a case
+        import shlex
+        from dataclasses import replace
+
+        from verify.cli import build_parser
+        from verify.cli.args import problem_from_args
+        from verify.fuzz import check
+        from verify.impls import get_impl
+        from verify.strategies import Case
+
+        args = build_parser().parse_args(["check", "--impl", c["impl"],
+                                          *shlex.split(c["flags"])])
+        case = Case(problem_from_args(args), args.dtype, args.schedule, args.seed,
+                    args.softcap, args.learnable_sink)
+        result = check(replace(get_impl(c["impl"]), device="cpu"), case)
+        return {"ok": result.ok, "message": result.message, "kind": result.kind,
+                "errors": result.errors}
     if c["kind"] == "capture":  # verify.capture.capture: the file's meta and tensors
         from verify.capture import capture
 

@@ -26,11 +26,11 @@ from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
 from verify import guard
 from verify.contract import ContractViolation, Finding, check_outputs, output_names
-from verify.impls import Impl, get_impl
+from verify.impls import Impl, get_impl, packing_of
 from verify.options import timeout_seconds
 from verify.progress import progress_bar
-from verify.reference import attention_f64, grad_checks
-from verify.strategies import Case, cases
+from verify.reference import attention_f64, attention_f64_packed, grad_checks, packed_grad_checks
+from verify.strategies import Case, cases, packed_cases
 
 #: the smallest memory budget a fuzzing run accepts: q, k, v, dO of one head of d = 128
 MIN_ELEMENTS = 4 * 128
@@ -87,6 +87,7 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
         impl = impl.with_tiles(case.problem.block_m, case.problem.block_n)
     window = case.problem.window_size  # None: no window, and the six-argument call
     impl.require_window(window)
+    impl.require_packed(case.problem.is_packed)
     sink = None if case.sink_tensor is None else case.sink_tensor.to(impl.device)
     impl.require_features(case.softcap, sink)
     impl.require()
@@ -95,7 +96,8 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     # only what the case has: without window and features, the six-argument calls
     asked = ({} if window is None else {"window_size": window}) | (
         {"softcap": case.softcap} if case.softcap else {}) | (
-        {} if sink is None else {"learnable_sink": sink})
+        {} if sink is None else {"learnable_sink": sink}) | (
+        {"packing": packing_of(case.problem, impl.device)} if case.problem.is_packed else {})
     run = partial(impl, **asked)
     bitwise = None if impl.bitwise is None else partial(impl.bitwise, **asked)
     try:
@@ -105,20 +107,39 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
                                timeout=timeout) if bitwise else [])
     except Finding as found:
         return CheckResult(case, False, {}, str(found), _kind(found))
-    ref = attention_f64(q.cpu(), k.cpu(), v.cpu(), do.cpu(), case.causal, scale,
-                        window_size=window, **case.features)
-    errors = {}
     outputs = {name.lower(): x.detach().cpu()
                for name, x in zip(output_names(sink is not None), got)}
-    for name, c in grad_checks(outputs, ref, case.torch_dtype).items():
-        errors[name] = c.normwise
-        if not c.finite:
-            problems.append(f"{name} has non-finite values")
-        elif not c.ok:
-            problems.append(f"{name} error {c.error:.2e} > allowed {c.allowed:.2e} "
-                            f"(normwise {c.normwise:.2e})")
+    errors = {}
+    for where, checks in _reference_checks(case, (q, k, v, do), outputs, scale):
+        for name, c in checks.items():
+            errors[name] = max(errors.get(name, 0.0), c.normwise)
+            if not c.finite:
+                problems.append(f"{where}{name} has non-finite values")
+            elif not c.ok:
+                problems.append(f"{where}{name} error {c.error:.2e} > allowed "
+                                f"{c.allowed:.2e} (normwise {c.normwise:.2e})")
     return CheckResult(case, not problems, errors, "; ".join(problems),
                        "" if not problems else "mismatch")
+
+
+def _reference_checks(case: Case, inputs: tuple, outputs: dict, scale: float):
+    """``[(where, grad_checks)]``: the outputs against the float64 reference, one entry for a
+    rectangular case; for a packed one, one per sequence (``"sequence b: "``, on its own
+    rows and bound) and, with sinks, ``dsink`` against the whole batch's (it sums over
+    every sequence). Empty sequences have nothing to check."""
+    p = case.problem
+    q, k, v, do = (x.cpu() for x in inputs)
+    if not p.is_packed:
+        ref = attention_f64(q, k, v, do, case.causal, scale, window_size=p.window_size,
+                            **case.features)
+        return [("", grad_checks(outputs, ref, case.torch_dtype))]
+    ref = attention_f64_packed(q, k, v, do, p.seqlens_q, p.seqlens_k, case.causal, scale,
+                               window_size=p.window_size, **case.features)
+    found = [(f"sequence {b}: ", c)
+             for b, c in enumerate(packed_grad_checks(outputs, ref, case.torch_dtype))]
+    if "dsink" in outputs:
+        found.append(("", grad_checks({"dsink": outputs["dsink"]}, ref, case.torch_dtype)))
+    return found
 
 
 @dataclass
@@ -156,7 +177,10 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     implementation that cannot run here raises :class:`~verify.impls.Unavailable` before
     any case is drawn. ``windows=True`` (passed on to :func:`verify.strategies.problems`)
     draws sliding windows too; an implementation that takes none is refused
-    (``ValueError``) before any case is drawn; ``softcaps=True`` and ``sinks=True`` draw
+    (``ValueError``) before any case is drawn; ``packed=True`` draws packed batches
+    (:func:`verify.strategies.packed_cases`: heavy-tailed mixes with empty sequences and
+    ``S_q != S_k`` per sequence; head dims 16 and 32 unless ``head_dims`` says otherwise),
+    refused by an implementation that takes none; ``softcaps=True`` and ``sinks=True`` draw
     softcaps and learnable sinks as well (likewise refused by an implementation that takes
     none, :attr:`~verify.impls.Impl.features`).
     """
@@ -168,6 +192,9 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     integer("max_elements", max_elements, minimum=MIN_ELEMENTS)
     integer("rng_seed", rng_seed, minimum=0)
     timeout = timeout_seconds(timeout)
+    packed = case_kwargs.pop("packed", False)
+    if packed:
+        impl.require_packed(True)
     if case_kwargs.get("windows") and not impl.windows:
         raise ValueError(impl.window_refusal("fuzzed with --windows"))
     for flag, feature, noun in (("softcaps", "softcap", "softcap"),
@@ -182,7 +209,8 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     @seed(rng_seed)
     @settings(max_examples=budget, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(cases(max_elements=max_elements, **case_kwargs))
+    @given(packed_cases(max_elements=max_elements, **{"head_dims": (16, 32)} | case_kwargs)
+           if packed else cases(max_elements=max_elements, **case_kwargs))
     def run(case: Case) -> None:
         state["examples"] += 1
         bar.update(1)

@@ -310,27 +310,39 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
     forward is then checked too)."""
     import dash_cuda
     from dash_cuda.backends import get_backend
+    from dash_ref import Problem
     from dash_ref.emulate import epilogue, replay
     from verify.l2 import forward_steps, record_steps
 
     def checks(q, k, v, do, causal, softmax_scale, window_size=(-1, -1), softcap=0.0,
-               learnable_sink=None) -> list[str]:
+               learnable_sink=None, packing=None) -> list[str]:
         window_size = tuple(window_size)
         features = dict(softcap=softcap, learnable_sink=learnable_sink)
-        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                             backend=backend, window_size=window_size,
-                                             **features)
-        *grads, rec = dash_cuda.attention_backward(
-            q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
-            schedule=schedule, audit=True, exact=exact, backend=backend,
-            window_size=window_size, **features)
-        dq = grads[0]
-        # the replay runs the record's schedule: it must be that of the windowed problem
-        want = dash_cuda.backward_problem(q.shape[0], q.shape[2], k.shape[2], q.shape[1],
-                                          k.shape[1], q.shape[3], causal, rec.backend,
-                                          window_size=window_size)
-        if rec.schedule.problem.window_size != want.window_size:
-            return [f"L1: the kernel's record ran window {rec.schedule.problem.window_size}, "
+        offsets = () if packing is None else tuple(packing[n] for n in (
+            "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
+        fwd = dash_cuda.attention_varlen_forward if packing else dash_cuda.attention_forward
+        bwd = dash_cuda.attention_varlen_backward if packing else dash_cuda.attention_backward
+        o, lse = fwd(q, k, v, *offsets, causal=causal, softmax_scale=softmax_scale,
+                     backend=backend, window_size=window_size, **features)
+        *grads, rec = bwd(q, k, v, o, lse, do, *offsets, causal=causal,
+                          softmax_scale=softmax_scale, schedule=schedule, audit=True,
+                          exact=exact, backend=backend, window_size=window_size, **features)
+        dq, ran = grads[0], rec.schedule.problem
+        # the replay runs the record's schedule: it must be that of the problem asked for
+        if packing:
+            lengths = tuple(tuple(_seqlens(packing[n])) for n in ("cu_seqlens_q", "cu_seqlens_k"))
+            want = Problem.packed(*lengths, q.shape[1], k.shape[1], q.shape[2],
+                                  "causal" if causal else "full", ran.block_m, ran.block_n,
+                                  window_size)
+            if (ran.seqlens_q, ran.seqlens_k) != lengths:
+                return [f"L1: the kernel's record ran lengths {ran.seqlens_q} / "
+                        f"{ran.seqlens_k}, asked for {lengths[0]} / {lengths[1]}"]
+        else:
+            want = dash_cuda.backward_problem(q.shape[0], q.shape[2], k.shape[2], q.shape[1],
+                                              k.shape[1], q.shape[3], causal, rec.backend,
+                                              window_size=window_size)
+        if ran.window_size != want.window_size:
+            return [f"L1: the kernel's record ran window {ran.window_size}, "
                     f"asked for {want.window_size}"]
         acc = replay(rec.schedule, rec.partials.cpu(), flush_subnormals=rec.flush_subnormals)
         found = []
@@ -345,7 +357,8 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
                 steps = forward_steps((q.cpu(), k.cpu(), v.cpu()), o.cpu(), lse.cpu(), causal,
                                       softmax_scale, get_backend(rec.backend).forward_block_n(
                                           q.shape[-1]), window_size=window_size,
-                                      **features) + steps
+                                      seqlens=(ran.seqlens_q, ran.seqlens_k) if packing
+                                      else None, **features) + steps
             found += [f"L2: {name} differs from the CPU emulation"
                       for name, got, want in steps if not torch.equal(got, want)]
         return found

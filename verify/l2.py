@@ -84,17 +84,20 @@ def forward_steps(inputs: tuple[torch.Tensor, ...], kernel_o: torch.Tensor,
                   kernel_lse2: torch.Tensor, causal: bool, softmax_scale: float | None,
                   block_n: int, arithmetic: str | Arithmetic = "fast", *,
                   window_size: tuple[int, int] | None = (-1, -1),
-                  learnable_sink: torch.Tensor | None = None, softcap: float = 0.0) -> Steps:
+                  learnable_sink: torch.Tensor | None = None, softcap: float = 0.0,
+                  seqlens: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Steps:
     """``[("O", kernel, emulated), ("LSE2", kernel, emulated)]`` for one forward.
 
     ``inputs`` is ``(q, k, v)`` on the CPU, ``block_n`` the forward's KV tile (its query
     tile does not change the bits), ``window_size`` the forward's sliding window,
-    ``learnable_sink`` its sinks (``(H,)``, any device), ``softcap`` its cap.
+    ``learnable_sink`` its sinks (``(H,)``, any device), ``softcap`` its cap; ``seqlens``
+    ``(seqlens_q, seqlens_k)`` of a packed batch (``(total, H, d)`` inputs).
     """
     q, k, v = inputs
     sink = None if learnable_sink is None else learnable_sink.cpu()
+    packed = {} if seqlens is None else dict(seqlens_q=seqlens[0], seqlens_k=seqlens[1])
     emu = forward(q, k, v, causal, softmax_scale, block_n, block_n, arithmetic=arithmetic,
-                  window_size=window_size, learnable_sink=sink, softcap=softcap)
+                  window_size=window_size, learnable_sink=sink, softcap=softcap, **packed)
     return [("O", kernel_o, emu.o), ("LSE2", kernel_lse2.contiguous(), emu.lse2)]
 
 

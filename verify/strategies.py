@@ -132,17 +132,17 @@ class Case:
         ``--learnable-sink=L,L,...`` (``=``: a list may start with a minus sign), each value
         written so that it reads back to the same fp32 (``repr``)."""
         p = self.problem
-        if p.is_packed:
-            raise ValueError("Case.flags: the command line takes rectangular problems only; "
-                             "this case is a packed batch")
         features = (f"--softcap {self.softcap!r} " if self.softcap else "") + (
             "" if self.learnable_sink is None
             else f"--learnable-sink={','.join(repr(float(x)) for x in self.learnable_sink)} ")
         blocks = f"--block-m {p.block_m} --block-n {p.block_n} " if tiles else ""
         window = (f"--window-size {p.window_size[0]} {p.window_size[1]} " if p.is_windowed
                   else "")
-        return (f"--batch {p.batch} --heads {p.heads} --heads-kv {p.heads_kv} "
-                f"--seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k} --head-dim {p.head_dim} "
+        lengths = (f"--seqlens-q {','.join(map(str, p.seqlens_q))} "
+                   f"--seqlens-k {','.join(map(str, p.seqlens_k))}" if p.is_packed else
+                   f"--batch {p.batch} --seqlen-q {p.seqlen_q} --seqlen-k {p.seqlen_k}")
+        return (f"{lengths} --heads {p.heads} --heads-kv {p.heads_kv} "
+                f"--head-dim {p.head_dim} "
                 f"{f'--head-dim-v {p.head_dim_v} ' if p.head_dim_v != p.head_dim else ''}"
                 f"--mask {p.mask} {window}{features}{blocks}"
                 f"--dtype {self.dtype} --schedule {self.schedule} --seed {self.seed}")
@@ -272,6 +272,13 @@ def cases(draw, max_elements: int = 200_000, schedules: tuple[str, ...] = NAMES,
     sinks (:func:`learnable_sinks`), drawn last (without them a case is drawn as it always
     was)."""
     problem = draw(problems(max_elements=max_elements, **problem_kwargs))
+    return _case(draw, problem, schedules, dtypes, softcaps, sinks)
+
+
+def _case(draw, problem: Problem, schedules: tuple[str, ...], dtypes: tuple[str, ...],
+          softcaps: bool, sinks: bool) -> Case:
+    """A :class:`Case` of ``problem``: a dtype, a schedule, a seed, then the features asked
+    for (each about half the time)."""
     case = dict(problem=problem, dtype=draw(st.sampled_from(dtypes)),
                 schedule=draw(st.sampled_from(schedules)), seed=draw(st.integers(0, 2**31 - 1)))
     if softcaps:
@@ -363,14 +370,12 @@ def _packed_problems(draw, max_elements: int, head_dims: tuple[int, ...],
 @st.composite
 def packed_cases(draw, max_elements: int = 60_000,
                  schedules: tuple[str, ...] = (*NAMES, *RAGGED),
-                 dtypes: tuple[str, ...] = ("bf16", "fp16"), **problem_kwargs) -> Case:
-    """A :class:`Case` of a packed problem (:func:`packed_problems`)."""
-    return Case(
-        problem=draw(packed_problems(max_elements=max_elements, **problem_kwargs)),
-        dtype=draw(st.sampled_from(dtypes)),
-        schedule=draw(st.sampled_from(schedules)),
-        seed=draw(st.integers(0, 2**31 - 1)),
-    )
+                 dtypes: tuple[str, ...] = ("bf16", "fp16"), softcaps: bool = False,
+                 sinks: bool = False, **problem_kwargs) -> Case:
+    """A :class:`Case` of a packed problem (:func:`packed_problems`); ``softcaps`` and
+    ``sinks`` as in :func:`cases`."""
+    problem = draw(packed_problems(max_elements=max_elements, **problem_kwargs))
+    return _case(draw, problem, schedules, dtypes, softcaps, sinks)
 
 
 # ---------------------------------------------------------------------------------------

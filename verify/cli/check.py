@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from dash_ref import BANDED
+from dash_ref import BANDED, RAGGED
 
 from . import budget
 from .args import (
@@ -29,13 +29,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "has an audit mode), after holding them to the interface contract. Exit "
                     "0 if it passes, 1 if not or if the implementation crashed, exited, "
                     "timed out or broke the contract. With --window-size, --softcap or "
-                    "--learnable-sink the implementation and the reference run them (one "
+                    "--learnable-sink the implementation and the reference run them, with "
+                    "--seqlens-q a packed batch, each sequence held to its own bound (one "
                     "that takes none is refused, exit 2).")
     add_impl_args(p)
-    add_shape_args(p, workers=False, impl_tiles=True, windows=True)
+    add_shape_args(p, workers=False, impl_tiles=True, windows=True, packed=True)
     add_feature_args(p)
     budget.add_allow_large(p)
-    p.add_argument("--schedule", choices=(*SCHEDULES, *BANDED), default="naive",
+    p.add_argument("--schedule", choices=(*SCHEDULES, *RAGGED, *BANDED), default="naive",
                    help="recorded with the case only: the implementation name picks the "
                         "schedule (emulator:NAME, dash:NAME, dash-exact:NAME)")
     return p

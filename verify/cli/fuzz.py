@@ -26,8 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "and print a one-line reproducer. Exit 0 if every case passed, 1 if "
                     "one failed (a crash, an exit, a timeout or a broken interface "
                     "contract included). With --windows the shapes get sliding windows too, "
-                    "with --softcaps softcaps, with --sinks learnable sinks (an "
-                    "implementation that takes none is refused, exit 2).")
+                    "with --softcaps softcaps, with --sinks learnable sinks; --packed draws "
+                    "packed batches (an implementation that takes none of what is asked "
+                    "is refused, exit 2).")
     p.add_argument("--impl", required=True,
                    help="emulator:NAME, dash:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
                         "fa4[-det] or module:function")
@@ -42,6 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    metavar="D_V", help="draw values with a head dim of their own as well, "
                    "one of these or d (DeepSeek's 192 / 128); the reproducer gives "
                    "--head-dim-v")
+    p.add_argument("--packed", action="store_true",
+                   help="draw packed batches (FlashAttention's varlen layout) instead: "
+                        "heavy-tailed mixes of lengths with empty sequences and S_q != S_k "
+                        "per sequence; the reproducer gives --seqlens-q and --seqlens-k")
     p.add_argument("--softcaps", action="store_true",
                    help="draw softcaps as well (about half the cases; small caps, Gemma's "
                         "30 and 50); the reproducer gives --softcap")
@@ -56,12 +61,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import fuzz
 
-    # without --windows, --value-head-dims, --softcaps or --sinks the strategy is called
-    # exactly as it always was
+    # without --windows, --value-head-dims, --packed, --softcaps or --sinks the strategy is
+    # called exactly as it always was
     drawn = {"windows": True} if args.windows else {}
     if args.value_head_dims:
         drawn["value_head_dims"] = tuple(args.value_head_dims)
-    drawn |= {flag: True for flag in ("softcaps", "sinks") if getattr(args, flag)}
+    drawn |= {flag: True for flag in ("packed", "softcaps", "sinks") if getattr(args, flag)}
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
                   rng_seed=args.seed, timeout=args.timeout, **drawn)
     data = {"examples": result.examples, "ok": result.ok}
