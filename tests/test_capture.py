@@ -231,3 +231,78 @@ def test_sinks_without_their_gradient_are_refused(featured_capture, tmp_path):
     cap.save(c, tmp_path / "x.capture")
     with pytest.raises(cap.CaptureError, match="tensors missing: dsink"):
         cap.load(tmp_path / "x.capture")
+
+
+@pytest.fixture(scope="module")
+def packed_capture(tmp_path_factory):
+    """A packed batch captured from the Triton ``exact=True`` run in the interpreter: an
+    empty sequence, ``S_q != S_k`` per sequence, GQA, causal, a softcap and sinks."""
+    pytest.importorskip("triton.runtime.interpreter")
+    from triton_interpreter import run
+
+    from dash_ref import Problem
+    from verify.impls import packing_of
+
+    p = Problem.packed((37, 0, 64, 20), (50, 12, 64, 9), 2, 1, 16, "causal")
+    gen = torch.Generator().manual_seed(43)
+    q, k, v, do = (torch.randn(rows, h, 16, generator=gen).to(torch.bfloat16)
+                   for rows, h in ((p.total_q, 2), (p.total_k, 1), (p.total_k, 1),
+                                   (p.total_q, 2)))
+    call = dict(kind="capture", q=q * 4, k=k, v=v, do=do, kwargs=dict(
+        causal=True, schedule="lpt", num_workers=1, backend="triton", exact=True,
+        softcap=20.0, learnable_sink=torch.tensor([0.5, -3.0]),
+        packing=packing_of(p, "cpu")))
+    (done,) = run([call], tmp_path_factory.mktemp("packed"), hopper=True)
+    path = tmp_path_factory.mktemp("file") / "packed.capture"
+    cap.save(cap.Capture(done["out"]["meta"], done["out"]["tensors"]), path)
+    return path
+
+
+def test_a_packed_capture_round_trips_and_reproduces(packed_capture, tmp_path, capsys):
+    c = cap.load(packed_capture)
+    p = c.problem
+    assert p.is_packed and (p.seqlens_q, p.seqlens_k) == ((37, 0, 64, 20), (50, 12, 64, 9))
+    assert "packed (37, 0, 64, 20) / (50, 12, 64, 9)" in c.describe()
+    steps_ = cap.check(c)
+    assert steps_[-1][0] == "dsink" and first_difference(steps_) is None
+    assert main(["reproduce", str(packed_capture)]) == 0, capsys.readouterr().out
+    # other offsets over the same rows: another problem, another schedule
+    c.tensors["cu_seqlens_q"] = torch.tensor([0, 30, 37, 101, 121], dtype=torch.int32)
+    cap.save(c, tmp_path / "x.capture")
+    with pytest.raises(cap.CaptureError, match="fingerprint"):
+        cap.check(cap.load(tmp_path / "x.capture"))
+    del c.tensors["cu_seqlens_k"]
+    cap.save(c, tmp_path / "y.capture")
+    with pytest.raises(cap.CaptureError, match="tensors missing: cu_seqlens_k"):
+        cap.load(tmp_path / "y.capture")
+
+
+def test_the_capture_flags_draw_the_inputs_they_name():
+    """``dash-verify capture``'s inputs (drawn on the CPU here): packed rows and offsets from
+    ``--seqlens-q`` / ``--seqlens-k``, the value head dim, one sink per head; rectangular
+    draws keep their order (q, dO, k, v), so a seed gives what it gave before."""
+    from verify.cli import build_parser
+    from verify.cli.capture import inputs_from_args
+
+    def drawn(*flags):
+        args = build_parser().parse_args(["capture", "--out", "x", *flags])
+        return inputs_from_args(args, "cpu")
+
+    q, k, v, do, sink, packing = drawn("--seqlens-q", "5,0,7", "--seqlens-k", "4,3,9",
+                                       "--heads", "4", "--heads-kv", "2", "--head-dim", "64",
+                                       "--head-dim-v", "32", "--learnable-sink=1,-2,0.5,3")
+    assert (q.shape, k.shape, v.shape, do.shape) == ((12, 4, 64), (16, 2, 64), (16, 2, 32),
+                                                     (12, 4, 32))
+    assert packing["cu_seqlens_q"].tolist() == [0, 5, 5, 12]
+    assert packing["cu_seqlens_k"].tolist() == [0, 4, 7, 16]
+    assert (packing["max_seqlen_q"], packing["max_seqlen_k"]) == (7, 9)
+    assert sink.tolist() == [1.0, -2.0, 0.5, 3.0] and sink.dtype == torch.float32
+    q, k, v, do, sink, packing = drawn("--seqlen-q", "20", "--seqlen-k", "30", "--seed", "7")
+    gen = torch.Generator().manual_seed(7)
+    want = [torch.randn(*s, generator=gen).bfloat16()
+            for s in ((1, 20, 2, 64), (1, 20, 2, 64), (1, 30, 2, 64), (1, 30, 2, 64))]
+    for got, ref in zip((q, do, k, v), want):
+        assert torch.equal(got, ref)
+    assert sink is None and packing is None
+    with pytest.raises(ValueError, match="3 logits, --heads 2"):
+        drawn("--learnable-sink=1,2,3")

@@ -8,9 +8,10 @@ versions). :func:`load` reads such a file back and refuses a bad or truncated on
 :class:`CaptureError`; :func:`check` recomputes every step on the CPU with ``dash_ref``
 (:mod:`verify.l2`) and returns them beside the GPU's, in the order the run computed them:
 ``O``, ``LSE2``, ``D``, the partials, the accumulators, ``dQ``, ``dK``, ``dV`` (and
-``dsink``). A run may have FlashAttention's other options: a sliding window, a value head dim
-of its own, a softcap and learnable sinks (the sinks and their gradient are then kept too);
-files written before these existed read as runs without them.
+``dsink``). A run may have FlashAttention's other options: a packed batch (the offsets are
+kept, and the tensors are ``(total, H, d)``), a sliding window, a value head dim of its own,
+a softcap and learnable sinks (the sinks and their gradient are then kept too); files
+written before these existed read as runs without them.
 
 ``dash-verify capture`` and ``dash-verify reproduce`` are the command-line front ends;
 ``tests/data/captures/`` holds H200 captures that the CPU test suite reproduces.
@@ -40,6 +41,8 @@ TENSORS = ("q", "k", "v", "do", "o", "lse2", "dq", "dk", "dv", "delta", "partial
 PER_HEAD = ("dk_heads", "dv_heads")
 #: with learnable sinks, also the sinks and their gradient
 SINKS = ("learnable_sink", "dsink")
+#: a packed batch's offsets (int32, one more than its sequences)
+OFFSETS = ("cu_seqlens_q", "cu_seqlens_k")
 _MAGIC = b"DASHCAPTURE1\n"
 
 
@@ -57,12 +60,29 @@ class Capture:
     @property
     def problem(self) -> Problem:
         m, t = self.meta, self.tensors
-        b, s_q, h, d = t["q"].shape
         window = m.get("window_size")
-        return Problem(b, h, t["k"].shape[2], s_q, t["k"].shape[1], d,
-                       "causal" if m["causal"] else "full", m["block_m"], m["block_n"],
-                       window_size=None if window is None else tuple(window),
+        options = dict(window_size=None if window is None else tuple(window),
                        head_dim_v=t["v"].shape[-1] if "v" in t else None)
+        mask = "causal" if m["causal"] else "full"
+        if "cu_seqlens_q" in t:
+            _, h, d = t["q"].shape
+            seqlens = [[b - a for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+                       for cu in (t["cu_seqlens_q"], t["cu_seqlens_k"])]
+            return Problem.packed(*seqlens, h, t["k"].shape[1], d, mask, m["block_m"],
+                                  m["block_n"], **options)
+        b, s_q, h, d = t["q"].shape
+        return Problem(b, h, t["k"].shape[2], s_q, t["k"].shape[1], d, mask, m["block_m"],
+                       m["block_n"], **options)
+
+    @property
+    def packing(self) -> dict | None:
+        """The varlen keywords of a packed run (None for a rectangular one)."""
+        if "cu_seqlens_q" not in self.tensors:
+            return None
+        p = self.problem
+        return dict(cu_seqlens_q=self.tensors["cu_seqlens_q"],
+                    cu_seqlens_k=self.tensors["cu_seqlens_k"], max_seqlen_q=p.seqlen_q,
+                    max_seqlen_k=p.seqlen_k)
 
     @property
     def softcap(self) -> float:
@@ -75,7 +95,8 @@ class Capture:
     def describe(self) -> str:
         """One line: shape, dtype, mask and options, schedule, backend, arithmetic, GPU."""
         p, m = self.problem, self.meta
-        options = "".join([f" d_v={p.head_dim_v}" if p.head_dim_v != p.head_dim else "",
+        options = "".join([f" packed {p.seqlens_q} / {p.seqlens_k}" if p.is_packed else "",
+                           f" d_v={p.head_dim_v}" if p.head_dim_v != p.head_dim else "",
                            f" window={p.window_size}" if p.is_windowed else "",
                            f" softcap={self.softcap:g}" if self.softcap else "",
                            " sinks" if self.learnable_sink is not None else ""])
@@ -109,7 +130,8 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
             causal: bool = False, softmax_scale: float | None = None,
             schedule: str = "auto", num_workers: int | None = None, backend: str = "cute",
             exact: bool = False, window_size: tuple[int, int] = (-1, -1),
-            softcap: float = 0.0, learnable_sink: torch.Tensor | None = None) -> Capture:
+            softcap: float = 0.0, learnable_sink: torch.Tensor | None = None,
+            packing: dict | None = None) -> Capture:
     """Run the forward and the audited backward on ``q``'s GPU and capture everything.
 
     ``(B, S, H, d)`` CUDA tensors (``v`` and ``do`` may have a head dim of their own). The
@@ -117,19 +139,24 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
     the backend's default arithmetic (``exact``: the Triton backend's ``exact=True``);
     every output and scratch buffer is filled with NaN first, so an element a kernel does
     not write shows. ``window_size``, ``softcap`` and ``learnable_sink`` are
-    FlashAttention's, given to both passes.
+    FlashAttention's, given to both passes; ``packing`` (``cu_seqlens_q``, ``cu_seqlens_k``,
+    ``max_seqlen_q``, ``max_seqlen_k``) makes it a packed batch of ``(total, H, d)``
+    tensors, run through ``attention_varlen_forward`` and ``attention_varlen_backward``.
     """
     import dash_cuda
     from dash_cuda.backends import get_backend
 
     features = dict(window_size=tuple(window_size), softcap=softcap,
                     learnable_sink=learnable_sink)
-    o, lse2 = dash_cuda.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                          backend=backend, _poison=True, **features)
-    *grads, rec = dash_cuda.attention_backward(
-        q, k, v, o, lse2, do, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-        num_workers=num_workers, audit=True, exact=exact, backend=backend, _poison=True,
-        **features)
+    offsets = () if packing is None else tuple(packing[n] for n in (
+        "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
+    fwd = dash_cuda.attention_varlen_forward if packing else dash_cuda.attention_forward
+    bwd = dash_cuda.attention_varlen_backward if packing else dash_cuda.attention_backward
+    o, lse2 = fwd(q, k, v, *offsets, causal=causal, softmax_scale=softmax_scale,
+                  backend=backend, _poison=True, **features)
+    *grads, rec = bwd(q, k, v, o, lse2, do, *offsets, causal=causal,
+                      softmax_scale=softmax_scale, schedule=schedule, num_workers=num_workers,
+                      audit=True, exact=exact, backend=backend, _poison=True, **features)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     p = rec.schedule.problem
@@ -140,6 +167,9 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
         tensors.update(dk_heads=rec.dk_heads, dv_heads=rec.dv_heads)
     if learnable_sink is not None:
         tensors.update(learnable_sink=learnable_sink, dsink=grads[3])
+    if packing is not None:
+        tensors.update(cu_seqlens_q=packing["cu_seqlens_q"],
+                       cu_seqlens_k=packing["cu_seqlens_k"])
     meta = {"format": FORMAT, "causal": bool(causal), "softmax_scale": softmax_scale,
             "window_size": None if p.window_size is None else list(p.window_size),
             "softcap": float(softcap),
@@ -190,10 +220,11 @@ def load(path: str | Path) -> Capture:
     if meta.get("format") != FORMAT:
         raise CaptureError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     missing = [n for n in TENSORS if n not in tensors]
-    if "k" in tensors and "q" in tensors and tensors["k"].shape[2] == tensors["q"].shape[2]:
+    if "k" in tensors and "q" in tensors and tensors["k"].shape[-2] == tensors["q"].shape[-2]:
         missing += [n for n in PER_HEAD if n not in tensors]
-    if any(n in tensors for n in SINKS):  # the sinks come with their gradient
-        missing += [n for n in SINKS if n not in tensors]
+    for group in (SINKS, OFFSETS):  # the sinks come with their gradient, offsets in pairs
+        if any(n in tensors for n in group):
+            missing += [n for n in group if n not in tensors]
     if missing:
         raise CaptureError(f"{path}: tensors missing: {', '.join(missing)}")
     c = Capture(meta, tensors)
@@ -210,7 +241,8 @@ def load(path: str | Path) -> Capture:
 
 def _check_shapes(path, c: Capture, p: Problem) -> None:
     t = c.tensors
-    rows_q, rows_k = (p.batch, p.seqlen_q), (p.batch, p.seqlen_k)
+    rows_q, rows_k = (((p.total_q,), (p.total_k,)) if p.is_packed
+                      else ((p.batch, p.seqlen_q), (p.batch, p.seqlen_k)))
     want = {"k": (*rows_k, p.heads_kv, p.head_dim), "v": (*rows_k, p.heads_kv, p.head_dim_v),
             "do": (*rows_q, p.heads, p.head_dim_v), "dq": (*rows_q, p.heads, p.head_dim),
             "lse2": (*rows_q, p.heads), "delta": (*rows_q, p.heads),
@@ -246,6 +278,7 @@ def check(c: Capture) -> Steps:
         steps += forward_steps((t["q"], t["k"], t["v"]), t["o"], t["lse2"], m["causal"],
                                m["softmax_scale"], m["forward_block_n"], m["arithmetic"],
                                window_size=p.window_size if p.is_windowed else (-1, -1),
+                               seqlens=(p.seqlens_q, p.seqlens_k) if p.is_packed else None,
                                **features)
     kernel = {n: t[n] for n in ("delta", "dq_acc", "dq", "dk", "dv", "dsink") if n in t}
     # with GQA l2_steps compares the heads' sums only (dK, dV), never these

@@ -98,3 +98,16 @@ def test_a_capture_with_the_options_is_reproduced_on_the_cpu(tmp_path, window_si
     assert [s for s, _, _ in steps][:2] == ["O", "LSE2"]
     assert (steps[-1][0] == "dsink") == sinks
     assert first_difference(steps) is None
+
+
+def test_a_packed_capture_is_reproduced_on_the_cpu(tmp_path):
+    """A packed batch (an empty sequence, S_q != S_k per sequence) with sinks, captured from
+    the CuTe default through ``dash-verify capture``: every step is the CPU's."""
+    from verify.cli import main
+
+    path = tmp_path / "packed.capture"
+    assert main(["capture", "--out", str(path), "--seqlens-q", "300,0,77,129",
+                 "--seqlens-k", "250,40,77,300", "--heads", "4", "--heads-kv", "2",
+                 "--head-dim", "128", "--mask", "causal", "--schedule", "lpt",
+                 "--learnable-sink=1,-2,0.5,-7"]) == 0
+    assert main(["reproduce", str(path)]) == 0
