@@ -239,12 +239,14 @@ def test_bad_packed_inputs_are_refused_by_name(call, error, says):
     assert "\n" not in str(info.value)
 
 
-def test_a_packed_case_draws_the_packed_layout_and_has_no_command_line():
+def test_a_packed_case_draws_the_packed_layout_and_names_its_lengths_on_the_command_line():
     p = ragged("full")
     case = Case(p, "fp16", "lpt", 3)
     q, k, v, do = case.tensors()
     assert q.shape == (p.total_q, 2, 16) and k.shape == (p.total_k, 1, 16)
     assert q.dtype == torch.float16 and do.shape == q.shape and v.shape == k.shape
     assert not torch.equal(q[:5], torch.zeros_like(q[:5]))
-    with pytest.raises(ValueError, match="rectangular problems only"):
-        case.flags()
+    flags = case.flags()
+    assert flags.startswith(f"--seqlens-q {','.join(map(str, p.seqlens_q))} "
+                            f"--seqlens-k {','.join(map(str, p.seqlens_k))} ")
+    assert "--batch" not in flags and "--seqlen-q" not in flags
