@@ -191,7 +191,7 @@ def _feature_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
                                dtype=torch.bfloat16) for _ in range(4))
     if cell["kind"] == "sinks":
         extra = (torch.randn(HEADS, generator=gen, device="cuda", dtype=torch.float32),)
-        feature, without = "sink", "nosink"
+        feature, without = "sinks", "nosink"
 
         def keywords(x):  # the sinks are the fourth leaf
             return {"learnable_sink": x[3]}

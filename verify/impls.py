@@ -65,6 +65,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dash_ref.arithmetic.steps import FEATURES as STEP_FEATURES
+
 from . import guard
 
 Outputs = tuple[torch.Tensor, ...]  # (o, dq, dk, dv), and dsink with sinks
@@ -403,8 +405,8 @@ def _fa4(deterministic: bool) -> AttentionFn:
 
 
 SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
-#: the optional features an implementation may take (:attr:`Impl.features`)
-FEATURES = ("softcap", "sinks")
+#: the optional features an implementation may take (:attr:`Impl.features`): the steps'
+FEATURES = STEP_FEATURES
 KINDS = ("emulator:NAME, dash[-triton|-cute]:NAME, dash-exact:NAME, sdpa-BACKEND[-det], "
          "fa4[-det], module:function")
 DASH_KINDS = {"dash": ("auto", False), "dash-triton": ("triton", False),

@@ -22,12 +22,14 @@ from typing import Protocol
 import torch
 
 from dash_ref import Mask, Problem
+from dash_ref.arithmetic.steps import FEATURES as STEP_FEATURES
 
 #: backends by name, in the order ``"auto"`` tries them: the fastest that can run a call
 PREFERENCE = ("cute", "triton")
 BACKENDS = ("triton", "cute")
-#: the optional score features a backend may compute (its ``features``), by :class:`Case` flag
-FEATURES = ("softcap", "sink")
+#: the optional score features a backend may compute (its ``features``): the steps'
+#: features of ``dash_ref``, one name each (:class:`Case` flags ``softcap`` and ``sink``)
+FEATURES = STEP_FEATURES
 
 
 @lru_cache(maxsize=16)
@@ -242,10 +244,10 @@ def get_backend(name: str) -> Backend:
 def _lacks_feature(backend: Backend, case: Case) -> str | None:
     """The optional feature of ``case`` that ``backend`` does not compute, or None."""
     has = backend.features
-    for feature, wanted in (("softcap", case.softcap), ("sink", case.sink)):
+    for feature, wanted in (("softcap", case.softcap), ("sinks", case.sink)):
         if wanted and feature not in has:
             return {"softcap": "softcap (no softcap in its kernels)",
-                    "sink": "learnable_sink (no sinks in its kernels)"}[feature]
+                    "sinks": "learnable_sink (no sinks in its kernels)"}[feature]
     return None
 
 

@@ -26,7 +26,7 @@ import importlib.util
 
 import torch
 
-from ...backends import Case, Launch
+from ...backends import FEATURES, Case, Launch
 from .config import HEAD_DIMS, SOFTCAP_HEAD_DIMS
 
 #: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
@@ -44,7 +44,7 @@ class CuteBackend:
     #: ``D``, dQ adds that keep subnormals): the L2 level holds for default runs
     default_arithmetic = "fast"
     #: learnable sinks in its forward (the backward needs nothing more); a softcap in both
-    features: frozenset[str] = frozenset({"sink", "softcap"})
+    features: frozenset[str] = frozenset(FEATURES)
 
     def missing(self) -> str | None:
         for module, package in (("cutlass", "nvidia-cutlass-dsl"),
