@@ -31,7 +31,8 @@ layers do, so ``dash_cuda`` reads it once: ``dash_cuda.options.host_offsets``). 
 ``--rounds`` rounds times every row once (``--reps`` calls, CUDA events, median), in an order
 that rotates; ratios are taken within a round and reported as medians with their range.
 Forward: the call on inputs that require gradients; backward: ``torch.autograd.grad`` of one
-forward's output, the graph kept, the same for every row (as a training step runs it)::
+forward's output, the graph kept, the same for every row (as a training step runs it);
+step: the forward and then the backward, back to back::
 
     python benchmarks/bench_features.py --out benchmarks/results
 
@@ -48,7 +49,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness import environment, grad_row, interleaved_rounds, no_cuda, provenance, save_report
+from harness import (
+    environment,
+    grad_row,
+    grad_step,
+    interleaved_rounds,
+    no_cuda,
+    provenance,
+    save_report,
+)
 from model_varlen import lengths
 
 HEAD_DIM, HEADS = 128, 16
@@ -141,7 +150,7 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
                 continue
             for schedule in ("auto", "lpt", "naive"):
                 x = leaves(q, k, v)
-                rows[f"{backend}:{schedule}"] = grad_row(
+                rows[f"{backend}:{schedule}"] = _row(
                     lambda b=backend, s=schedule, x=x: dash_cuda.attention_varlen(
                         *x, *offsets, causal=True, schedule=s, backend=b), x, do)
         if fa_varlen is not None:
@@ -165,7 +174,7 @@ def closures(cell: dict, gen) -> dict[str, tuple]:
             continue
         for schedule in ("auto", "banded", "naive"):
             x = leaves(q, k, v)
-            rows[f"{backend}:{schedule}"] = grad_row(
+            rows[f"{backend}:{schedule}"] = _row(
                 lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
                     *x, causal=True, window_size=window, schedule=sc, backend=bk), x, do)
     if fa is not None:
@@ -207,11 +216,11 @@ def _feature_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
             continue
         for schedule in ("auto", "naive"):
             x = leaves(q, k, v, *extra)
-            rows[f"{backend}:{schedule}"] = grad_row(
+            rows[f"{backend}:{schedule}"] = _row(
                 lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
                     *x[:3], causal=True, schedule=sc, backend=bk, **keywords(x)), x, do)
         x = leaves(q, k, v)  # the same call without the feature: what it costs
-        rows[f"{backend}-{without}"] = grad_row(
+        rows[f"{backend}-{without}"] = _row(
             lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
     if fa is not None:
         rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, deterministic=det,
@@ -243,7 +252,7 @@ def _head_dim_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
                                                             chosen.features):
             continue
         x = leaves(q, k, v)
-        rows[f"{backend}:auto"] = grad_row(
+        rows[f"{backend}:auto"] = _row(
             lambda bk=backend, x=x: dash_cuda.attention(*x, causal=causal, softcap=cap,
                                                         backend=bk), x, do)
     if fa is not None:
@@ -253,6 +262,12 @@ def _head_dim_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
     return rows
 
 
+def _row(fwd, inputs: tuple, do) -> tuple:
+    """``(fwd, bwd, step)`` of one row: :func:`harness.grad_row`'s forward and backward, and
+    a training step's forward then backward (:func:`harness.grad_step`)."""
+    return (*grad_row(fwd, inputs, do), grad_step(fwd, inputs, do))
+
+
 def fa4_rows(call, det_inputs: tuple, inputs: tuple, do) -> dict[str, tuple]:
     """The ``fa4-det`` and ``fa4`` rows: ``call(*inputs, det=...)``, FlashAttention-4 with and
     without ``deterministic=True``, each on its own leaves (:func:`harness.grad_row`)."""
@@ -260,7 +275,7 @@ def fa4_rows(call, det_inputs: tuple, inputs: tuple, do) -> dict[str, tuple]:
         def fwd():
             out = call(*x, det=det)
             return out[0] if isinstance(out, tuple) else out
-        return grad_row(fwd, x, do)
+        return _row(fwd, x, do)
 
     return {"fa4-det": row(det_inputs, True), "fa4": row(inputs, False)}
 
@@ -277,13 +292,14 @@ def run(args) -> dict:
             print(f"time budget spent: {cell_name(cell)} and later cells left out")
             break
         rows = closures(cell, gen)
-        for fwd, bwd in rows.values():  # compile and warm every row before any timing
+        for fwd, bwd, step in rows.values():  # compile and warm every row before any timing
             for _ in range(args.warmup):
                 fwd()
                 bwd()
+                step()
         torch.cuda.synchronize()
         cell["ms"] = {}
-        for part, index in (("backward", 1), ("forward", 0)):
+        for part, index in (("backward", 1), ("forward", 0), ("step", 2)):
             cell["ms"][part] = interleaved_rounds({r: f[index] for r, f in rows.items()},
                                                   args.rounds, args.reps)
         cell["median_ms"] = {part: {r: round(statistics.median(t), 4) for r, t in ms.items()}
@@ -295,7 +311,7 @@ def run(args) -> dict:
 
 def ratio(cell: dict, part: str, ours: str, peer: str) -> str:
     """Median (min - max) over the rounds of ``peer``'s time over ``ours``."""
-    ms = cell["ms"][part]
+    ms = cell["ms"].get(part, {})  # reports before the step part have none
     if ours not in ms or peer not in ms:
         return "-"
     values = [p / o for o, p in zip(ms[ours], ms[peer])]
@@ -351,11 +367,13 @@ def markdown(report: dict) -> str:
         "median (range). `BACKEND:auto` is the schedule `dash_cuda` picks, `lpt` and "
         "`banded` the schedules made for packed batches and bands (a sink or softcap cell: `auto` "
         "itself), `naive` the baseline "
-        "order; `fa4-det` is FlashAttention-4 with `deterministic=True`.",
+        "order; `fa4-det` is FlashAttention-4 with `deterministic=True`; a `step` is the "
+        "forward and then the backward of one call, back to back, as a training step runs "
+        "them (`-`: a report from before steps were timed).",
         "",
         "| cell | rows (backward ms) | fa4-det / ours | fa4 / ours | naive / lpt or banded "
-        "(measured) | (model) | forward: fa4 / ours |",
-        "|---|---|---|---|---|---|---|",
+        "(measured) | (model) | forward: fa4 / ours | step: fa4-det / ours |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cell in report["cells"]:
         ours = best_dash(cell)
@@ -367,7 +385,7 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {cell_name(cell)} | {shown} | {ratio(cell, 'backward', ours, 'fa4-det')} | "
             f"{ratio(cell, 'backward', ours, 'fa4')} | {gain} | {model_gain(cell)} | "
-            f"{ratio(cell, 'forward', ours, 'fa4')} |")
+            f"{ratio(cell, 'forward', ours, 'fa4')} | {ratio(cell, 'step', ours, 'fa4-det')} |")
     lines += ["", "Above 1: ours is faster. `ours` is the deterministic `dash_cuda` row of "
               "lowest median backward time in the cell (`naive` aside), chosen once per cell. "
               "`naive / lpt or banded`: on ours' backend, the schedule made for the shape "

@@ -241,6 +241,17 @@ def grad_row(fwd, inputs: tuple, do) -> tuple:
     return fwd, lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
 
 
+def grad_step(fwd, inputs: tuple, do) -> Callable:
+    """One training step's attention: ``fwd``, then ``torch.autograd.grad`` of its output
+    (the graph freed), as a step runs forward and backward back to back."""
+    import torch
+
+    def step():
+        return torch.autograd.grad(fwd(), inputs, do)
+
+    return step
+
+
 def fa4_closures(fa, deterministic: bool, q, k, v, do, causal: bool):
     """``(fwd, bwd)`` of FlashAttention-4's ``fa`` (:func:`load_fa4`), with or without
     ``deterministic=True``, through autograd (:func:`grad_row`)."""

@@ -331,3 +331,28 @@ def test_versus_fa4_times_every_row_three_ways_and_reports_both_columns(monkeypa
     report["environment"].update(command="c", gpu="g", torch="t", git_revision="r",
                                  date_utc="d", rounds=2)
     assert "| 64 | causal | 1024 |" in versus_fa4.markdown(report)
+
+
+def test_bench_features_reports_a_training_step_column_and_old_reports_without_it():
+    """The step column is FA4-det's step time over ours, round by round (3.3 / 3.0 and
+    3.6 / 4.0: median 1.00, range 0.90 - 1.10); a report from before steps were timed
+    says ``-`` there."""
+    import bench_features
+
+    times = {"backward": {"cute:auto": [2.0, 2.2], "cute:naive": [6.0, 6.0],
+                          "fa4-det": [2.2, 2.2], "fa4": [2.0, 2.0]},
+             "forward": {"cute:auto": [1.0, 1.0], "fa4": [0.9, 1.1]},
+             "step": {"cute:auto": [3.0, 4.0], "fa4-det": [3.3, 3.6]}}
+    cell = {"kind": "sinks", "seqlen": 4096, "batch": 4, "ms": times,
+            "median_ms": {part: {r: sum(t) / len(t) for r, t in ms.items()}
+                          for part, ms in times.items()}}
+    report = {"command": "x", "git_revision": "abc", "cells": [cell],
+              "environment": {"gpu": "H200", "torch": "2.11", "triton": "3.6", "reps": 10}}
+    row = next(x for x in bench_features.markdown(report).splitlines()
+               if x.startswith("| sinks"))
+    assert row.endswith("| 1.00 (0.90 - 1.10) |") and "step: fa4-det / ours" in \
+        bench_features.markdown(report)
+    del cell["ms"]["step"]
+    row = next(x for x in bench_features.markdown(report).splitlines()
+               if x.startswith("| sinks"))
+    assert row.endswith("| - |")
