@@ -75,16 +75,6 @@ class Capture:
                        m["block_n"], **options)
 
     @property
-    def packing(self) -> dict | None:
-        """The varlen keywords of a packed run (None for a rectangular one)."""
-        if "cu_seqlens_q" not in self.tensors:
-            return None
-        p = self.problem
-        return dict(cu_seqlens_q=self.tensors["cu_seqlens_q"],
-                    cu_seqlens_k=self.tensors["cu_seqlens_k"], max_seqlen_q=p.seqlen_q,
-                    max_seqlen_k=p.seqlen_k)
-
-    @property
     def softcap(self) -> float:
         return float(self.meta.get("softcap", 0.0))
 
