@@ -133,20 +133,14 @@ def capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
     ``max_seqlen_q``, ``max_seqlen_k``) makes it a packed batch of ``(total, H, d)``
     tensors, run through ``attention_varlen_forward`` and ``attention_varlen_backward``.
     """
-    import dash_cuda
     from dash_cuda.backends import get_backend
 
-    features = dict(window_size=tuple(window_size), softcap=softcap,
-                    learnable_sink=learnable_sink)
-    offsets = () if packing is None else tuple(packing[n] for n in (
-        "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
-    fwd = dash_cuda.attention_varlen_forward if packing else dash_cuda.attention_forward
-    bwd = dash_cuda.attention_varlen_backward if packing else dash_cuda.attention_backward
-    o, lse2 = fwd(q, k, v, *offsets, causal=causal, softmax_scale=softmax_scale,
-                  backend=backend, _poison=True, **features)
-    *grads, rec = bwd(q, k, v, o, lse2, do, *offsets, causal=causal,
-                      softmax_scale=softmax_scale, schedule=schedule, num_workers=num_workers,
-                      audit=True, exact=exact, backend=backend, _poison=True, **features)
+    from .impls import audited_passes
+
+    o, lse2, grads, rec = audited_passes(
+        q, k, v, do, packing, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window_size=tuple(window_size), softcap=softcap, learnable_sink=learnable_sink,
+        schedule=schedule, num_workers=num_workers, exact=exact, _poison=True)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     p = rec.schedule.problem

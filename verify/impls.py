@@ -294,6 +294,25 @@ def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> Attentio
     return run
 
 
+def audited_passes(q, k, v, do, packing: dict | None = None, **options) -> tuple:
+    """``(o, lse2, grads, record)``: ``dash_cuda``'s forward and audited backward of one call
+    (``attention_forward`` / ``attention_backward``, or their varlen forms where ``packing``
+    holds the varlen keywords), every keyword of ``options`` given to both passes but the
+    backward's own (``schedule``, ``num_workers``, ``exact``); ``grads`` is ``(dQ, dK, dV)``,
+    and ``dsink`` with sinks."""
+    import dash_cuda
+
+    offsets = () if packing is None else tuple(packing[n] for n in (
+        "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
+    fwd = dash_cuda.attention_varlen_forward if packing else dash_cuda.attention_forward
+    bwd = dash_cuda.attention_varlen_backward if packing else dash_cuda.attention_backward
+    backward_only = ("schedule", "num_workers", "exact")
+    o, lse2 = fwd(q, k, v, *offsets,
+                  **{n: x for n, x in options.items() if n not in backward_only})
+    *grads, rec = bwd(q, k, v, o, lse2, do, *offsets, audit=True, **options)
+    return o, lse2, tuple(grads), rec
+
+
 def _leaf(x: torch.Tensor | None) -> torch.Tensor | None:
     """A fresh leaf of ``x`` that takes a gradient (None stays None)."""
     return None if x is None else x.detach().clone().requires_grad_()
@@ -320,15 +339,9 @@ def _dash_bitwise(schedule: str, exact: bool = False, backend: str = "auto"
                learnable_sink=None, packing=None) -> list[str]:
         window_size = tuple(window_size)
         features = dict(softcap=softcap, learnable_sink=learnable_sink)
-        offsets = () if packing is None else tuple(packing[n] for n in (
-            "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
-        fwd = dash_cuda.attention_varlen_forward if packing else dash_cuda.attention_forward
-        bwd = dash_cuda.attention_varlen_backward if packing else dash_cuda.attention_backward
-        o, lse = fwd(q, k, v, *offsets, causal=causal, softmax_scale=softmax_scale,
-                     backend=backend, window_size=window_size, **features)
-        *grads, rec = bwd(q, k, v, o, lse, do, *offsets, causal=causal,
-                          softmax_scale=softmax_scale, schedule=schedule, audit=True,
-                          exact=exact, backend=backend, window_size=window_size, **features)
+        o, lse, grads, rec = audited_passes(
+            q, k, v, do, packing, causal=causal, softmax_scale=softmax_scale, backend=backend,
+            window_size=window_size, schedule=schedule, exact=exact, **features)
         dq, ran = grads[0], rec.schedule.problem
         # the replay runs the record's schedule: it must be that of the problem asked for
         if packing:
