@@ -76,10 +76,12 @@ class Capture:
 
     @property
     def softcap(self) -> float:
+        """The run's softcap (0: none)."""
         return float(self.meta.get("softcap", 0.0))
 
     @property
     def learnable_sink(self) -> torch.Tensor | None:
+        """The run's sink logits, ``(H,)`` (None: no sinks)."""
         return self.tensors.get("learnable_sink")
 
     def describe(self) -> str:
