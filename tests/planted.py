@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from verify.reference import attention_f64
+from verify.reference import attention_f64, causal_mask
 
 
 def reference_cast(q, k, v, do, causal, softmax_scale):
@@ -127,9 +127,7 @@ def _scores(q, k, causal, softmax_scale, softcap):
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     if causal:
-        s_q, s_k = q.shape[1], k.shape[1]
-        rows = torch.arange(s_q)[:, None] + (s_k - s_q)
-        s = s.masked_fill(torch.arange(s_k)[None, :] > rows, float("-inf"))
+        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1]), float("-inf"))
     return s
 
 

@@ -187,13 +187,11 @@ def test_a_case_rebuilds_from_its_flags(case):
     case: its lengths (packed ones too), window, value head dim, tiles, softcap and sink
     logits exactly."""
     from verify.cli import build_parser
-    from verify.cli.args import problem_from_args
+    from verify.cli.args import case_from_args
 
     args = build_parser().parse_args(["check", "--impl", "emulator:naive",
                                       *shlex.split(case.flags())])
-    rebuilt = Case(problem_from_args(args), args.dtype, args.schedule, args.seed,
-                   args.softcap, args.learnable_sink)
-    assert rebuilt == case
+    assert case_from_args(args) == case
 
 
 # -- packed batches through check and fuzz ----------------------------------------------------

@@ -177,15 +177,13 @@ def _call(c: dict) -> dict:
         from dataclasses import replace
 
         from verify.cli import build_parser
-        from verify.cli.args import problem_from_args
+        from verify.cli.args import case_from_args
         from verify.fuzz import check
         from verify.impls import get_impl
-        from verify.strategies import Case
 
         args = build_parser().parse_args(["check", "--impl", c["impl"],
                                           *shlex.split(c["flags"])])
-        case = Case(problem_from_args(args), args.dtype, args.schedule, args.seed,
-                    args.softcap, args.learnable_sink)
+        case = case_from_args(args)
         result = check(replace(get_impl(c["impl"]), device="cpu"), case)
         return {"ok": result.ok, "message": result.message, "kind": result.kind,
                 "errors": result.errors}

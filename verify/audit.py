@@ -36,7 +36,7 @@ from dash_ref._checks import boolean, choice, integer
 from dash_ref.arithmetic.numerics import ulp_distance
 from verify import guard
 from verify.contract import OUTPUTS, SINK_OUTPUT, Finding, check_outputs, output_names
-from verify.impls import Impl, Unavailable, get_impl, packing_of
+from verify.impls import Impl, Unavailable, call_keywords, get_impl
 from verify.options import softmax_scale_or_default, timeout_seconds
 from verify.progress import progress_bar
 from verify.strategies import DTYPES, Case
@@ -235,10 +235,9 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")
     impl.require()
-    sink = None if case.sink_tensor is None else case.sink_tensor.to(dev)
-    run = partial(impl, window_size=problem.window_size,
-                  packing=packing_of(problem, dev) if problem.is_packed else None,
-                  softcap=case.softcap, learnable_sink=sink)
+    asked = call_keywords(case, dev)
+    sink = asked.get("learnable_sink")
+    run = partial(impl, **asked)
     scale = softmax_scale_or_default(softmax_scale, problem.head_dim)
     inputs = case.tensors(dev)
     causal = problem.mask == "causal"

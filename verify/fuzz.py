@@ -26,7 +26,7 @@ from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
 from verify import guard
 from verify.contract import ContractViolation, Finding, check_outputs, output_names
-from verify.impls import Impl, get_impl, packing_of
+from verify.impls import Impl, call_keywords, get_impl
 from verify.options import timeout_seconds
 from verify.progress import progress_bar
 from verify.reference import attention_f64, attention_f64_packed, grad_checks, packed_grad_checks
@@ -85,19 +85,15 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     timeout = timeout_seconds(timeout)
     if impl.tiles is not None:
         impl = impl.with_tiles(case.problem.block_m, case.problem.block_n)
-    window = case.problem.window_size  # None: no window, and the six-argument call
-    impl.require_window(window)
+    impl.require_window(case.problem.window_size)
     impl.require_packed(case.problem.is_packed)
-    sink = None if case.sink_tensor is None else case.sink_tensor.to(impl.device)
-    impl.require_features(case.softcap, sink)
+    impl.require_features(case.softcap, case.sink_tensor)
     impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
     # only what the case has: without window and features, the six-argument calls
-    asked = ({} if window is None else {"window_size": window}) | (
-        {"softcap": case.softcap} if case.softcap else {}) | (
-        {} if sink is None else {"learnable_sink": sink}) | (
-        {"packing": packing_of(case.problem, impl.device)} if case.problem.is_packed else {})
+    asked = call_keywords(case, impl.device)
+    sink = asked.get("learnable_sink")
     run = partial(impl, **asked)
     bitwise = None if impl.bitwise is None else partial(impl.bitwise, **asked)
     try:
@@ -197,10 +193,9 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
         impl.require_packed(True)
     if case_kwargs.get("windows") and not impl.windows:
         raise ValueError(impl.window_refusal("fuzzed with --windows"))
-    for flag, feature, noun in (("softcaps", "softcap", "softcap"),
-                                ("sinks", "sinks", "learnable sinks")):
-        if case_kwargs.get(flag) and feature not in impl.features:
-            raise ValueError(impl.feature_refusal(noun, f"fuzzed with --{flag}"))
+    for flag, feature in (("softcaps", "softcap"), ("sinks", "sinks")):
+        if case_kwargs.get(flag):
+            impl.require_feature(feature, f"fuzzed with --{flag}")
     impl.require()
     case_kwargs.setdefault("schedules", (recorded_schedule(impl),))
     bar = progress_bar(budget, f"fuzz {impl.name}", progress, unit="cases")

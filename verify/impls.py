@@ -141,19 +141,21 @@ class Impl:
                          learnable_sink: torch.Tensor | None = None) -> None:
         """``ValueError`` when a softcap (non-zero) or sinks (not None) are asked for and
         this implementation does not take them: it would run without them."""
-        asked = [(f"held to --softcap {softcap}", "softcap", "softcap") if softcap else None,
-                 ("given --sinks", "sinks", "learnable sinks")
-                 if learnable_sink is not None else None]
-        for what, feature, noun in filter(None, asked):
-            if feature not in self.features:
-                raise ValueError(self.feature_refusal(noun, what))
+        if softcap:
+            self.require_feature("softcap", f"held to --softcap {softcap}")
+        if learnable_sink is not None:
+            self.require_feature("sinks", "given --learnable-sink")
 
-    def feature_refusal(self, noun: str, asked: str) -> str:
-        """The one-line refusal of a feature (``noun``) this implementation does not take."""
-        attr = "takes_softcap" if noun == "softcap" else "takes_sinks"
-        return (f"{self.name} takes no {noun}, so it cannot be {asked} (it would run "
-                f"without it); emulator:NAME, dash:NAME, dash-exact:NAME, fa4[-det] and a "
-                f"module:function with {attr} = True take it")
+    def require_feature(self, feature: str, asked: str) -> None:
+        """``ValueError`` (one line) when ``feature`` (of :data:`FEATURES`), ``asked`` for
+        as the message says, is not one this implementation takes."""
+        if feature not in self.features:
+            noun, attr = {"softcap": ("softcap", "takes_softcap"),
+                          "sinks": ("learnable sinks", "takes_sinks")}[feature]
+            raise ValueError(f"{self.name} takes no {noun}, so it cannot be {asked} (it "
+                             "would run without it); emulator:NAME, dash:NAME, "
+                             f"dash-exact:NAME, fa4[-det] and a module:function with {attr} "
+                             "= True take it")
 
     def require_packed(self, packed: bool) -> None:
         """``ValueError`` when a packed batch is asked for and this implementation does
@@ -232,6 +234,18 @@ def _seqlens(cu_seqlens: torch.Tensor) -> list[int]:
     """Sequence lengths from ``B + 1`` offsets."""
     offsets = cu_seqlens.tolist()
     return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+def call_keywords(case, device: torch.device | str) -> dict:
+    """The keywords of a call of :class:`verify.strategies.Case` ``case`` on ``device``, only
+    those it has (:meth:`Impl.__call__`'s and the bitwise checks'): ``window_size``,
+    ``softcap``, ``learnable_sink`` (fp32 on ``device``) and ``packing``
+    (:func:`packing_of`)."""
+    p, sink = case.problem, case.sink_tensor
+    return ({} if p.window_size is None else {"window_size": p.window_size}) | (
+        {"softcap": case.softcap} if case.softcap else {}) | (
+        {} if sink is None else {"learnable_sink": sink.to(device)}) | (
+        {"packing": packing_of(p, device)} if p.is_packed else {})
 
 
 def packing_of(problem, device: torch.device | str) -> dict:

@@ -397,11 +397,4 @@ def feature_cases(draw, max_elements: int = 30_000,
                         value_head_dims=value_head_dims,
                         **({"head_dims": (8, 16, 32), "max_len": 160,
                             "blocks": ((16, 16), (32, 16), (16, 32))} | problem_kwargs)))
-    return Case(
-        problem=problem,
-        dtype=draw(st.sampled_from(dtypes)),
-        schedule=draw(st.sampled_from(schedules)),
-        seed=draw(st.integers(0, 2**31 - 1)),
-        softcap=draw(st.one_of(st.just(0.0), softcaps())),
-        learnable_sink=draw(st.one_of(st.none(), learnable_sinks(problem.heads))),
-    )
+    return _case(draw, problem, schedules, dtypes, softcaps=True, sinks=True)

@@ -130,10 +130,10 @@ FEATURES = ("softcap", "sinks")
 IEEE = Arithmetic("ieee", tensor_cores=False, exp2="ieee", delta_order="torch",
                   flush_dq_adds=False, features=FEATURES)
 EXACT = Arithmetic("exact", tensor_cores=True, exp2="fma", delta_order="pairwise",
-                   flush_dq_adds=True, forward=None, features=("softcap", "sinks"),
+                   flush_dq_adds=True, forward=None, features=FEATURES,
                    sink_order="lanes")
 FAST = Arithmetic("fast", tensor_cores=True, exp2="mufu", delta_order="pairwise",
-                  flush_dq_adds=False, forward="cute", features=("softcap", "sinks"),
+                  flush_dq_adds=False, forward="cute", features=FEATURES,
                   sink_order="lanes")
 #: the arithmetics by name (``arithmetic=`` of :func:`dash_ref.emulate.backward`)
 ARITHMETICS = {a.name: a for a in (IEEE, EXACT, FAST)}

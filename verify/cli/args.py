@@ -222,6 +222,15 @@ def problem_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16
     )
 
 
+def case_from_args(args: argparse.Namespace, tiles: tuple[int, int] = (16, 16)):
+    """The :class:`verify.strategies.Case` ``dash-verify check``'s flags describe: the
+    problem (:func:`problem_from_args`), dtype, schedule, seed, softcap and sinks."""
+    from verify.strategies import Case
+
+    return Case(problem_from_args(args, tiles), args.dtype, args.schedule, args.seed,
+                args.softcap, args.learnable_sink)
+
+
 def impl_from_args(args: argparse.Namespace):
     """The implementation ``--impl`` names, running ``--block-m``/``--block-n`` if given
     (``ValueError``, exit 2, where it chooses its own tiles)."""

@@ -16,8 +16,8 @@ from .args import (
     add_feature_args,
     add_impl_args,
     add_shape_args,
+    case_from_args,
     impl_from_args,
-    problem_from_args,
 )
 
 
@@ -44,11 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     from verify.fuzz import check
-    from verify.strategies import Case
 
     impl = impl_from_args(args)
-    case = Case(problem_from_args(args, impl.tiles or (16, 16)), args.dtype, args.schedule,
-                args.seed, args.softcap, args.learnable_sink)
+    case = case_from_args(args, impl.tiles or (16, 16))
     if impl.tiles is not None:  # the emulator: its cost is known
         budget.require(budget.emulator_cost(case.problem, 1), args)
     result = check(impl, case, timeout=args.timeout)
