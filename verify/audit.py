@@ -231,6 +231,7 @@ def audit(impl: Impl | str, problem: Problem, trials: int = 100, perturb: bool =
     impl.require_window(problem.window_size)
     impl.require_packed(problem.is_packed)
     impl.require_features(case.softcap, case.sink_tensor)
+    impl.require_case(case)
     dev = torch.device(device or impl.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Unavailable(f"{impl.name} needs a CUDA device, and none is available")

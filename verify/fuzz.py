@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, given, reject, seed, settings
+from hypothesis.errors import Unsatisfiable
 
 from dash_ref._checks import integer
 from dash_ref.arithmetic.steps import default_scale
@@ -88,6 +89,7 @@ def check(impl: Impl | str, case: Case, timeout: float | None = None) -> CheckRe
     impl.require_window(case.problem.window_size)
     impl.require_packed(case.problem.is_packed)
     impl.require_features(case.softcap, case.sink_tensor)
+    impl.require_case(case)
     impl.require()
     q, k, v, do = case.tensors(impl.device)
     scale = default_scale(case.problem.head_dim)
@@ -144,6 +146,7 @@ class FuzzResult:
     examples: int
     failure: CheckResult | None
     takes_tiles: bool = False  # the implementation runs the tiles the case asks for
+    skipped: int = 0  # drawn cases outside the implementation's own limits (Impl.refuses)
 
     @property
     def ok(self) -> bool:
@@ -178,7 +181,11 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     ``S_q != S_k`` per sequence; head dims 16 and 32 unless ``head_dims`` says otherwise),
     refused by an implementation that takes none; ``softcaps=True`` and ``sinks=True`` draw
     softcaps and learnable sinks as well (likewise refused by an implementation that takes
-    none, :attr:`~verify.impls.Impl.features`).
+    none, :attr:`~verify.impls.Impl.features`). A drawn case outside the implementation's
+    own limits (:meth:`~verify.impls.Impl.refuses`: a head dim a pinned ``dash-cute``
+    does not run, say) is not run and not a finding: another is drawn, and
+    :attr:`FuzzResult.skipped` counts them (shrinking's tries included); ``ValueError``
+    when none of the drawn cases runs.
     """
     impl = get_impl(impl) if isinstance(impl, str) else impl
     if not isinstance(impl, Impl):
@@ -199,7 +206,7 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     impl.require()
     case_kwargs.setdefault("schedules", (recorded_schedule(impl),))
     bar = progress_bar(budget, f"fuzz {impl.name}", progress, unit="cases")
-    state = {"examples": 0, "last_failure": None}
+    state = {"examples": 0, "skipped": 0, "refusal": "", "last_failure": None}
 
     @seed(rng_seed)
     @settings(max_examples=budget, deadline=None, database=None, derandomize=False,
@@ -207,6 +214,11 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
     @given(packed_cases(max_elements=max_elements, **{"head_dims": (16, 32)} | case_kwargs)
            if packed else cases(max_elements=max_elements, **case_kwargs))
     def run(case: Case) -> None:
+        refusal = impl.refuses(case)
+        if refusal:  # a call its own limits refuse says nothing of its bits: draw another
+            state["skipped"] += 1
+            state["refusal"] = refusal
+            reject()
         state["examples"] += 1
         bar.update(1)
         result = check(impl, case, timeout)
@@ -220,8 +232,13 @@ def fuzz(impl: Impl | str, budget: int = 100, max_elements: int = 20_000, rng_se
         run()
     except (CheckFailure, _StopFuzzing):
         pass
+    except Unsatisfiable:  # every case drawn was refused: state says why, below
+        pass
     finally:
         bar.close()
+    if not state["examples"]:
+        raise ValueError(f"{impl.name} runs none of the {state['skipped']} cases drawn: "
+                         f"{state['refusal']}")
     # Hypothesis replays the shrunk example last, so the last failure seen is the smallest.
     return FuzzResult(impl.name, state["examples"], state["last_failure"],
-                      impl.tiles is not None)
+                      impl.tiles is not None, state["skipped"])

@@ -99,6 +99,9 @@ class Impl:
     # FlashAttention's optional features it takes as keywords: "softcap" (softcap=) and
     # "sinks" (learnable_sink=, then returning dsink as a fifth output)
     features: tuple[str, ...] = ()
+    # why its own limits refuse a verify.strategies.Case before any kernel runs (a head
+    # dim, a dtype, a feature at a head dim), None where it runs it; None: no known limits
+    limits: Callable[..., str | None] | None = None
     _make: Callable[[int, int], AttentionFn] | None = None
 
     def with_tiles(self, block_m: int, block_n: int) -> Impl:
@@ -156,6 +159,19 @@ class Impl:
                              "would run without it); emulator:NAME, dash:NAME, "
                              f"dash-exact:NAME, fa4[-det] and a module:function with {attr} "
                              "= True take it")
+
+    def refuses(self, case) -> str | None:
+        """Why this implementation's own limits refuse ``case`` (a
+        :class:`verify.strategies.Case`), or None: such a call fails before any kernel runs,
+        which says nothing of its bits."""
+        return None if self.limits is None else self.limits(case)
+
+    def require_case(self, case) -> None:
+        """``ValueError`` (one line) when :meth:`refuses` has a reason: the audit and the
+        check refuse the case as bad usage instead of reporting the refusal as a crash."""
+        reason = self.refuses(case)
+        if reason:
+            raise ValueError(f"{self.name} cannot run this case: {reason}")
 
     def require_packed(self, packed: bool) -> None:
         """``ValueError`` when a packed batch is asked for and this implementation does
@@ -306,6 +322,26 @@ def _dash(schedule: str, exact: bool = False, backend: str = "auto") -> Attentio
         return _grads(o, qg, kg, vg, sink)
 
     return run
+
+
+def _dash_limits(backend: str, exact: bool, deterministic: bool) -> Callable[..., str | None]:
+    """:attr:`Impl.limits` of a ``dash*`` implementation: ``dash_cuda``'s own answer
+    (:func:`dash_cuda.backends.refusal`) for the call a case makes."""
+
+    def limits(case) -> str | None:
+        from dash_cuda.backends import Case as Call
+        from dash_cuda.backends import refusal
+
+        from .strategies import DTYPES
+
+        p = case.problem
+        call = Call(p.head_dim, DTYPES[case.dtype], exact, deterministic, p.is_packed,
+                    p.window_size is not None, case.softcap > 0,
+                    case.learnable_sink is not None,
+                    None if p.head_dim_v == p.head_dim else p.head_dim_v)
+        return refusal(backend, call)
+
+    return limits
 
 
 def audited_passes(q, k, v, do, packing: dict | None = None, **options) -> tuple:
@@ -477,6 +513,7 @@ def _resolve(name: str) -> Impl:
         needs = {"auto": ("triton",), "triton": ("triton",), "cute": ("triton", "cutlass")}
         return Impl(name, _dash(schedule, exact, backend), "cuda", needs=needs[backend],
                     windows=True, packed=True, schedule=schedule, features=FEATURES,
+                    limits=_dash_limits(backend, exact, schedule != "atomic"),
                     bitwise=None if schedule == "atomic"
                     else _dash_bitwise(schedule, exact, backend))
     if name.startswith("sdpa-"):

@@ -251,26 +251,53 @@ def _lacks_feature(backend: Backend, case: Case) -> str | None:
     return None
 
 
+def limit(backend: Backend, case: Case) -> str | None:
+    """Why ``backend`` cannot run ``case`` by its own limits (a feature it does not
+    compute, a head dim, a dtype...), whatever is installed; None when it can."""
+    return _lacks_feature(backend, case) or backend.unsupported(case)
+
+
+def refusal(name: str, case: Case) -> str | None:
+    """Why a call of ``case`` on backend ``name`` would be refused by the backends' limits
+    (:func:`limit`; for ``"auto"``: every backend's), whatever is installed; None when it
+    would run on a machine with the backends installed. What :func:`choose_backend` raises
+    beside what is missing: a verifier asks it before calling, so that a refusal is a
+    usage error and never a finding."""
+    if name != "auto":
+        reason = limit(get_backend(name), case)
+        return None if reason is None else _cannot(name, reason)
+    reasons = [(c, r) for c in PREFERENCE if (r := limit(get_backend(c), case))]
+    return _none_can(reasons) if len(reasons) == len(PREFERENCE) else None
+
+
+def _cannot(name: str, reason: str) -> str:
+    return f"backend {name!r} cannot run this call: {reason}"
+
+
+def _none_can(reasons: list[tuple[str, str]]) -> str:
+    return "no backend can run this call (" + "; ".join(f"{c}: {r}" for c, r in reasons) + ")"
+
+
 def choose_backend(name: str, case: Case) -> Backend:
     """The backend that runs ``case``: ``name`` itself, or for ``"auto"`` the first that can.
 
     A named backend that is missing or cannot run the case raises ``ValueError`` (what to
-    install, or why not); ``"auto"`` only fails when no backend can.
+    install, or why not: :func:`refusal`); ``"auto"`` only fails when no backend can.
     """
     if name != "auto":
         backend = get_backend(name)
-        reason = backend.missing() or _lacks_feature(backend, case) or backend.unsupported(case)
+        reason = backend.missing() or limit(backend, case)
         if reason:
-            raise ValueError(f"backend {name!r} cannot run this call: {reason}")
+            raise ValueError(_cannot(name, reason))
         return backend
     reasons = []
     for candidate in PREFERENCE:
         backend = get_backend(candidate)
-        reason = backend.missing() or _lacks_feature(backend, case) or backend.unsupported(case)
+        reason = backend.missing() or limit(backend, case)
         if reason is None:
             return backend
-        reasons.append(f"{candidate}: {reason}")
-    raise ValueError("no backend can run this call (" + "; ".join(reasons) + ")")
+        reasons.append((candidate, reason))
+    raise ValueError(_none_can(reasons))
 
 
 def _head_dims() -> tuple[int, ...]:

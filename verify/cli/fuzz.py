@@ -69,7 +69,10 @@ def run(args: argparse.Namespace, out: TextIO) -> Outcome:
     drawn |= {flag: True for flag in ("packed", "softcaps", "sinks") if getattr(args, flag)}
     result = fuzz(args.impl, budget=args.budget, max_elements=args.max_elements,
                   rng_seed=args.seed, timeout=args.timeout, **drawn)
-    data = {"examples": result.examples, "ok": result.ok}
+    data = {"examples": result.examples, "ok": result.ok, "skipped": result.skipped}
+    if result.skipped:
+        print(f"skipped {result.skipped} drawn cases that {args.impl} does not run (its own "
+              "limits refuse them before any kernel)", file=out)
     if result.ok:
         print(f"PASS {args.impl}: {result.examples} cases, no failure", file=out)
         return Outcome(EXIT_OK, f"{args.impl}: {result.examples} cases passed", data)
