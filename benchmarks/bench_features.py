@@ -120,145 +120,155 @@ def _fa4_varlen():
     return flash_attn_func, flash_attn_varlen_func
 
 
+#: where the cells' inputs live
+DEVICE = "cuda"
+
+
 def closures(cell: dict, gen) -> dict[str, tuple]:
-    """``{row: (fwd, bwd)}`` of one cell, every row on the same inputs, each on inputs of its
-    own that require gradients."""
+    """``{row: (fwd, bwd, step)}`` of one cell, every row on the same inputs, each on leaves
+    of its own that require gradients: ``dash_cuda`` on every installed backend whose
+    limits admit the cell's call (:func:`dash_rows`), then FlashAttention-4's two rows."""
+    fa, fa_varlen = _fa4_varlen()
+    return {"varlen": _varlen_rows, "window": _window_rows, "sinks": _feature_rows,
+            "softcap": _feature_rows, "headdims": _head_dim_rows}[cell["kind"]](
+                cell, gen, fa_varlen if cell["kind"] == "varlen" else fa)
+
+
+def _randn(gen, *shape):
     import torch
 
-    import dash_cuda
-    from dash_cuda.backends import Case, get_backend
+    return torch.randn(*shape, generator=gen, device=DEVICE, dtype=torch.bfloat16)
 
-    dev, bf16 = "cuda", torch.bfloat16
-    fa, fa_varlen = _fa4_varlen()
+
+def _leaves(*xs) -> tuple:
+    return tuple(x.detach().requires_grad_() for x in xs)
+
+
+def dash_rows(case, schedules: tuple[str, ...], call, inputs: tuple, do) -> dict[str, tuple]:
+    """``BACKEND:SCHEDULE`` rows: ``call(leaves, backend, schedule)``, ``dash_cuda`` on
+    fresh leaves of ``inputs``, for every installed backend (in ``"auto"``'s order) whose
+    limits admit ``case`` (:func:`dash_cuda.backends.limit`) and every schedule."""
+    from dash_cuda.backends import PREFERENCE, get_backend, limit
+
     rows: dict[str, tuple] = {}
-
-    def leaves(*xs):
-        return tuple(x.detach().requires_grad_() for x in xs)
-
-    if cell["kind"] == "varlen":
-        seqlens = lengths(cell["mix"], cell["total"])
-        cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32,
-                          device=dev)
-        longest = max(seqlens)
-        q, k, v, do = (torch.randn(cell["total"], HEADS, HEAD_DIM, generator=gen,
-                                   device=dev, dtype=bf16) for _ in range(4))
-        cell["sequences"], cell["longest"] = len(seqlens), longest
-        offsets = (cu, cu, longest, longest)
-        for backend in ("triton", "cute"):
-            why = get_backend(backend).unsupported(Case(HEAD_DIM, bf16, False, True, True))
-            if why or get_backend(backend).missing():
-                continue
-            for schedule in ("auto", "lpt", "naive"):
-                x = leaves(q, k, v)
-                rows[f"{backend}:{schedule}"] = _row(
-                    lambda b=backend, s=schedule, x=x: dash_cuda.attention_varlen(
-                        *x, *offsets, causal=True, schedule=s, backend=b), x, do)
-        if fa_varlen is not None:
-            rows.update(fa4_rows(lambda *x, det: fa_varlen(
-                *x, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
-                max_seqlen_k=longest, causal=True, deterministic=det), leaves(q, k, v),
-                leaves(q, k, v), do))
-        return rows
-    if cell["kind"] in ("sinks", "softcap"):
-        return _feature_rows(cell, gen, fa, leaves)
-    if cell["kind"] == "headdims":
-        return _head_dim_rows(cell, gen, fa, leaves)
-    b, s, w = cell["batch"], cell["seqlen"], cell["window"]
-    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device=dev, dtype=bf16)
-                   for _ in range(4))
-    window = (w, 0)
-    for backend in ("cute", "triton"):
+    for backend in PREFERENCE:
         chosen = get_backend(backend)
-        if chosen.missing() or chosen.unsupported(Case(HEAD_DIM, bf16, False, True, False,
-                                                       True)):
+        if chosen.missing() or limit(chosen, case):
             continue
-        for schedule in ("auto", "banded", "naive"):
-            x = leaves(q, k, v)
+        for schedule in schedules:
+            x = _leaves(*inputs)
             rows[f"{backend}:{schedule}"] = _row(
-                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
-                    *x, causal=True, window_size=window, schedule=sc, backend=bk), x, do)
-    if fa is not None:
-        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=True, window_size=(w, None),
-                                                deterministic=det),
-                             leaves(q, k, v), leaves(q, k, v), do))
+                lambda x=x, b=backend, s=schedule: call(x, b, s), x, do)
     return rows
 
 
-def _feature_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
-    """The rows of a sink or softcap cell: ``dash_cuda`` on each backend that computes the
-    feature (``auto`` and ``naive``, and ``BACKEND-nosink`` / ``BACKEND-nocap``: ``auto``
-    without it, no candidate for ours' row), FlashAttention-4 with and without
-    ``deterministic=True``. The sink logits are leaves of every sink row's gradient, as a
-    model trains them."""
+def _varlen_rows(cell: dict, gen, fa_varlen) -> dict[str, tuple]:
+    """A packed batch: ``auto``, ``lpt`` and ``naive`` on each backend, FlashAttention-4
+    varlen."""
     import torch
 
     import dash_cuda
-    from dash_cuda.backends import get_backend
+    from dash_cuda.backends import Case
+
+    seqlens = lengths(cell["mix"], cell["total"])
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=DEVICE)
+    longest = max(seqlens)
+    q, k, v, do = (_randn(gen, cell["total"], HEADS, HEAD_DIM) for _ in range(4))
+    cell["sequences"], cell["longest"] = len(seqlens), longest
+    offsets = (cu, cu, longest, longest)
+    rows = dash_rows(Case(HEAD_DIM, torch.bfloat16, False, True, packed=True),
+                     ("auto", "lpt", "naive"),
+                     lambda x, b, s: dash_cuda.attention_varlen(
+                         *x, *offsets, causal=True, schedule=s, backend=b), (q, k, v), do)
+    if fa_varlen is not None:
+        rows.update(fa4_rows(lambda *x, det: fa_varlen(
+            *x, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+            max_seqlen_k=longest, causal=True, deterministic=det), (q, k, v), do))
+    return rows
+
+
+def _window_rows(cell: dict, gen, fa) -> dict[str, tuple]:
+    """A causal window ``(w, 0)``: ``auto``, ``banded`` and ``naive`` on each backend."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import Case
+
+    b, s, w = cell["batch"], cell["seqlen"], cell["window"]
+    q, k, v, do = (_randn(gen, b, s, HEADS, HEAD_DIM) for _ in range(4))
+    rows = dash_rows(Case(HEAD_DIM, torch.bfloat16, False, True, window=True),
+                     ("auto", "banded", "naive"),
+                     lambda x, bk, sc: dash_cuda.attention(
+                         *x, causal=True, window_size=(w, 0), schedule=sc, backend=bk),
+                     (q, k, v), do)
+    if fa is not None:
+        rows.update(fa4_rows(lambda *x, det: fa(*x, causal=True, window_size=(w, None),
+                                                deterministic=det), (q, k, v), do))
+    return rows
+
+
+def _feature_rows(cell: dict, gen, fa) -> dict[str, tuple]:
+    """A sink or softcap cell: ``auto`` and ``naive`` on each backend that computes the
+    feature, and ``BACKEND-nosink`` / ``BACKEND-nocap``: ``auto`` without it (what it
+    costs; no candidate for ours' row). The sink logits are leaves of every sink row's
+    gradient, as a model trains them."""
+    import torch
+
+    import dash_cuda
+    from dash_cuda.backends import Case
 
     b, s = cell["batch"], cell["seqlen"]
-    q, k, v, do = (torch.randn(b, s, HEADS, HEAD_DIM, generator=gen, device="cuda",
-                               dtype=torch.bfloat16) for _ in range(4))
-    if cell["kind"] == "sinks":
-        extra = (torch.randn(HEADS, generator=gen, device="cuda", dtype=torch.float32),)
-        feature, without = "sinks", "nosink"
+    q, k, v, do = (_randn(gen, b, s, HEADS, HEAD_DIM) for _ in range(4))
+    sinks = cell["kind"] == "sinks"
+    if sinks:
+        extra = (torch.randn(HEADS, generator=gen, device=DEVICE, dtype=torch.float32),)
+        without = "nosink"
 
         def keywords(x):  # the sinks are the fourth leaf
             return {"learnable_sink": x[3]}
     else:
-        extra, feature, without = (), "softcap", "nocap"
+        extra, without = (), "nocap"
 
         def keywords(x):
             return {"softcap": cell["softcap"]}
-    rows: dict[str, tuple] = {}
-    for backend in ("cute", "triton"):
-        chosen = get_backend(backend)
-        if chosen.missing() or feature not in chosen.features:
-            continue
-        for schedule in ("auto", "naive"):
-            x = leaves(q, k, v, *extra)
-            rows[f"{backend}:{schedule}"] = _row(
-                lambda bk=backend, sc=schedule, x=x: dash_cuda.attention(
-                    *x[:3], causal=True, schedule=sc, backend=bk, **keywords(x)), x, do)
-        x = leaves(q, k, v)  # the same call without the feature: what it costs
+    case = Case(HEAD_DIM, torch.bfloat16, False, True, softcap=not sinks, sink=sinks)
+    rows = dash_rows(case, ("auto", "naive"),
+                     lambda x, bk, sc: dash_cuda.attention(
+                         *x[:3], causal=True, schedule=sc, backend=bk, **keywords(x)),
+                     (q, k, v, *extra), do)
+    for backend in [name.partition(":")[0] for name in rows if name.endswith(":auto")]:
+        # the same call without the feature, on the backends that ran it with
+        x = _leaves(q, k, v)
         rows[f"{backend}-{without}"] = _row(
             lambda bk=backend, x=x: dash_cuda.attention(*x, causal=True, backend=bk), x, do)
     if fa is not None:
         rows.update(fa4_rows(lambda *x, det: fa(*x[:3], causal=True, deterministic=det,
-                                                **keywords(x)),
-                             leaves(q, k, v, *extra), leaves(q, k, v, *extra), do))
+                                                **keywords(x)), (q, k, v, *extra), do))
     return rows
 
 
-def _head_dim_rows(cell: dict, gen, fa, leaves) -> dict[str, tuple]:
-    """The rows of a head-dim cell: ``dash_cuda`` with ``auto`` on each backend that runs it,
-    FlashAttention-4 with and without ``deterministic=True``."""
+def _head_dim_rows(cell: dict, gen, fa) -> dict[str, tuple]:
+    """A head-dim cell: ``auto`` on each backend that runs it (no schedule is made for a
+    head dim)."""
     import torch
 
     import dash_cuda
-    from dash_cuda.backends import Case, get_backend
+    from dash_cuda.backends import Case
 
     d, dv, causal, cap = cell["head_dim"], cell["head_dim_v"], cell["causal"], cell["softcap"]
     b, s, h = cell["batch"], cell["seqlen"], cell["heads"]
-    q, k = (torch.randn(b, s, h, d, generator=gen, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))
-    v, do = (torch.randn(b, s, h, dv, generator=gen, device="cuda", dtype=torch.bfloat16)
-             for _ in range(2))
+    q, k = (_randn(gen, b, s, h, d) for _ in range(2))
+    v, do = (_randn(gen, b, s, h, dv) for _ in range(2))
     case = Case(d, torch.bfloat16, False, True, softcap=cap > 0,
                 head_dim_v=None if dv == d else dv)
-    rows: dict[str, tuple] = {}
-    for backend in ("cute", "triton"):
-        chosen = get_backend(backend)
-        if chosen.missing() or chosen.unsupported(case) or (cap and "softcap" not in
-                                                            chosen.features):
-            continue
-        x = leaves(q, k, v)
-        rows[f"{backend}:auto"] = _row(
-            lambda bk=backend, x=x: dash_cuda.attention(*x, causal=causal, softcap=cap,
-                                                        backend=bk), x, do)
+    rows = dash_rows(case, ("auto",),
+                     lambda x, bk, sc: dash_cuda.attention(*x, causal=causal, softcap=cap,
+                                                           schedule=sc, backend=bk),
+                     (q, k, v), do)
     if fa is not None:
         rows.update(fa4_rows(lambda *x, det: fa(*x, causal=causal, softcap=cap,
-                                                deterministic=det),
-                             leaves(q, k, v), leaves(q, k, v), do))
+                                                deterministic=det), (q, k, v), do))
     return rows
 
 
@@ -268,16 +278,19 @@ def _row(fwd, inputs: tuple, do) -> tuple:
     return (*grad_row(fwd, inputs, do), grad_step(fwd, inputs, do))
 
 
-def fa4_rows(call, det_inputs: tuple, inputs: tuple, do) -> dict[str, tuple]:
-    """The ``fa4-det`` and ``fa4`` rows: ``call(*inputs, det=...)``, FlashAttention-4 with and
-    without ``deterministic=True``, each on its own leaves (:func:`harness.grad_row`)."""
-    def row(x, det):
+def fa4_rows(call, inputs: tuple, do) -> dict[str, tuple]:
+    """The ``fa4-det`` and ``fa4`` rows: ``call(*leaves, det=...)``, FlashAttention-4 with and
+    without ``deterministic=True``, each on fresh leaves of ``inputs``
+    (:func:`harness.grad_row`)."""
+    def row(det):
+        x = _leaves(*inputs)
+
         def fwd():
             out = call(*x, det=det)
             return out[0] if isinstance(out, tuple) else out
         return _row(fwd, x, do)
 
-    return {"fa4-det": row(det_inputs, True), "fa4": row(inputs, False)}
+    return {"fa4-det": row(True), "fa4": row(False)}
 
 
 def run(args) -> dict:
