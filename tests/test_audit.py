@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from cli_output import reproducer_argv
 
 from dash_ref import Problem
 from verify.audit import audit
@@ -174,10 +175,9 @@ def test_cli_fuzz_prints_a_reproducer_and_fails(capsys):
                  "--max-elements", "20000"])
     out = capsys.readouterr().out
     assert code == 1
-    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
-    cmd = line.removeprefix("reproduce: ").split()
-    assert cmd[:2] == ["dash-verify", "check"]
-    assert main(cmd[1:]) == 1  # the reproducer fails on its own
+    argv = reproducer_argv(out)
+    assert argv[0] == "check"
+    assert main(argv) == 1  # the reproducer fails on its own
 
 
 def test_audit_refuses_cuda_without_a_gpu():

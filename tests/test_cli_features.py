@@ -15,6 +15,7 @@ import shlex
 
 import pytest
 import torch
+from cli_output import reproducer_argv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,8 +117,7 @@ def test_fuzz_draws_the_features_finds_a_dsink_bug_and_reproduces_it(capsys):
     code, out, _ = _run(capsys, ["fuzz", "--impl", "planted:zero_dsink", "--sinks",
                                  "--budget", "30", "--max-elements", "4000"])
     assert code == 1
-    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
-    argv = shlex.split(line.removeprefix("reproduce: dash-verify "))
+    argv = reproducer_argv(out)
     assert any(a.startswith("--learnable-sink=") for a in argv)
     assert main(argv) == 1
     capsys.readouterr()
@@ -218,8 +218,7 @@ def test_fuzz_draws_packed_batches_finds_the_packing_bug_and_reproduces_it(capsy
     code, out, _ = _run(capsys, ["fuzz", "--impl", "planted:one_long_sequence", "--packed",
                                  "--budget", "30", "--max-elements", "6000"])
     assert code == 1
-    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
-    argv = shlex.split(line.removeprefix("reproduce: dash-verify "))
+    argv = reproducer_argv(out)
     assert "--seqlens-q" in argv and "--batch" not in argv
     assert main(argv) == 1
     capsys.readouterr()

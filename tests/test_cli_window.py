@@ -8,10 +8,10 @@ takes none is refused (exit 2, one line) rather than run without it.
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
 import torch
+from cli_output import reproducer_argv
 
 from dash_ref import Problem
 from verify.cli import main
@@ -68,8 +68,7 @@ def test_fuzz_with_windows_finds_the_ignored_window_and_reproduces_it(capsys):
     code, out, _ = _run(capsys, ["fuzz", "--impl", "planted:ignores_window", "--windows",
                                  "--budget", "40", "--max-elements", "4000"])
     assert code == 1
-    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
-    argv = shlex.split(line.removeprefix("reproduce: dash-verify "))
+    argv = reproducer_argv(out)
     assert "--window-size" in argv
     assert main(argv) == 1
     capsys.readouterr()
