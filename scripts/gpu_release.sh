@@ -64,11 +64,6 @@
 #                                        # forward and backward, float64, busy-stream trials,
 #                                        # packed), Triton's, then against FA4 in rounds
 #                                        # (bench_features.py --kinds softcap)
-#   scripts/gpu_release.sh handout OUT [bench]  # the CuTe backward's chains handed out from a
-#                                        # counter: its GPU tests beside those of the kernels
-#                                        # it touches (packed, windows, deadlock, plans, L2);
-#                                        # bench: benchmarks/exp_handout.py against the
-#                                        # placed lists and FA4
 #   scripts/gpu_release.sh pending OUT [bench]  # the GPU tests written or changed since
 #                                        # their last GPU run, side by side (bench: the
 #                                        # softcap cell and the head-dim grid against FA4)
@@ -78,7 +73,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|handout|pending|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -314,17 +309,6 @@ sinks)
     step bench 240 $PY benchmarks/bench_features.py --out "$LOG" --kinds sinks --tag bench_sinks \
         --time-budget 150
     [ -f "$LOG/bench_sinks.md" ] && grep -E '^\| sinks' "$LOG/bench_sinks.md"
-    ;;
-handout)
-    fa4_unpack
-    if [ "$MODE" = bench ]; then
-        step exp_handout 330 $PY benchmarks/exp_handout.py --out "$LOG" --time-budget 240
-        [ -f "$LOG/exp_handout.md" ] && grep -E '^\| (varlen|window)' "$LOG/exp_handout.md"
-    else
-        side_by_side 500 tests/gpu/test_cuda_handout.py tests/gpu/test_cuda_cute_varlen.py \
-            tests/gpu/test_cuda_cute_window.py tests/gpu/test_cuda_deadlock.py \
-            tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_fast_l2.py
-    fi
     ;;
 pending)
     # MODE tests (default): the GPU tests written or changed since their last GPU run, side

@@ -140,19 +140,3 @@ def test_the_tables_carry_the_launch_order_as_an_extra_table():
     assert np.array_equal(tables.as_dict(extra=True)["launch_order"],
                           build_schedule(PACKED, "lpt", 3).launch_order())
     assert build_schedule(PACKED, "shift", 3).to_tables().launch_order.size == 0
-
-
-def test_the_kernel_hands_out_inside_the_block_only_and_only_with_a_launch_order():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cutlass")
-    from dash_cuda.backends.cute import launch
-
-    with_order = {"launch_order": torch.arange(3, dtype=torch.int32)}
-    without = {"launch_order": torch.zeros(0, dtype=torch.int32)}
-    assert launch.handout(with_order) == 0
-    with launch.handing_out(True):
-        assert launch.handout(with_order) == 1 and launch.handout(without) == 0
-        with launch.handing_out(False):
-            assert launch.handout(with_order) == 0
-        assert launch.handout(with_order) == 1
-    assert launch.handout(with_order) == 0
