@@ -207,30 +207,28 @@ def run_backward(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                              poison, packing, sink, problem, plan_key)
 
 
-def new_workspace(backend: Backend, problem: Problem, device: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def new_workspace(backend: Backend, problem: Problem, deterministic: bool,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq_acc, sem, workspace)``: the fp32 dQ accumulator in ``backend``'s layout and
     the int32 semaphores, one per dQ tile ``problem.q_tile_index(b, h, i)`` (the rank whose
-    partial goes in next; unused by ``atomic``), then one int32 more, the counter a kernel
-    that hands its chains out takes them from (:meth:`dash_ref.Schedule.launch_order`), as
-    views of one uninitialized fp32 ``workspace``, which the ``delta`` launch zeroes: one
-    allocation and no memset per backward. The semaphores start at a multiple of 256 bytes
-    (kernels take every pointer 16-byte aligned)."""
-    shape, numel, at, size = _workspace_layout(backend, problem)
+    partial goes in next; one unused where ``deterministic`` is False), as views of one
+    uninitialized fp32 ``workspace``, which the ``delta`` launch zeroes: one allocation and
+    no memset per backward. The semaphores start at a multiple of 256 bytes (kernels take
+    every pointer 16-byte aligned)."""
+    shape, numel, at, size = _workspace_layout(backend, problem, deterministic)
     workspace = torch.empty(size, device=device, dtype=F32)
-    sem = workspace[at:at + problem.num_q_tiles].view(torch.int32)
-    return workspace[:numel].view(shape), sem, workspace
+    return workspace[:numel].view(shape), workspace[at:].view(torch.int32), workspace
 
 
 @lru_cache(maxsize=1024)
-def _workspace_layout(backend: Backend, problem: Problem
+def _workspace_layout(backend: Backend, problem: Problem, deterministic: bool
                       ) -> tuple[tuple[int, ...], int, int, int]:
     """``(accumulator shape, its elements, where the semaphores start, workspace
     elements)`` of :func:`new_workspace`."""
     shape = tuple(backend.dq_acc_shape(problem))
     numel = math.prod(shape)
     at = -(-numel // 64) * 64
-    return shape, numel, at, at + problem.num_q_tiles + 1
+    return shape, numel, at, at + (problem.num_q_tiles if deterministic else 1)
 
 
 def _batched(x: torch.Tensor, packed: bool) -> torch.Tensor:
@@ -264,7 +262,7 @@ def _run_backward(backend, q, k, v, o, lse2, do, options, schedule_name, audit, 
 
     arithmetic = "exact" if exact else backend.default_arithmetic
     pairwise = arithmetic is not None and ARITHMETICS[arithmetic].delta_order == "pairwise"
-    dq_acc, sem, workspace = new_workspace(backend, problem, device)
+    dq_acc, sem, workspace = new_workspace(backend, problem, deterministic, device)
     if poison:  # the delta launch must clear it: a value it missed shows in dQ (or hangs)
         workspace.fill_(math.nan)
     delta = prepost.preprocess_delta(_batched(o, packed), _batched(do, packed),

@@ -27,10 +27,6 @@ TABLE_NAMES = ("worker_offsets", "chain_bhj", "chain_offsets", "visit_q", "visit
 #: the tables a kernel of packed batches reads beside them, uploaded for packed problems
 #: only: where each sequence's dQ tiles (and semaphores) start
 PACKED_TABLE_NAMES = ("q_tile_base",)
-#: the table a kernel reads beside them when its workers take their chains from a counter
-#: (:meth:`dash_ref.Schedule.launch_order`; empty where the schedule has none): uploaded
-#: for every problem
-HANDOUT_TABLE_NAMES = ("launch_order",)
 _CACHE_SIZE = 64
 
 
@@ -42,7 +38,7 @@ class DeviceSchedule:
     name: str
     num_workers: int
     fingerprint: str
-    tables: dict[str, torch.Tensor]  # :func:`_names` -> int32 tensors
+    tables: dict[str, torch.Tensor]  # TABLE_NAMES (+ PACKED_TABLE_NAMES) -> int32 tensors
     num_visits: int
     num_tiles: int  # dQ tiles B * H * n_q: one semaphore each
 
@@ -62,17 +58,15 @@ _lock = threading.Lock()
 
 
 def _names(problem: Problem) -> tuple[str, ...]:
-    """The tables a kernel of ``problem`` reads: :data:`TABLE_NAMES`, then
-    :data:`HANDOUT_TABLE_NAMES` (packed problems: ``q_tile_base`` between them)."""
-    packed = PACKED_TABLE_NAMES if problem.is_packed else ()
-    return (*TABLE_NAMES, *packed, *HANDOUT_TABLE_NAMES)
+    """The tables a kernel of ``problem`` reads (packed problems: ``q_tile_base`` too)."""
+    return (*TABLE_NAMES, *PACKED_TABLE_NAMES) if problem.is_packed else TABLE_NAMES
 
 
 def _build_host(key: Key) -> tuple[str, dict[str, np.ndarray]]:
     """Build, validate (coverage, deadlock, timing) and flatten one schedule."""
     problem, name, num_workers = key
     schedule = build_schedule(problem, name, num_workers).validate()
-    tables = schedule.to_tables().as_dict(extra=True)
+    tables = schedule.to_tables().as_dict(extra=problem.is_packed)
     return schedule.fingerprint(), {k: np.ascontiguousarray(tables[k], np.int32)
                                     for k in (*_names(problem), "dq_count")}
 

@@ -58,19 +58,6 @@ Kernel tables (:meth:`Schedule.to_tables`), all ``int32``, ``W`` workers, ``C`` 
     q_tile_base     [B + 1]  Problem.q_tile_base(b): sequence b's dQ tiles start there (an
                              extra table: not in ScheduleTables.as_dict(), which holds what
                              today's kernels read)
-    launch_order    [C] / [0]  chain numbers (rows of chain_bhj) in launch order, for a
-                             kernel whose workers take their next chain from a counter;
-                             empty where that could deadlock (:meth:`Schedule.launch_order`;
-                             an extra table too)
-
-*Hand-out.* A kernel may run the tables as placed (worker ``w`` its chains
-``worker_offsets[w] : worker_offsets[w + 1]``), or let each worker take its next chain from
-a counter, in ``launch_order``, when it finishes one: the same visit and dQ orders, so the
-same bits; only who runs a chain, and when, follows the run's own times. That is the
-greedy placement made at run time: with every edge of the graph running forward in launch
-order, the chain of lowest launch number that is not done has all its predecessors done
-(each was handed out earlier and has a lower number), so it runs: no deadlock, for any
-number of workers and any hand-out.
 
 A kernel visiting ``(b, h, i, j)`` waits until the semaphore of tile ``t`` equals
 ``visit_rank``, adds its partial, and stores ``visit_rank + 1``; after the backward every
@@ -159,10 +146,9 @@ class Chain:
 class ScheduleTables:
     """The int32 arrays a kernel reads (layout in the module docstring).
 
-    ``q_tile_base`` (``B + 1`` entries: where each sequence's dQ tiles start, for kernels of
-    packed batches) and ``launch_order`` (:meth:`Schedule.launch_order`, for kernels that
-    hand chains out from a counter) are extra tables; :meth:`as_dict` and :meth:`nbytes`
-    cover the six tables every kernel reads unless asked for them.
+    ``q_tile_base`` (``B + 1`` entries: where each sequence's dQ tiles start) is an extra
+    table for kernels of packed batches; :meth:`as_dict` and :meth:`nbytes` cover the six
+    tables today's kernels read unless asked for it.
     """
 
     worker_offsets: np.ndarray
@@ -172,10 +158,9 @@ class ScheduleTables:
     visit_rank: np.ndarray
     dq_count: np.ndarray
     q_tile_base: np.ndarray | None = None
-    launch_order: np.ndarray | None = None
 
     def as_dict(self, extra: bool = False) -> dict[str, np.ndarray]:
-        """The tables by name; ``extra=True`` adds ``q_tile_base`` and ``launch_order``."""
+        """The tables by name; ``extra=True`` adds ``q_tile_base``."""
         names = [k for k in self.__dataclass_fields__ if extra or k not in _EXTRA_TABLES]
         return {k: getattr(self, k) for k in names}
 
@@ -184,7 +169,7 @@ class ScheduleTables:
         return sum(a.nbytes for a in self.as_dict(extra).values())
 
 
-_EXTRA_TABLES = ("q_tile_base", "launch_order")
+_EXTRA_TABLES = ("q_tile_base",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,38 +265,6 @@ class Schedule:
         _check_timing_free(self)
         return self
 
-    def launch_order(self) -> np.ndarray | None:
-        """The chains' numbers (their order in :meth:`chains`, the rows of the tables'
-        ``chain_bhj``) by start time under the placement's unit cost (a visit each; ties:
-        the lower worker, then the earlier chain on it), or None where a worker taking its
-        next chain in that order from a counter could deadlock: where some dQ edge runs from
-        a chain to one that starts earlier.
-
-        For the greedy schedules this is their launch order (list scheduling hands out
-        start times in launch order), and every edge runs forward in it (the module
-        docstring), so it exists; for the wave schedules a tile's dQ order follows the
-        step inside a round, which runs back in it, so it does not.
-        """
-        if not self.deterministic:
-            return None
-        starts, workers, number = [], [], []
-        for w, chains in enumerate(self.workers):
-            t = 0
-            for c in chains:
-                starts.append(t)
-                workers.append(w)
-                number.append(len(number))
-                t += len(c.visits)
-        order = np.lexsort((np.array(number), np.array(workers), np.array(starts)))
-        position = np.empty(len(order), np.int64)
-        position[order] = np.arange(len(order))
-        chain_of = {(c.b, c.h, c.j): n for n, (_, c) in enumerate(self.chains())}
-        for (b, h, _), dq in self.dq_orders.items():
-            at = [position[chain_of[(b, h, j)]] for j in dq]
-            if any(x >= y for x, y in zip(at, at[1:])):
-                return None
-        return order.astype(np.int32)
-
     # -- kernel tables --------------------------------------------------------------------
     def to_tables(self) -> ScheduleTables:
         """The compact int32 tables a kernel reads; see the module docstring for the layout."""
@@ -346,8 +299,6 @@ class Schedule:
         def i32(x: Sequence) -> np.ndarray:
             return np.asarray(x, dtype=np.int32)
 
-        launched = self.launch_order()
-
         return ScheduleTables(
             worker_offsets=i32(worker_offsets),
             chain_bhj=i32(chain_bhj).reshape(-1, 3),
@@ -356,7 +307,6 @@ class Schedule:
             visit_rank=i32(visit_rank),
             dq_count=dq_count,
             q_tile_base=i32([p.q_tile_base(b) for b in range(p.batch + 1)]),
-            launch_order=i32(()) if launched is None else launched,
         )
 
     # -- display --------------------------------------------------------------------------

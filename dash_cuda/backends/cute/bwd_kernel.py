@@ -3,12 +3,6 @@
 The kernel reads the int32 tables of ``dash_ref.Schedule.to_tables()`` and runs them as they
 are: one persistent CTA per worker (``blockIdx.x``), which walks its chains in table order and,
 inside each chain, its visits in table order. Nothing about the order is re-derived here.
-With ``dynamic`` (a run-time argument) a CTA instead takes chain ``launch_order[blockIdx.x]``
-first and then, each time its loader has issued a chain's loads, ``launch_order[gridDim.x +
-ticket]`` with a ticket from a counter (the int32 after the semaphores, zero at launch): the
-tables' own hand-out (``dash_ref``'s module docstring says why it cannot deadlock). Which
-CTA runs a chain never changes a bit. Either way the loader hands each chain's number to
-the math warps and the dQ writer through shared memory, so all roles walk the same chains.
 
 Roles (384 threads, three warpgroups)::
 
@@ -100,8 +94,6 @@ from .ptx import (
     softmax_p,
 )
 
-CHAIN_STAGES = 2  # chain numbers in flight from the loader to the math warps and dQ writer
-
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
 BAR_EPILOGUE = 2
@@ -162,10 +154,9 @@ LAUNCH_ARGS = (
     ("dk_ptr", "output"), ("dv_ptr", "output"), ("sem_ptr", "i32"), ("partials_ptr", "f32"),
     *((f"{table}_ptr", "i32") for table in TABLE_NAMES),
     ("cu_seqlens_q_ptr", "i32"), ("cu_seqlens_k_ptr", "i32"), ("q_tile_base_ptr", "i32"),
-    ("launch_order_ptr", "i32"),
     *((n, "int") for n in ("batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "n_q",
                            "num_chains", "num_visits", "num_workers", "window_left",
-                           "window_right", "num_q_tiles", "dynamic")),
+                           "window_right", "num_q_tiles")),
     *((f"{t}_strides", "strides") for t in ("q", "k", "v", "do", "dk", "dv")),
     ("scale_log2", "float"), ("softmax_scale", "float"), ("softcap_k", "float"),
     ("softcap", "float"), ("stream", "stream"),
@@ -197,8 +188,6 @@ def storage(dtype, config: BackwardConfig, head_dim: int):
         "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * qs],
         "mbar_do": cute.struct.MemRange[cutlass.Int64, 2 * qs],
         "mbar_dq": cute.struct.MemRange[cutlass.Int64, 2 * dqs],
-        "mbar_chain": cute.struct.MemRange[cutlass.Int64, 2 * CHAIN_STAGES],
-        "chain_ids": cute.struct.MemRange[Int32, CHAIN_STAGES],
     }
     return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
@@ -285,10 +274,10 @@ class DashBackwardSm90:
         worker_offsets_ptr: cute.Pointer, chain_bhj_ptr: cute.Pointer,
         chain_offsets_ptr: cute.Pointer, visit_q_ptr: cute.Pointer, visit_rank_ptr: cute.Pointer,
         cu_seqlens_q_ptr: cute.Pointer, cu_seqlens_k_ptr: cute.Pointer,
-        q_tile_base_ptr: cute.Pointer, launch_order_ptr: cute.Pointer,
+        q_tile_base_ptr: cute.Pointer,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         n_q: Int32, num_chains: Int32, num_visits: Int32, num_workers: Int32,
-        window_left: Int32, window_right: Int32, num_q_tiles: Int32, dynamic: Int32,
+        window_left: Int32, window_right: Int32, num_q_tiles: Int32,
         q_strides: tuple, k_strides: tuple, v_strides: tuple, do_strides: tuple,
         dk_strides: tuple, dv_strides: tuple,
         scale_log2: Float32, softmax_scale: Float32, softcap_k: Float32, softcap: Float32,
@@ -330,10 +319,6 @@ class DashBackwardSm90:
                 cute.make_layout(num_visits * PROBE_VISIT_SLOTS
                                  + num_chains * PROBE_CHAIN_SLOTS))
         mSem = cute.make_tensor(sem_ptr, cute.make_layout(num_tiles))
-        # the hand-out: the chains in launch order, the flag, how many, and the counter (the
-        # int32 after the semaphores)
-        handout = (cute.make_tensor(launch_order_ptr, cute.make_layout(num_chains)), dynamic,
-                   num_chains, cute.make_tensor(sem_ptr + num_tiles, cute.make_layout(1)))
         tables = Tables(
             worker_offsets=cute.make_tensor(worker_offsets_ptr,
                                             cute.make_layout(num_workers + 1)),
@@ -391,7 +376,7 @@ class DashBackwardSm90:
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
             mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
             heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, window,
-            packing, cap, handout, Storage,
+            packing, cap, Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
@@ -408,7 +393,7 @@ class DashBackwardSm90:
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
-        scale_log2: Float32, softmax_scale: Float32, window, packing, cap, handout,
+        scale_log2: Float32, softmax_scale: Float32, window, packing, cap,
         Storage: cutlass.Constexpr,
     ):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -443,14 +428,6 @@ class DashBackwardSm90:
         pipe_dq = pipeline.PipelineAsync.create(
             barrier_storage=st.mbar_dq.data_ptr(), num_stages=self.dq_stages,
             producer_group=math_warps, consumer_group=one_thread, defer_sync=True)
-        # chain numbers: the loader (lane 0) produces, the eight math warps and the dQ writer
-        # consume (lane 0 of each releases)
-        pipe_chain = pipeline.PipelineAsync.create(
-            barrier_storage=st.mbar_chain.data_ptr(), num_stages=CHAIN_STAGES,
-            producer_group=one_thread,
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     MATH_THREADS // 32 + 1),
-            defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -473,24 +450,22 @@ class DashBackwardSm90:
         s_dq = st.s_dq.get_tensor(cute.make_layout(
             (4, 128, self.dq_regs // 4, 2, self.dq_stages),
             stride=(1, 4, 512, half, self.dq_tile_elems)))
-        chains = (pipe_chain, st.chain_ids.get_tensor(cute.make_layout(CHAIN_STAGES)))
 
         if warp < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
                 self.loader(tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
                             sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
-                            heads_kv, heads, chains, handout, packing)
+                            heads_kv, heads, packing)
             if warp == 1:
                 self.dq_writer(s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q,
-                               chains, handout[2], packing)
+                               packing)
         else:
             cute.arch.setmaxregister_increase(MATH_REGS)
             self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                       sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                       heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
-                      (sEpi, tdK, tdV, tma_dk, tma_dv), chains, handout[2], window, packing,
-                      cap)
+                      (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing, cap)
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -507,60 +482,10 @@ class DashBackwardSm90:
 
     # -- table walking -------------------------------------------------------------------------
     @cute.jit
-    def first_position(self, tables: tuple, handout):
-        """``(first, stop)``: where this CTA's walk starts and ends. As placed: its worker's
-        chains ``worker_offsets[w] : worker_offsets[w + 1]``; handed out: position ``w`` of
-        the launch order, up to every chain."""
+    def chain_range(self, tables: tuple):
+        """Chains of this CTA's worker: ``worker_offsets[w] : worker_offsets[w + 1]``."""
         w, _, _ = cute.arch.block_idx()
-        first, stop = tables.worker_offsets[w], tables.worker_offsets[w + 1]
-        if handout[1] != 0:
-            first, stop = Int32(w), handout[2]
-        return first, stop
-
-    @cute.jit
-    def next_position(self, at, handout, lane):
-        """The position after ``at`` (the same in every lane): the next one, as placed;
-        handed out, ``gridDim.x`` plus a ticket from the counter."""
-        nxt = at + 1
-        if handout[1] != 0:
-            ticket = Int32(0)
-            if lane == 0:
-                ticket = cute.arch.atomic_add(handout[3].iterator, Int32(1), sem="relaxed",
-                                              scope="gpu")
-            grid, _, _ = cute.arch.grid_dim()
-            nxt = cute.arch.shuffle_sync(ticket, 0) + grid
-        return nxt
-
-    @cute.jit
-    def chain_at(self, handout, at):
-        """The chain at position ``at`` of the walk: ``at`` itself as placed,
-        ``launch_order[at]`` handed out."""
-        c = at
-        if handout[1] != 0:
-            c = handout[0][at]
-        return c
-
-    @cute.jit
-    def publish_chain(self, chains, state, c, lane):
-        """Loader lane 0: chain number ``c`` (the number of chains: the walk is over) into
-        the next slot for the math warps and the dQ writer."""
-        pipe_chain, s_chain = chains
-        if lane == 0:
-            pipe_chain.producer_acquire(state)
-            s_chain[state.index] = c
-            pipe_chain.producer_commit(state)
-
-    @cute.jit
-    def take_chain(self, chains, state, lane):
-        """Math warps and dQ writer: the next chain number from the loader; each warp frees
-        the slot."""
-        pipe_chain, s_chain = chains
-        pipe_chain.consumer_wait(state)
-        c = s_chain[state.index]
-        cute.arch.sync_warp()
-        if lane == 0:
-            pipe_chain.consumer_release(state)
-        return c
+        return tables.worker_offsets[w], tables.worker_offsets[w + 1]
 
     # -- packed batches ------------------------------------------------------------------------
     @cute.jit
@@ -581,7 +506,7 @@ class DashBackwardSm90:
     @cute.jit
     def loader(self, tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, mLSE, mDelta,
                sQ, sdO, sK, sV, sLSE, sDelta, pipe_kv, pipe_q, pipe_do, tables,
-               heads_kv, heads, chains, handout, packing=None):
+               heads_kv, heads, packing=None):
         """K_j, V_j once per chain, then Q_i/LSE2_i and dO_i/D_i for every visit, in order.
 
         Packed: the tiles count from the chain's sequence's first rows (TMA coordinates
@@ -593,14 +518,8 @@ class DashBackwardSm90:
         group = heads // heads_kv
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        chain_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                   CHAIN_STAGES)
-        lane = cute.arch.lane_idx()
-        at, stop = self.first_position(tables, handout)
-        while at < stop:
-            c = self.chain_at(handout, at)
-            self.publish_chain(chains, chain_state, c, lane)
-            chain_state.advance()
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
             b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
             h_kv = h // group
             if const_expr(self.packed):
@@ -652,24 +571,19 @@ class DashBackwardSm90:
                     cute.copy(tma_k, gK_t, sK_t, tma_bar_ptr=bar)
                     cute.copy(tma_v, gV_t, sV_t, tma_bar_ptr=bar)
                     kv_state.advance()
-            at = self.next_position(at, handout, lane)
-        self.publish_chain(chains, chain_state, handout[2], lane)
 
     # -- dQ writer warp ------------------------------------------------------------------------
     @cute.jit
     def dq_writer(self, s_dq, mDQacc, mPartials, mSem, pipe_dq, tables, heads, n_q,
-                  chains, num_chains, packing=None):
+                  packing=None):
         """Adds staged partials into dQacc in table order; deterministic: in dQ order.
         Packed: dQ tile ``(b, h, i)`` is number :meth:`packed_tile_base` ``+ i``."""
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         visit_rank = tables.visit_rank
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.dq_stages)
-        chain_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                   CHAIN_STAGES)
-        c = self.take_chain(chains, chain_state, lane)
-        chain_state.advance()
-        while c < num_chains:
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
             b, h = chain_bhj[0, c], chain_bhj[1, c]
             if const_expr(self.packed):
                 cu_q = packing[0]
@@ -701,8 +615,6 @@ class DashBackwardSm90:
                 if lane == 0:
                     pipe_dq.consumer_release(state)
                 state.advance()
-            c = self.take_chain(chains, chain_state, lane)
-            chain_state.advance()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
@@ -731,7 +643,7 @@ class DashBackwardSm90:
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
              heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out,
-             chains, num_chains, window, packing=None, cap=None):
+             window, packing=None, cap=None):
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -773,11 +685,8 @@ class DashBackwardSm90:
                                                 self.dq_stages)
         causal_offset = seqlen_k - seqlen_q
         lead = tid == 0  # the probe's clock reader
-        chain_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                   CHAIN_STAGES)
-        c = self.take_chain(chains, chain_state, lane)
-        chain_state.advance()
-        while c < num_chains:
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
             self.stamp(mProbe, self.chain_slot(tables, c, 0), lead)
             b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
             k_first = 0
@@ -913,8 +822,6 @@ class DashBackwardSm90:
                 self.store_dkv_tma(acc_dk, acc_dv, out, epi_bar, tid, b, h // group, j,
                                    softmax_scale, q_state.index)
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
-            c = self.take_chain(chains, chain_state, lane)
-            chain_state.advance()
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 

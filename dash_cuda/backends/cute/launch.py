@@ -520,31 +520,6 @@ def probing(stamps: torch.Tensor) -> Iterator[torch.Tensor]:
         _probe.stamps = None
 
 
-_handout = threading.local()
-
-
-@contextmanager
-def handing_out(on: bool) -> Iterator[None]:
-    """Measurements: backwards launched in this block (this thread) hand their chains out
-    from a counter in launch order (``on``; schedules without a launch order keep their
-    placement) or run them as placed; the same bits either way (:mod:`.bwd_kernel`)."""
-    from dash_cuda.plans import suspended
-
-    before = getattr(_handout, "on", False)
-    _handout.on = on
-    try:
-        with suspended():  # a plan binds its launch's hand-out
-            yield
-    finally:
-        _handout.on = before
-
-
-def handout(tables: dict[str, torch.Tensor]) -> int:
-    """The kernel's ``dynamic`` argument for a launch of ``tables``: 1 where its chains are
-    handed out (:func:`handing_out`, and the schedule has a launch order), else 0."""
-    return int(getattr(_handout, "on", False) and tables["launch_order"].numel() > 0)
-
-
 def run_schedule(launch: Launch) -> None:
     """Launch the persistent backward: one CTA per worker of the schedule's tables."""
     p = launch.problem
@@ -590,8 +565,8 @@ def run_schedule(launch: Launch) -> None:
         delta.data_ptr(), launch.dq_acc.data_ptr(), launch.dk_out.data_ptr(),
         launch.dv_out.data_ptr(), launch.sem.data_ptr(), partials.data_ptr(),
         *(tables[name].data_ptr() for name in TABLE_NAMES),
-        tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(),
-        tables["launch_order"].data_ptr(), handout(tables), _stream(q), *packed_pointers))
+        tables["chain_offsets"].numel() - 1, tables["visit_q"].numel(), _stream(q),
+        *packed_pointers))
 
 
 def bind_schedule(launch: Launch):
@@ -615,8 +590,7 @@ def bind_schedule(launch: Launch):
     tables = launch.tables
     fixed = {f"{name}_ptr": tables[name].data_ptr() for name in TABLE_NAMES}
     fixed.update(num_chains=tables["chain_offsets"].numel() - 1,
-                 num_visits=tables["visit_q"].numel(),
-                 launch_order_ptr=tables["launch_order"].data_ptr(), dynamic=handout(tables))
+                 num_visits=tables["visit_q"].numel())
     template = arguments.Template(
         tuple(static.fill(*(fixed.get(name) for name in _BACKWARD_PER_CALL))),
         tuple(_BACKWARD_ARGS.index(name) for name in _BOUND_PER_CALL))
@@ -634,12 +608,12 @@ _BOUND_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", 
                    "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr", "stream")
 
 
-#: the backward's arguments that change every call (pointers, the stream; the table sizes
-#: and the hand-out, which change with the schedule), in the order ``fill`` takes them
+#: the backward's arguments that change every call (pointers, the stream; the table sizes,
+#: which change with the schedule), in the order ``fill`` takes them
 _BACKWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr",
                       "dqacc_ptr", "dk_ptr", "dv_ptr", "sem_ptr", "partials_ptr",
                       *(f"{name}_ptr" for name in TABLE_NAMES), "num_chains", "num_visits",
-                      "launch_order_ptr", "dynamic", "stream")
+                      "stream")
 
 
 #: a packed backward's arguments that change every call beside those
