@@ -64,7 +64,7 @@
 #                                        # forward and backward, float64, busy-stream trials,
 #                                        # packed), Triton's, then against FA4 in rounds
 #                                        # (bench_features.py --kinds softcap)
-#   scripts/gpu_release.sh pending OUT [bench]  # the GPU tests written or changed since
+#   scripts/gpu_release.sh pending OUT [bench|quick]  # the GPU tests written or changed since
 #                                        # their last GPU run, side by side (bench: the
 #                                        # softcap cell and the head-dim grid against FA4)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
@@ -322,9 +322,11 @@ pending)
         for t in bench_softcap bench_headdims_grid; do
             [ -f "$LOG/$t.md" ] && grep -E '^\| (softcap|d)' "$LOG/$t.md"
         done
-    else
+    else  # MODE quick: all but test_cuda_fast_l2 (the longest)
+        fast_l2=tests/gpu/test_cuda_fast_l2.py
+        [ "$MODE" = quick ] && fast_l2=
         side_by_side 450 tests/gpu/test_cute_softcap.py tests/gpu/test_triton_softcap_sinks.py \
-            tests/gpu/test_cute_sinks.py tests/gpu/test_cuda_fast_l2.py \
+            tests/gpu/test_cute_sinks.py $fast_l2 \
             tests/gpu/test_cuda_exact.py tests/gpu/test_triton_head_dims.py \
             tests/gpu/test_cuda_plans.py
     fi
