@@ -66,7 +66,8 @@
 #                                        # (bench_features.py --kinds softcap)
 #   scripts/gpu_release.sh pending OUT [bench|quick]  # the GPU tests written or changed since
 #                                        # their last GPU run, side by side (bench: the
-#                                        # softcap cell and the head-dim grid against FA4)
+#                                        # softcap cell and the head-dim grid against FA4;
+#                                        # quick: the tests without test_cuda_fast_l2)
 #   scripts/gpu_release.sh profile OUT   # Nsight Compute on our kernels and FA4's, side by
 #                                        # side (benchmarks/ncu_workload.py); CSV exports
 #
