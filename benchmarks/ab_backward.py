@@ -60,6 +60,7 @@ def run(args) -> dict:
     import torch
 
     import dash_cuda
+    from dash_cuda import plans
     from dash_cuda.backends.cute import launch
 
     per_head = args.group > 1
@@ -99,10 +100,12 @@ def run(args) -> dict:
                     for _ in range(2):
                         for name, ks in kernels.items():
                             launch._cache.update(ks)
+                            plans.clear()  # a plan keeps the kernel it was bound to
                             ms, _ = timed(backward, args.warmup, args.reps)
                             tflops[name] = max(tflops.get(name, 0.0), flops / ms / 1e9)
                             outs[name] = backward()
                     launch._cache.update(candidate)
+                    plans.clear()
                     same = {n: all(torch.equal(x, y) for x, y in zip(outs[n], outs["candidate"]))
                             for n in bases} if det else {}
                     row = {"d": d, "mask": "causal" if causal else "full", "S": s,
