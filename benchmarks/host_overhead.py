@@ -128,9 +128,11 @@ def compare(fns: dict, n: int, rounds: int) -> dict:
 
 #: (module, function or Class.method): the steps of the call path whose host time the
 #: breakdown reports (where a step is looked up when called: ``ops`` calls the launch's
-#: functions by the names it imported). A call of a known signature takes its plans
-#: (``ForwardPlan.run``, ``BackwardPlan.run``); the first call of one, the general path.
-STEPS = [("dash_cuda.api", "_checked"), ("dash_cuda.ops", "forward_views"),
+#: functions by the names it imported). A call like an earlier one (``calls.key``) takes
+#: its checked options and plans (``ForwardPlan.run``, ``BackwardPlan.run``); the first
+#: call of one, the checks and the general path.
+STEPS = [("dash_cuda.calls", "key"), ("dash_cuda.api", "_checked"),
+         ("dash_cuda.ops", "forward_views"),
          ("dash_cuda.ops", "backward_views"), ("dash_cuda.plans", "signature"),
          ("dash_cuda.plans", "ForwardPlan.run"), ("dash_cuda.plans", "BackwardPlan.run"),
          ("dash_cuda.ops", "run_forward"), ("dash_cuda.ops", "run_backward"),

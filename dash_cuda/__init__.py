@@ -13,7 +13,8 @@ kernel compiler: kernels load on first use.
 
 Where things live: :mod:`.api` (the public functions), :mod:`.checks` (input validation),
 :mod:`.launch` (the launch every backend shares: schedule tables, residency, scratch, the
-audit record), :mod:`.plans` (a call's launches kept per signature), :mod:`.tables`
+audit record), :mod:`.plans` (a call's launches kept per signature), :mod:`.calls` (a public
+call's checked options and plan, kept by its arguments), :mod:`.tables`
 (schedules on the device), :mod:`.prepost` (the small kernels around every backward),
 :mod:`.triton_launch` (Triton launches through their compiled kernels), and
 :mod:`.backends` (one folder per kernel technology).

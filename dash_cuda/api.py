@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import calls
 from .backends import HEAD_DIMS, get_backend
 from .checks import (
     LAYOUTS,
@@ -29,7 +30,7 @@ from .checks import (
     tensors_key,
 )
 from .launch import problem_for
-from .ops import attention_call, backward_views, forward_views, varlen_call
+from .ops import attention_call, backward_views, forward_views, kept_forward_plan, varlen_call
 from .options import Options, Packing
 
 __all__ = ["LAYOUTS", "attention", "attention_backward", "attention_forward",
@@ -100,14 +101,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     Returns:
         The attention output, shaped and laid out like ``q``, with ``v``'s head dim.
     """
-    options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink,
-                       lambda: Options.checked(
-                           q.shape[-1], causal=causal, softmax_scale=softmax_scale,
-                           schedule=schedule, deterministic=deterministic,
-                           num_workers=num_workers, exact=exact, backend=backend,
-                           portable=portable, window_size=window_size, softcap=softcap))
-    o = attention_call(as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout), options,
-                       learnable_sink)
+    # a call like an earlier one (calls.key) takes back its checked options and plan;
+    # traced, every call is checked (the graph keeps no plan)
+    made = None if torch.compiler.is_compiling() else calls.key(
+        layout, q, k, v, learnable_sink, window_size, causal, softmax_scale, schedule,
+        deterministic, num_workers, exact, backend, portable, softcap)
+    known = calls.seen(made)
+    if known is not None:
+        options, plan = known
+    else:
+        options = _checked({"q": q, "k": k, "v": v}, layout, learnable_sink,
+                           lambda: Options.checked(
+                               q.shape[-1], causal=causal, softmax_scale=softmax_scale,
+                               schedule=schedule, deterministic=deterministic,
+                               num_workers=num_workers, exact=exact, backend=backend,
+                               portable=portable, window_size=window_size, softcap=softcap))
+        plan = None
+    qv, kv, vv = as_bshd(q, layout), as_bshd(k, layout), as_bshd(v, layout)
+    o = attention_call(qv, kv, vv, options, learnable_sink, plan)
+    if made is not None and known is None:
+        calls.remember(made, options, kept_forward_plan(qv, kv, vv, options, learnable_sink))
     return as_bshd(o, layout)
 
 

@@ -14,7 +14,8 @@ options too: its registered autograd hands them to ``dash::attention_backward``.
 Rectangular calls of a signature seen before take its plan (:mod:`dash_cuda.plans`): the
 launches the general path made for it, with the call's own pointers. An eager backward
 whose forward ran a plan finds its own plan there, by ``dO`` alone
-(:attr:`~dash_cuda.plans.ForwardPlan.backwards`).
+(:attr:`~dash_cuda.plans.ForwardPlan.backwards`); :func:`dash_cuda.attention` hands the
+forward's plan in where a call like an earlier one found it (:mod:`dash_cuda.calls`).
 
 Eager calls skip the custom-op dispatch: :func:`attention_call` runs the same two functions
 (:func:`attention_forward_impl`, :func:`attention_backward_impl`) behind a plain
@@ -190,15 +191,26 @@ def planned_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, poison: b
         backend = resolve_backend(q, options, True, sink is not None, value_dim(q, v))
         return *run_forward(backend, q, k, v, options, poison, packing, sink), None
     kept, key = None, None
-    tensors = (q, k, v) if sink is None else (q, k, v, sink)
     if not poison:
-        kept, key = plans.lookup("forward", options, *tensors)
+        kept, key = plans.lookup("forward", options, *_forward_tensors(q, k, v, sink))
     if kept is not None:
         with on_device(q.device):
             return *kept.run(q, k, v, sink), kept
     backend = resolution_for(q, k, options, sink is not None, value_dim(q, v)).backend
     o, lse = run_forward(backend, q, k, v, options, poison, packing, sink, key)
     return o, lse, None if key is None else plans.kept(key)
+
+
+def _forward_tensors(q: Tensor, k: Tensor, v: Tensor, sink: Tensor | None) -> tuple:
+    """The tensors of a forward's plan signature: the sinks' too where given."""
+    return (q, k, v) if sink is None else (q, k, v, sink)
+
+
+def kept_forward_plan(q: Tensor, k: Tensor, v: Tensor, options: Options,
+                      sink: Tensor | None = None) -> plans.ForwardPlan | None:
+    """The plan an earlier forward on views of this signature kept (None: none, or the
+    signature has none)."""
+    return plans.lookup("forward", options, *_forward_tensors(q, k, v, sink))[0]
 
 
 def backward_views(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -311,8 +323,12 @@ class EagerAttention(torch.autograd.Function):
     travel as the one value."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, options: Options):
-        o, lse, plan = planned_forward(q, k, v, options, sink=sink)
+    def forward(ctx, q, k, v, sink, options: Options, plan: plans.ForwardPlan | None = None):
+        if plan is not None:  # the call's plan, known already (dash_cuda.calls)
+            with on_device(q.device):
+                o, lse = plan.run(q, k, v, sink)
+        else:
+            o, lse, plan = planned_forward(q, k, v, options, sink=sink)
         ctx.save_for_backward(q, k, v, o, sink)
         ctx.lse, ctx.options, ctx.plan = lse, options, plan
         return o
@@ -329,7 +345,7 @@ class EagerAttention(torch.autograd.Function):
             if kept is not None:
                 with on_device(q.device):
                     dq, dk, dv, dsink = kept.run(q, k, v, o, ctx.lse, grad_o, sink)
-                return dq, dk, dv, dsink, None
+                return dq, dk, dv, dsink, None, None
         dq, dk, dv, dsink, _ = backward_views(q, k, v, o, ctx.lse, grad_o, ctx.options,
                                               sink=sink)
         if key is not None:
@@ -337,16 +353,18 @@ class EagerAttention(torch.autograd.Function):
                                               grad_o))
             if kept is not None:
                 plan.backwards[key] = kept
-        return dq, dk, dv, dsink, None
+        return dq, dk, dv, dsink, None, None
 
 
 def attention_call(q: Tensor, k: Tensor, v: Tensor, options: Options,
-                   sink: Tensor | None = None) -> Tensor:
+                   sink: Tensor | None = None, plan: plans.ForwardPlan | None = None
+                   ) -> Tensor:
     """``O`` with autograd (``sink``'s gradient too): the custom op under ``torch.compile``,
-    else :class:`EagerAttention` (the same functions, the same bits, less host time)."""
+    else :class:`EagerAttention` (the same functions, the same bits, less host time);
+    ``plan``: the forward's, where the caller knows it (:mod:`dash_cuda.calls`)."""
     if torch.compiler.is_compiling():
         return attention_op(q, k, v, sink, *options.flat())[0]
-    return EagerAttention.apply(q, k, v, sink, options)
+    return EagerAttention.apply(q, k, v, sink, options, plan)
 
 
 # -- packed batches ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import torch
 from dash_ref.arithmetic.steps import sink_logit
 
 from .options import Options
+from .triton_launch import current_stream
 
 F32 = torch.float32
 
@@ -41,6 +42,9 @@ F32 = torch.float32
 _plans: dict[tuple, ForwardPlan | BackwardPlan | None] = {}
 _UNSEEN = object()
 _MAX_PLANS = 1024  # signatures kept; past that the cache starts over
+#: how many times :func:`clear` ran: what keeps plans elsewhere (:mod:`dash_cuda.calls`)
+#: holds them only for the generation it took them in
+generation = 0
 
 
 def signature(kind: str, options: Options, *tensors: torch.Tensor) -> tuple:
@@ -103,14 +107,14 @@ def keep(key: tuple, plan: ForwardPlan | BackwardPlan | None) -> None:
 
 
 def clear() -> None:
-    """Forget every plan."""
+    """Forget every plan (and every plan kept elsewhere: :data:`generation`)."""
+    global generation
     _plans.clear()
+    generation += 1
 
 
 def raw_stream(index: int) -> int:
     """The handle of device ``index``'s current stream (what a kernel launches on)."""
-    from .triton_launch import current_stream
-
     return current_stream(index)
 
 
@@ -120,6 +124,12 @@ class ForwardPlan:
     its argument ``template`` (pointers and the stream per call), the shape and strides of
     ``LSE2`` (a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, allocated as such), and
     whether the launch takes its tiles from a ``counter`` it zeroes.
+
+    ``counters``: a counter's launch takes, on each stream, the one counter kept for that
+    stream, which is zero between launches (the launch's last ticket stores 0 back:
+    ``backends.cute.fwd_kernel``'s ``next_tile``), so no call zeroes a fresh one; launches
+    on one stream never overlap, and a launch captured into a CUDA graph (which may replay
+    on any stream, beside any other) takes a fresh counter of its own.
 
     ``backwards``: the backward plans of calls whose forward ran this plan, by
     :func:`grad_key`. Such a backward's :func:`signature` is the forward's (options, device,
@@ -135,6 +145,7 @@ class ForwardPlan:
     kernel: object
     template: object
     sinks: bool = False  # the launch also takes the learnable sinks' base-2 logits
+    counters: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     backwards: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def run(self, q, k, v, sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,17 +154,27 @@ class ForwardPlan:
         o = torch.empty_like(q)
         lse2 = torch.empty_strided(self.stats_shape, self.stats_strides, device=self.device,
                                    dtype=F32)
-        counter = 0
-        if self.counter:  # the tickets of a dynamic launch start at zero
-            counter = torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
+        stream = raw_stream(self.device.index)
+        counter = self._counter(stream) if self.counter else 0
         extra = ()
         if self.sinks:  # the general path's base-2 logits (dash_cuda.launch._features)
             sink2 = sink_logit(sink)
             extra = (sink2.data_ptr(),)
         self.kernel(*self.template.fill(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                        o.data_ptr(), lse2.data_ptr(), counter,
-                                        raw_stream(self.device.index), *extra))
+                                        o.data_ptr(), lse2.data_ptr(), counter, stream,
+                                        *extra))
         return o, lse2
+
+    def _counter(self, stream: int) -> int:
+        """The address of a zero tile counter for a launch on ``stream`` (:attr:`counters`;
+        a fresh one while a CUDA graph is captured)."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
+        kept = self.counters.get(stream)
+        if kept is None:
+            kept = self.counters[stream] = torch.zeros(1, dtype=torch.int32,
+                                                       device=self.device)
+        return kept.data_ptr()
 
 
 def forward_plan(backend, q, k, v, o, lse2, options: Options, sinks: bool = False

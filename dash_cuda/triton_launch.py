@@ -43,19 +43,31 @@ def _current_device() -> int:
     return driver.active.get_current_device()
 
 
+#: Triton's objects that every launch asks, looked up on first use (importing dash_cuda
+#: needs no Triton; an import statement per launch costs host time)
+_triton: dict[str, object] = {}
+
+
 def current_stream(device: int) -> int:
     """The raw handle of ``device``'s current stream, as the JIT launches on."""
-    from triton.runtime import driver
+    query = _triton.get("stream")
+    if query is None:
+        from triton.runtime import driver
 
-    return driver.active.get_current_stream(device)
+        query = _triton["stream"] = driver.active.get_current_stream
+    return query(device)
 
 
 def _hooks_set() -> bool:
-    from triton import knobs
+    """Whether Triton's launch hooks (its profiler's) are set."""
+    runtime = _triton.get("knobs")
+    if runtime is None:
+        from triton import knobs
 
-    runtime = knobs.runtime
-    return any(getattr(hook, "calls", hook is not None)
-               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+        runtime = _triton["knobs"] = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter is not None)
+                or getattr(leave, "calls", leave is not None))
 
 
 def _key(kernel, device: int, args: tuple, named: dict, options: dict) -> tuple:

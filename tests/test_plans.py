@@ -16,8 +16,9 @@ import torch
 pytest.importorskip("cutlass")
 pytest.importorskip("triton")
 
+import dash_cuda  # noqa: E402
 import dash_cuda.backends as backends  # noqa: E402
-from dash_cuda import launch, ops, plans, prepost, triton_launch  # noqa: E402
+from dash_cuda import api, calls, launch, ops, plans, prepost, triton_launch  # noqa: E402
 from dash_cuda.backends.cute import CuteBackend  # noqa: E402
 from dash_cuda.backends.cute import finish_dq as cute_finish_dq  # noqa: E402
 from dash_cuda.backends.cute import launch as cute_launch  # noqa: E402
@@ -91,10 +92,10 @@ def recorder(monkeypatch):
         monkeypatch.setattr(module, "launch", rec.triton)
     monkeypatch.setattr(triton_launch.Bound, "__call__", lambda self, *tensors: rec.triton(
         self.kernel, self.grid, _filled(self, tensors), self.named, **self.options))
-    plans._plans.clear()
+    plans.clear()
     cute_launch._forward_plan.cache_clear()  # its kernels record into one test's recorder
     yield rec
-    plans._plans.clear()
+    plans.clear()
     cute_launch._forward_plan.cache_clear()
 
 
@@ -266,7 +267,7 @@ def test_a_planned_forward_finds_its_backwards_plan_by_do_alone(recorder, monkey
     planned = _step(recorder, q, k, v, strided, options)
     assert len(forward.backwards) == 2
     assert _step(recorder, q, k, v, strided, options) == planned  # kept for that dO
-    plans._plans.clear()  # and from scratch, the general path for it launches the same
+    plans.clear()  # and from scratch, the general path for it launches the same
     assert _step(recorder, q, k, v, strided, options) == planned
 
 
@@ -297,3 +298,86 @@ def test_the_probe_variant_suspends_plans():
         assert plans.lookup(*call) == ("a plan", None)
     finally:
         plans.clear()
+
+
+# -- public calls seen before (dash_cuda.calls) -----------------------------------------------
+@pytest.fixture
+def public(recorder, monkeypatch):
+    """The recorder behind :func:`dash_cuda.attention`, whose CPU tensors stand in for CUDA
+    ones (the device check passes them), with no call kept from another test."""
+    monkeypatch.setattr(api, "check_devices", lambda named: None)
+    calls.clear()
+    yield recorder
+    calls.clear()
+
+
+def _public_step(rec, q, k, v, do, **kw):
+    """One :func:`dash_cuda.attention` forward and ``grad``: its launches, named."""
+    rec.launches.clear()
+    x = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = dash_cuda.attention(*x, backend="cute", **kw)
+    dq, dk, dv = torch.autograd.grad(o, x, do)
+    return rec.named(dict(q=q, k=k, v=v, do=do, o=o, dq=dq, dk=dk, dv=dv))
+
+
+def _count(monkeypatch, module, name) -> list:
+    """Calls of ``module.name`` from here on, recorded (the function still runs)."""
+    seen, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: seen.append(name) or real(*a, **k))
+    return seen
+
+
+@pytest.mark.parametrize(("shape_q", "heads_kv", "seqlen_k", "kw"), [
+    ((1, 1024, 2, 64), 2, 1024, dict(causal=True)),  # tiles from a counter
+    ((1, 256, 4, 128), 2, 256, dict(causal=True)),  # GQA
+    ((1, 384, 2, 128), 2, 200, dict(window_size=[100, 0])),  # a list: a key of its own
+])
+def test_a_public_call_like_an_earlier_one_skips_every_check_and_launches_the_same(
+        public, monkeypatch, shape_q, heads_kv, seqlen_k, kw):
+    """The first call checks and runs the general path; later calls with arguments of the
+    same structure take its checked options and plan back (no check, no options, no
+    signature) and launch what it launched, on fresh tensors too."""
+    q, k, v, _, _, do = _inputs(shape_q, heads_kv, seqlen_k, None)
+    general = _public_step(public, q, k, v, do, **kw)
+    for step in ("check_tensors", "_checked"):
+        monkeypatch.setattr(api, step, lambda *a, step=step, **k: pytest.fail(step))
+    monkeypatch.setattr(plans, "signature", lambda *a: pytest.fail("a signature"))
+    monkeypatch.setattr(Options, "checked", lambda *a, **k: pytest.fail("options"))
+    forwards = _count(monkeypatch, ops, "run_forward")
+    assert _public_step(public, q, k, v, do, **kw) == general
+    fresh = _inputs(shape_q, heads_kv, seqlen_k, None)
+    assert _public_step(public, *fresh[:3], fresh[5], **kw) == general
+    assert forwards == []  # every later forward ran the plan
+
+
+def test_arguments_of_another_structure_are_checked_again(public):
+    """What the checks refuse stays refused after a call of the same shapes was kept: the
+    key holds every tensor's dtype and each argument's type."""
+    q, k, v, _, _, do = _inputs((1, 256, 2, 64), 2, 256, None)
+    _public_step(public, q, k, v, do, causal=True)
+    with pytest.raises(TypeError, match="k has dtype"):
+        dash_cuda.attention(q, k.half(), v, causal=True, backend="cute")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        dash_cuda.attention(q, k, v, causal=1, backend="cute")
+    with pytest.raises(ValueError, match="layout"):
+        dash_cuda.attention(q, k, v, causal=True, backend="cute", layout="sbhd")
+
+
+def test_a_kept_call_drops_its_plan_with_the_plans(public, monkeypatch):
+    """After :func:`dash_cuda.plans.clear` (kernels swapped, say) the next call runs the
+    general path again and keeps a fresh plan; inside :func:`dash_cuda.plans.suspended`
+    every call runs the general path and keeps nothing."""
+    q, k, v, _, _, do = _inputs((1, 256, 2, 64), 2, 256, None)
+    general = _public_step(public, q, k, v, do, causal=True)
+    forwards = _count(monkeypatch, ops, "run_forward")
+    plans.clear()
+    assert _public_step(public, q, k, v, do, causal=True) == general
+    assert forwards == ["run_forward"]
+    with plans.suspended():
+        _public_step(public, q, k, v, do, causal=True)
+        _public_step(public, q, k, v, do, causal=False)
+    assert forwards == ["run_forward"] * 3
+    assert _public_step(public, q, k, v, do, causal=True) == general
+    assert forwards == ["run_forward"] * 3  # the plan kept before the block, again
+    _public_step(public, q, k, v, do, causal=False)
+    assert forwards == ["run_forward"] * 4  # the call in the block kept nothing

@@ -122,6 +122,25 @@ def test_launch_hooks_keep_every_launch_on_the_jit(kernel, monkeypatch):
     assert len(kernel.jit_launches) == 3 and not triton_launch._compiled
 
 
+@pytest.mark.parametrize("chain", ["launch_enter_hook", "launch_exit_hook"])
+def test_a_hook_added_to_either_of_tritons_launch_chains_is_seen(chain):
+    """What Triton's profiler does (``knobs.runtime.<chain>.add``) is seen by the next
+    launch, also after launches that found no hook; removed, it is no longer seen."""
+    from triton import knobs
+
+    assert not triton_launch._hooks_set()
+
+    def hook(*args):
+        pass
+
+    getattr(knobs.runtime, chain).add(hook)
+    try:
+        assert triton_launch._hooks_set()
+    finally:
+        getattr(knobs.runtime, chain).remove(hook)
+    assert not triton_launch._hooks_set()
+
+
 def test_an_unknown_name_is_refused_by_the_jit_and_nothing_is_kept(kernel):
     with pytest.raises(TypeError, match="unexpected keyword"):
         triton_launch.launch(kernel, (1,), (torch.randn(8), 8, 1.0),

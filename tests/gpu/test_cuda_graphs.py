@@ -17,7 +17,8 @@ from gpu_cases import inputs, need
 
 import dash_cuda
 
-# S_q = 1024 causal: the CuTe forward hands its tiles out from a counter the call zeroes
+# S_q = 1024 causal: the CuTe forward hands its tiles out from a counter (a captured launch
+# takes a fresh one, zeroed in the graph; an eager one its plan's, for the stream)
 SHAPES = [((2, 4, 2, 1024, 1024), True), ((1, 4, 4, 384, 512), False)]
 
 

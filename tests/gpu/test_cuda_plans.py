@@ -5,7 +5,8 @@ The first call of a signature runs the general path and keeps a plan; the next c
 the plan. Each output of a planned forward and each gradient of a planned backward must
 equal, bit for bit, that of the general path on the same inputs (forced by poisoning, which
 never takes a plan), with outputs that the plan allocates afresh every call. S_q = 1024
-causal forwards take their tiles from a counter the plan zeroes on every call.
+causal forwards take their tiles from a counter the plan keeps per stream, which every
+launch leaves at zero.
 """
 
 from __future__ import annotations
@@ -74,3 +75,30 @@ def test_eager_steps_find_the_backwards_plan_from_the_forwards_and_keep_the_bits
             assert torch.equal(got, ref), f"{name} of step {trial}"
     (forward,) = [p for p in plans._plans.values() if isinstance(p, plans.ForwardPlan)]
     assert list(forward.backwards) == [plans.grad_key(do)]
+
+
+def test_a_counters_plan_leaves_each_streams_counter_at_zero():
+    """S_q = 1024 causal: a planned forward takes its tiles from the counter its plan keeps
+    for the stream, never zeroed by the host again (the launch's last ticket stores 0
+    back). Back-to-back planned forwards on two streams give the general path's bits, and
+    each stream's counter reads 0 after them (one left at its last ticket would hand the
+    next launch no tiles: O unwritten)."""
+    need("cute", 128)
+    options = Options.checked(128, backend="cute", causal=True)
+    q, k, v, _ = inputs((2, 6, 1, 1024, 1024), 128, torch.bfloat16, seed=53)
+    want = ops.forward_views(q, k, v, options, poison=True)
+    plans.clear()
+    ops.forward_views(q, k, v, options)  # the general path, which keeps the plan
+    (plan,) = plans._plans.values()
+    assert plan.counter
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    outs = []
+    for stream in (main, side, main, side):
+        with torch.cuda.stream(stream):
+            outs += [ops.forward_views(q, k, v, options) for _ in range(3)]
+    torch.cuda.synchronize()
+    assert sorted(plan.counters) == sorted({main.cuda_stream, side.cuda_stream})
+    assert [c.item() for c in plan.counters.values()] == [0, 0]
+    for trial, (o, lse) in enumerate(outs):
+        assert torch.equal(o, want[0]) and torch.equal(lse, want[1]), f"forward {trial}"

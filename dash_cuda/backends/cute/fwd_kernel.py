@@ -452,7 +452,7 @@ class DashForwardSm90:
                     cute.copy(tma_v, gV_t[None, j], sV_t[None, stage],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                     kv_state.advance()
-            t = self.next_tile(t, mCounter, dynamic, grid, lane)
+            t = self.next_tile(t, mCounter, dynamic, tiles[0], grid, lane)
         self.publish_tile(tile_ids, tile_state, t, lane)
 
     @cute.jit
@@ -464,14 +464,22 @@ class DashForwardSm90:
         return q_first, cu_q[b + 1] - q_first, k_first, cu_k[b + 1] - k_first
 
     @cute.jit
-    def next_tile(self, t, mCounter, dynamic, grid, lane):
-        """The CTA's next tile after ``t`` (see :meth:`loader`), the same in every lane."""
+    def next_tile(self, t, mCounter, dynamic, total, grid, lane):
+        """The CTA's next tile after ``t`` (see :meth:`loader`), the same in every lane.
+
+        A dynamic launch hands out exactly ``total`` tickets (the list's length: each CTA
+        that starts takes one more after its last tile, past the list), so the CTA that
+        draws ticket ``total - 1`` makes the counter's last change: it stores 0 back, and
+        the next launch on the stream finds the counter as this one did (a plan keeps one
+        counter per stream instead of zeroing a fresh one every call)."""
         nxt = t + grid
         if dynamic != 0:
             ticket = Int32(0)
             if lane == 0:
                 ticket = cute.arch.atomic_add(mCounter.iterator, Int32(1), sem="relaxed",
                                               scope="gpu")
+                if ticket == total - 1:
+                    mCounter[0] = Int32(0)
             nxt = cute.arch.shuffle_sync(ticket, 0) + grid
         return nxt
 
