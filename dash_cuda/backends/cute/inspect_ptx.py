@@ -126,8 +126,16 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     # loader and the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
     packed = getattr(v, "packed", False)
     need(n_store == boxes, f"{n_store} TMA stores, expected {boxes}")
+    # the tile counter (the loader's, dynamic launches): one atomic add per ticket, and the
+    # 0 that the launch's last ticket stores back, at the atomic's address
+    tickets = re.findall(r"atom\.global\.add\.u32\s+%r\d+, \[(%rd\d+)\], 1;", ptx)
+    resets = re.findall(r"st\.global\.b32\s+\[(%rd\d+)\], 0;", ptx)
+    need(len(tickets) == 1 and resets == tickets,
+         f"{len(tickets)} tile-counter atomics and {len(resets)} stores of 0, expected one "
+         "of each at one address")
     if packed:
-        o_stores, lse_stores = count(r"st\.global\.b16"), count(r"st\.global\.b32")
+        o_stores = count(r"st\.global\.b16")
+        lse_stores = count(r"st\.global\.b32") - len(resets)
         need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
         need(lse_stores == 4, f"{lse_stores} st.global.b32 (LSE2), expected 4")
         offsets = count(r"ld\.global\.b32") - (sinks > 0)
