@@ -17,6 +17,8 @@ its ``generation``), and none is handed out inside :func:`dash_cuda.plans.suspen
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import plans
@@ -36,7 +38,8 @@ def _tensor(x: torch.Tensor | None) -> tuple | None:
 def key(layout: str, q, k, v, sink, window_size, *arguments) -> tuple | None:
     """The key of a call of :func:`dash_cuda.attention`: ``layout``, the tensors'
     structure, ``window_size`` and the other ``arguments`` with their types; None where an
-    argument is not a tensor (the checks then raise) or a value is not hashable."""
+    argument is not a tensor (the checks then raise). A key holding a value that is not
+    hashable is never kept."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
             and isinstance(v, torch.Tensor) and (sink is None or isinstance(sink, torch.Tensor))):
         return None
@@ -44,13 +47,8 @@ def key(layout: str, q, k, v, sink, window_size, *arguments) -> tuple | None:
     inner = ()
     if type(window_size) in (tuple, list):
         inner, window = tuple(map(type, window_size)), tuple(window_size)
-    made = (layout, window, type(window_size), inner, arguments, tuple(map(type, arguments)),
+    return (layout, window, type(window_size), inner, arguments, tuple(map(type, arguments)),
             _tensor(q), _tensor(k), _tensor(v), _tensor(sink))
-    try:
-        hash(made)
-    except TypeError:
-        return None
-    return made
 
 
 def seen(made: tuple | None) -> tuple[Options, object] | None:
@@ -58,7 +56,10 @@ def seen(made: tuple | None) -> tuple[Options, object] | None:
     for a key not kept (or kept before the plans were last cleared)."""
     if made is None:
         return None
-    hit = _calls.get(made)
+    try:
+        hit = _calls.get(made)
+    except TypeError:  # a value that is not hashable: checked every call
+        return None
     if hit is None or hit[2] != plans.generation:
         return None
     return hit[0], (hit[1] if plans.active() else None)
@@ -72,7 +73,8 @@ def remember(made: tuple | None, options: Options, plan: object) -> None:
         return
     if len(_calls) >= _MAX_CALLS:
         _calls.clear()
-    _calls[made] = (options, plan, plans.generation)
+    with contextlib.suppress(TypeError):  # a value that is not hashable: not kept
+        _calls[made] = (options, plan, plans.generation)
 
 
 def clear() -> None:
