@@ -125,8 +125,9 @@ class ForwardPlan:
     ``LSE2`` (a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, allocated as such), and
     whether the launch takes its tiles from a ``counter`` it zeroes.
 
-    ``counters``: a counter's launch takes, on each stream, the one counter kept for that
-    stream, which is zero between launches (the launch's last ticket stores 0 back:
+    ``counters``: a counter's launch takes, on each stream (and thread: a handle such as a
+    per-thread default stream's may name one stream per thread), the one counter kept for
+    it, which is zero between launches (the launch's last ticket stores 0 back:
     ``backends.cute.fwd_kernel``'s ``next_tile``), so no call zeroes a fresh one; launches
     on one stream never overlap, and a launch captured into a CUDA graph (which may replay
     on any stream, beside any other) takes a fresh counter of its own.
@@ -166,14 +167,15 @@ class ForwardPlan:
         return o, lse2
 
     def _counter(self, stream: int) -> int:
-        """The address of a zero tile counter for a launch on ``stream`` (:attr:`counters`;
-        a fresh one while a CUDA graph is captured)."""
+        """The address of a zero tile counter for a launch on ``stream`` from this thread
+        (:attr:`counters`; a fresh one while a CUDA graph is captured)."""
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return torch.zeros(1, dtype=torch.int32, device=self.device).data_ptr()
-        kept = self.counters.get(stream)
+        owner = (stream, threading.get_ident())
+        kept = self.counters.get(owner)
         if kept is None:
-            kept = self.counters[stream] = torch.zeros(1, dtype=torch.int32,
-                                                       device=self.device)
+            kept = self.counters[owner] = torch.zeros(1, dtype=torch.int32,
+                                                      device=self.device)
         return kept.data_ptr()
 
 

@@ -98,7 +98,7 @@ def test_a_counters_plan_leaves_each_streams_counter_at_zero():
         with torch.cuda.stream(stream):
             outs += [ops.forward_views(q, k, v, options) for _ in range(3)]
     torch.cuda.synchronize()
-    assert sorted(plan.counters) == sorted({main.cuda_stream, side.cuda_stream})
+    assert sorted(s for s, _ in plan.counters) == sorted({main.cuda_stream, side.cuda_stream})
     assert [c.item() for c in plan.counters.values()] == [0, 0]
     for trial, (o, lse) in enumerate(outs):
         assert torch.equal(o, want[0]) and torch.equal(lse, want[1]), f"forward {trial}"
