@@ -41,8 +41,9 @@
 #                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
 #                                        # against FA4 (varlen and windows)
-#   scripts/gpu_release.sh hostpath OUT  # the tests of the call path (plans, CUDA graphs, sinks,
-#                                        # compile, L2, determinism, correctness), then host
+#   scripts/gpu_release.sh hostpath OUT [quick]  # the tests of the call path (plans, CUDA
+#                                        # graphs, sinks, compile, L2, determinism,
+#                                        # correctness; quick: the first four), then host
 #                                        # time of one forward + backward call beside FA4
 #                                        # and SDPA (benchmarks/host_overhead.py) and the
 #                                        # primitives' (benchmarks/host_costs.py)
@@ -343,10 +344,16 @@ hostpath)
     fa4_unpack
     # the host path's tests first (plans, CUDA graphs, compile; the default arithmetic's
     # L2, which runs through the plans), side by side; then the timings, alone
-    side_by_side 200 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
-        tests/gpu/test_compile.py tests/gpu/test_cuda_fast_l2.py \
-        tests/gpu/test_cuda_determinism.py tests/gpu/test_cuda_flash_packed.py \
-        tests/gpu/test_cuda_correctness.py tests/gpu/test_cute_sinks.py
+    # (quick: the plan, graph, compile and sink tests alone)
+    if [ "$MODE" = quick ]; then
+        side_by_side 150 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
+            tests/gpu/test_compile.py tests/gpu/test_cute_sinks.py
+    else
+        side_by_side 200 tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_graphs.py \
+            tests/gpu/test_compile.py tests/gpu/test_cuda_fast_l2.py \
+            tests/gpu/test_cuda_determinism.py tests/gpu/test_cuda_flash_packed.py \
+            tests/gpu/test_cuda_correctness.py tests/gpu/test_cute_sinks.py
+    fi
     step host 150 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
     step costs 60 $PY benchmarks/host_costs.py --out "$LOG"
     [ -f "$LOG/host_overhead.md" ] && grep -E '^(## |\| (dash|fa4|sdpa)|\| `)' \
