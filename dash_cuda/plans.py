@@ -123,7 +123,7 @@ class ForwardPlan:
     """A rectangular forward with everything but its tensors worked out: ``kernel`` and
     its argument ``template`` (pointers and the stream per call), the shape and strides of
     ``LSE2`` (a ``(B, S_q, H)`` view of a ``(B, H, S_q)`` buffer, allocated as such), and
-    whether the launch takes its tiles from a ``counter`` it zeroes.
+    whether the launch takes its tiles from a ``counter`` (one of :attr:`counters`).
 
     ``counters``: a counter's launch takes, on each stream (and thread: a handle such as a
     per-thread default stream's may name one stream per thread), the one counter kept for

@@ -365,9 +365,9 @@ def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
                  rule: Mask, softmax_scale: float, sinks: bool = False):
     """``(kernel, template, counter)`` of :func:`run_forward`'s launch for these tensors'
     signature (the template takes :data:`_FORWARD_PER_CALL`, and with ``sinks`` the base-2
-    sinks' pointer last; ``counter``: the launch takes its tiles from a counter each call
-    zeroes), or None where the call does more than that launch (a scale <= 0 negates or
-    zeroes Q first)."""
+    sinks' pointer last; ``counter``: the launch takes its tiles from a counter that is
+    zero at launch, and leaves it at zero), or None where the call does more than that
+    launch (a scale <= 0 negates or zeroes Q first)."""
     if softmax_scale <= 0:
         return None
     _check_tma(q=q, k=k, v=v, o=o)
