@@ -7,9 +7,15 @@ attention is made deterministic: seeds, ``torch.use_deterministic_algorithms(Tru
 (``warn_only``, so that attentions that do not honour it still run and show it; strict for
 the ``-det`` SDPA rows, which ask the backend for its own deterministic mode),
 ``CUBLAS_WORKSPACE_CONFIG``. Each attention trains twice from the same initial weights on
-the same batches (in two rounds, each attention once per round); the report gives, per
-step, both losses and whether they are bitwise equal, whether all final weights are, and
-the tokens per second of each run::
+the same batches; the report gives, per step, both losses and whether they are bitwise
+equal, whether all final weights are, and the speed of each run.
+
+Every run is live at once and they take turns, ``--segment`` steps each (default 10), in
+an order that rotates from one turn to the next. A turn's time is read between two
+synchronizations, so each speed ratio is taken within one turn, where every attention saw
+the same machine (the first turn warms up and is not timed): the report's step time over
+ours is the median over turns, with its range, and a run's tokens per second count its
+timed turns::
 
     PYTHONPATH=. python examples/reproducible_training.py --out benchmarks/results
 
@@ -32,10 +38,11 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initializes
@@ -176,30 +183,95 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, amp, batch: t
     return loss.item()
 
 
-def train(cfg: Config, attention: str, data: torch.Tensor, device: torch.device,
-          log=print) -> dict:
-    """One run from the seeded initial weights: per-step losses, final digest, tokens/s."""
+@dataclass
+class Run:
+    """One training run in progress: its model, optimizer and what it measured so far
+    (``seconds``: the wall time of each timed turn, ``steps``: the turn's steps)."""
+
+    attention: str
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    amp: torch.autocast
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+
+
+def new_run(cfg: Config, attention: str, device: torch.device) -> Run:
+    """A run from the seeded initial weights (every run of ``cfg`` starts from the same)."""
     torch.manual_seed(cfg.seed)
     model = GPT(cfg, attention).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, foreach=True)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16)
-    losses, start, timed_from = [], None, min(5, cfg.steps - 1)
+    return Run(attention, model, opt, torch.autocast(device.type, dtype=torch.bfloat16))
+
+
+def advance(run: Run, cfg: Config, data: torch.Tensor, device: torch.device,
+            steps: range) -> float:
+    """Train ``run`` over ``steps`` (its next ones); the wall time between two
+    synchronizations, so that no other run's queued work is counted."""
+    # warn-only lets attentions that ignore the flag run (and show it); "-det" is strict
+    torch.use_deterministic_algorithms(True, warn_only=not run.attention.endswith("-det"))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for step in steps:
+        run.losses.append(train_step(run.model, run.opt, run.amp, data[step].to(device),
+                                     cfg.vocab))
+    sync()
+    return time.perf_counter() - start
+
+
+def turns(steps: int, segment: int) -> list[range]:
+    """The steps in turns of ``segment`` (at most half the run, so that at least one turn
+    after the first, which warms up, is timed)."""
+    size = max(1, min(segment, steps // 2))
+    return [range(a, min(a + size, steps)) for a in range(0, steps, size)]
+
+
+def train_interleaved(cfg: Config, attentions: list[str], data: torch.Tensor,
+                      device: torch.device, segment: int = 10, log=print
+                      ) -> tuple[dict[str, list[Run]], dict[str, str]]:
+    """Two runs per attention, all live at once, taking turns of ``segment`` steps in an
+    order that rotates each turn: ``(the runs by attention, errors by attention)``, an
+    error being the first line of what a step raised (a backend that refuses strict
+    determinism); such an attention's runs stop."""
+    runs = [new_run(cfg, a, device) for _ in range(2) for a in attentions]
+    errors: dict[str, str] = {}
+    schedule = turns(cfg.steps, segment)
     last_line = time.perf_counter()
-    for step in range(cfg.steps):
-        if step == timed_from:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-        losses.append(train_step(model, opt, amp, data[step].to(device), cfg.vocab))
-        if (step % 50 == 0 or step == cfg.steps - 1
-                or time.perf_counter() - last_line > PROGRESS_S):
-            log(f"  {attention:10s} step {step:4d} loss {losses[-1]:.4f}")
+    for turn, steps in enumerate(schedule):
+        shift = turn % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            if run.attention in errors:
+                continue
+            try:
+                seconds = advance(run, cfg, data, device, steps)
+            except RuntimeError as err:
+                errors[run.attention] = str(err).splitlines()[0][:200]
+                log(f"{run.attention}: {errors[run.attention]}")
+                continue
+            if turn:  # the first turn warms up (compilation, autotuning, caches)
+                run.seconds.append(seconds)
+                run.steps.append(len(steps))
+        if turn in (0, len(schedule) - 1) or time.perf_counter() - last_line > PROGRESS_S:
+            log(f"  step {steps[-1]:4d}: " + ", ".join(
+                f"{r.attention} {r.losses[-1]:.4f}" for r in runs[:len(attentions)]
+                if r.attention not in errors))
             last_line = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    tokens_per_s = (cfg.steps - timed_from) * cfg.batch * cfg.seqlen / seconds
-    return {"losses": losses, "weights": weights_digest(model), "tokens_per_s": tokens_per_s}
+    kept: dict[str, list[Run]] = {a: [] for a in attentions if a not in errors}
+    for run in runs:
+        if run.attention in kept:
+            kept[run.attention].append(run)
+    return kept, errors
+
+
+def summary(cfg: Config, run: Run) -> dict:
+    """What the report keeps of a finished run: its losses, final weights' digest, tokens
+    per second over its timed turns and each timed turn's ms per step."""
+    tokens = sum(run.steps) * cfg.batch * cfg.seqlen
+    return {"losses": run.losses, "weights": weights_digest(run.model),
+            "tokens_per_s": tokens / sum(run.seconds),
+            "step_ms": [1e3 * s / n for s, n in zip(run.seconds, run.steps)]}
 
 
 def compare(attention: str, runs: list[dict]) -> dict:
@@ -209,7 +281,16 @@ def compare(attention: str, runs: list[dict]) -> dict:
             "loss_equal": equal, "all_losses_equal": all(equal),
             "first_differing_step": equal.index(False) if False in equal else None,
             "weights_equal": a["weights"] == b["weights"],
-            "tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]]}
+            "tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]],
+            "step_ms": [a["step_ms"], b["step_ms"]]}
+
+
+def turn_ratios(row: dict, base: dict) -> list[float]:
+    """Per timed turn, ``row``'s step time over ``base``'s, each the mean of its two runs'
+    in that turn (above 1: ``row`` is slower)."""
+    def mean(r: dict) -> list[float]:
+        return [(x + y) / 2 for x, y in zip(*r["step_ms"])]
+    return [x / y for x, y in zip(mean(row), mean(base))]
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -222,35 +303,46 @@ def markdown(report: dict) -> str:
              "autocast, AdamW; fixed seeds; `torch.use_deterministic_algorithms(True)`, warn-only "
              "except for the `-det` rows, where it is strict. Attention is "
              f"{100 * attention_share(Config(**cfg)):.0f} % of a step's matrix-multiply FLOPs "
-             "(`attention_share`).", "",
+             "(`attention_share`). Every run live at once, taking turns of "
+             f"{report.get('segment', '?')} steps in a rotating order; the first turn is not "
+             "timed.", "",
              "| attention | losses bitwise equal | first differing step | weights equal | "
-             "tokens/s (run 1, run 2) | final loss |", "|---|---|---|---|---|---|"]
+             "tokens/s (run 1, run 2) | step ms (median turn) | final loss |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['attention']} | did not run: {r['error']} | | | | |")
+            lines.append(f"| {r['attention']} | did not run: {r['error']} | | | | | |")
             continue
+        per_turn = [(x + y) / 2 for x, y in zip(*r["step_ms"])]
         lines.append(
             f"| {r['attention']} | {sum(r['loss_equal'])} / {len(r['loss_equal'])} | "
             f"{'-' if r['first_differing_step'] is None else r['first_differing_step']} | "
             f"{'yes' if r['weights_equal'] else 'no'} | {r['tokens_per_s'][0]:,.0f}, "
-            f"{r['tokens_per_s'][1]:,.0f} | {r['loss_run1'][-1]:.4f} |")
+            f"{r['tokens_per_s'][1]:,.0f} | {statistics.median(per_turn):.2f} | "
+            f"{r['loss_run1'][-1]:.4f} |")
     base = next((r for r in rows if r["attention"] == "dash"), None)
     if base is not None:
-        lines += ["", "Step time over `dash`'s (the mean tokens/s of two runs each; above 1 is "
-                  "slower than `dash`):"]
-        ours = sum(base["tokens_per_s"]) / 2
+        turns_timed = len(base["step_ms"][0])
+        lines += ["", f"Step time over `dash`'s, per timed turn (each the mean of the two "
+                  f"runs' in that turn), the median over {turns_timed} turns and its range "
+                  "(above 1 is slower than `dash`):"]
         for r in (r for r in rows if "error" not in r):
-            lines.append(f"- {r['attention']}: {ours / (sum(r['tokens_per_s']) / 2):.2f}")
+            ratios = turn_ratios(r, base)
+            lines.append(f"- {r['attention']}: {statistics.median(ratios):.2f} "
+                         f"({min(ratios):.2f} - {max(ratios):.2f})")
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict, path: Path) -> None:
+    """Left: |loss(run 1) - loss(run 2)| per step; right: each attention's ms per step in
+    each timed turn (the mean of its two runs), the turns every ratio is taken within."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    fig, (ax, speed) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=120,
+                                    gridspec_kw={"width_ratios": (3, 2)})
     floor = 1e-9  # exact zeros are drawn on this line, labelled as such
     rows = [r for r in report["results"] if "error" not in r]
     zero_rows = [r["attention"] for r in rows if r["all_losses_equal"]]
@@ -261,6 +353,9 @@ def plot(report: dict, path: Path) -> None:
         lw = 1 + 2.5 * (len(zero_rows) - zero_rows.index(r["attention"]) - 1) if zero else 1
         ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker="" if zero else ".",
                 ms=3, lw=lw, label=r["attention"] + (" (0 at every step)" if zero else ""))
+        per_turn = [(x + y) / 2 for x, y in zip(*r["step_ms"])]
+        speed.plot(range(1, len(per_turn) + 1), per_turn, marker=".", ms=3, lw=1,
+                   label=r["attention"])
     ax.set_yscale("log")
     ax.axhline(floor, color="gray", lw=0.6, ls=":")
     ax.text(0, floor * 1.6, "exactly 0", fontsize=8, color="gray")
@@ -268,6 +363,10 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("|loss(run 1) - loss(run 2)|")
     ax.set_title("Two identical training runs per attention", fontsize=10)
     ax.legend(fontsize=8)
+    speed.set_xlabel("timed turn")
+    speed.set_ylabel("ms per step")
+    speed.set_title("Step time, turn by turn", fontsize=10)
+    speed.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -284,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", choices=tuple(PRESETS), default="small",
                     help="the model on cuda: small (6 x 768, S 2048) or large (4 x 1024, "
                          "heads of 128, S 16384); the size flags override it")
+    ap.add_argument("--segment", type=int, default=10,
+                    help="steps a run trains per turn before the next run's turn (default 10)")
     for f in Config.__dataclass_fields__.values():
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"default {getattr(Config(), f.name)} (cuda, small), "
@@ -304,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         print("reproducible_training: no CUDA device (use --device cpu --attention sdpa-math)",
               file=sys.stderr)
         return 2
+    if args.segment < 1:
+        print("reproducible_training: --segment must be at least 1", file=sys.stderr)
+        return 2
+    args.attention = list(dict.fromkeys(args.attention))  # each attention once
     if cfg.d_model % cfg.heads:
         print("reproducible_training: d_model must be a multiple of heads", file=sys.stderr)
         return 2
@@ -313,33 +418,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training {cfg.layers} layers, d_model {cfg.d_model}, sequence {cfg.seqlen}, "
           f"batch {cfg.batch}, {cfg.steps} steps, twice per attention, on {device.type}; "
           f"report to {args.out}", flush=True)
-    # two rounds, every attention once per round: run 2 of each comes after run 1 of all,
-    # so a drift of the machine's speed over the minutes falls on every row alike
-    runs: dict[str, list[dict]] = {a: [] for a in args.attention}
-    errors: dict[str, str] = {}
-    for _ in range(2):
-        for attention in args.attention:
-            if attention in errors:
-                continue
-            # warn-only lets attentions that ignore the flag run (and show it); "-det" is
-            # strict
-            torch.use_deterministic_algorithms(True, warn_only=not attention.endswith("-det"))
-            try:
-                runs[attention].append(train(cfg, attention, data, device))
-            except RuntimeError as err:  # a backend that refuses strict determinism
-                errors[attention] = str(err).splitlines()[0][:200]
-                print(f"{attention}: {errors[attention]}", flush=True)
+    runs, errors = train_interleaved(cfg, args.attention, data, device, args.segment)
     for attention in args.attention:
         if attention in errors:
             results.append({"attention": attention, "error": errors[attention]})
             continue
-        results.append(compare(attention, runs[attention]))
+        results.append(compare(attention, [summary(cfg, run) for run in runs[attention]]))
         r = results[-1]
         print(f"{attention}: losses equal at {sum(r['loss_equal'])}/{cfg.steps} steps, "
               f"weights {'equal' if r['weights_equal'] else 'differ'}", flush=True)
     env = (torch.cuda.get_device_name() if device.type == "cuda" else "CPU") + \
         f", torch {torch.__version__}"
-    report = {"environment": env, "config": asdict(cfg), "results": results,
+    segment = len(turns(cfg.steps, args.segment)[0])  # the turns' steps, as run
+    report = {"environment": env, "config": asdict(cfg), "segment": segment,
+              "results": results,
               "command": "python examples/reproducible_training.py " + " ".join(
                   argv if argv is not None else sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
