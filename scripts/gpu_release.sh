@@ -29,12 +29,13 @@
 #                                        # schedule, full and causal)
 #   scripts/gpu_release.sh determinism-varlen OUT  # the same for packed batches (the
 #                                        # bench_features mixes), with FA4's varlen kernels
-#   scripts/gpu_release.sh train OUT     # the reproducible-training example against cuDNN,
-#                                        # SDPA flash, FA4-det; where a step's time goes
-#                                        # (benchmarks/training_profile.py); host time of
-#                                        # one call beside the peers, and its primitives
-#   scripts/gpu_release.sh train-large OUT  # the example's large preset (attention 59 % of
-#                                        # the FLOPs) against cuDNN, SDPA flash, FA4-det
+#   scripts/gpu_release.sh train OUT [profile]  # the reproducible-training example at
+#                                        # both sizes (small; large: attention 59 % of the
+#                                        # FLOPs) against cuDNN, SDPA flash, FA4-det; host
+#                                        # time of one call beside the peers (profile: also
+#                                        # where a small step's time goes,
+#                                        # benchmarks/training_profile.py, and the host
+#                                        # primitives)
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
 #                                        # (benchmarks/versus_fa4.py)
 #   scripts/gpu_release.sh features OUT [tests|bench]  # packed batches, windows, softcap and
@@ -75,7 +76,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|train-large|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|pending|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -246,24 +247,22 @@ determinism-varlen)
 train)
     fa4_unpack
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1  # FA4 compiles once for every process
-    step training 300 $PY examples/reproducible_training.py \
+    # the example at both sizes (every run live at once, in turns), then host time per call
+    step training 200 $PY examples/reproducible_training.py \
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
-    step training_profile 150 $PY benchmarks/training_profile.py \
-        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
+    step training_large 220 $PY examples/reproducible_training.py --preset large \
+        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG/large"
     step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
-    step costs 50 $PY benchmarks/host_costs.py --out "$LOG"
-    [ -f "$LOG/reproducible_training.md" ] && sed -n '/^| attention/,$p' \
-        "$LOG/reproducible_training.md"
-    [ -f "$LOG/training_profile.md" ] && sed -n '/^| attention/,$p' "$LOG/training_profile.md"
+    if [ "$MODE" = profile ]; then  # where a small step's time goes; the host primitives
+        step training_profile 150 $PY benchmarks/training_profile.py \
+            --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
+        step costs 50 $PY benchmarks/host_costs.py --out "$LOG"
+    fi
+    for f in "$LOG/reproducible_training.md" "$LOG/large/reproducible_training.md"; do
+        [ -f "$f" ] && sed -n '/^| attention/,$p' "$f"
+    done
     [ -f "$LOG/host_overhead.md" ] && grep -E '^(## |\| (dash|fa4|sdpa))' \
         "$LOG/host_overhead.md"
-    tail -n 30 "$LOG/costs.log"
-    ;;
-train-large)
-    fa4_unpack
-    step training 560 $PY examples/reproducible_training.py --preset large \
-        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
-    [ -f "$LOG/reproducible_training.md" ] && cat "$LOG/reproducible_training.md"
     ;;
 versus)
     fa4_unpack
