@@ -23,16 +23,10 @@ import torch
 
 from . import plans
 from .options import Options
+from .plans import structure
 
 _calls: dict[tuple, tuple[Options, object, int]] = {}
 _MAX_CALLS = 1024  # keys kept; past that the cache starts over
-
-
-def _tensor(x: torch.Tensor | None) -> tuple | None:
-    """What the checks and the plans read of one tensor argument."""
-    if x is None:
-        return None
-    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
 
 
 def key(layout: str, q, k, v, sink, window_size, *arguments) -> tuple | None:
@@ -48,7 +42,8 @@ def key(layout: str, q, k, v, sink, window_size, *arguments) -> tuple | None:
     if type(window_size) in (tuple, list):
         inner, window = tuple(map(type, window_size)), tuple(window_size)
     return (layout, window, type(window_size), inner, arguments, tuple(map(type, arguments)),
-            _tensor(q), _tensor(k), _tensor(v), _tensor(sink))
+            structure(q), structure(k), structure(v),
+            None if sink is None else structure(sink))
 
 
 def seen(made: tuple | None) -> tuple[Options, object] | None:

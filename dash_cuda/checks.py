@@ -85,7 +85,9 @@ _MAX_PASSED = 4096
 
 def tensors_key(named: dict[str, torch.Tensor], layout: str) -> tuple | None:
     """All that :func:`check_tensors` and :func:`check_devices` read of ``named``: names,
-    shapes, strides, dtypes and devices (None where a value is not a tensor)."""
+    shapes, strides, dtypes and devices (None where a value is not a tensor). Not
+    :func:`dash_cuda.plans.structure`: this key is also made while ``torch.compile``
+    traces, where a tensor has no address to test for alignment."""
     if not all(isinstance(x, torch.Tensor) for x in named.values()):
         return None
     return (layout, *named, *((x.shape, x.stride(), x.dtype, x.device)

@@ -47,12 +47,18 @@ _MAX_PLANS = 1024  # signatures kept; past that the cache starts over
 generation = 0
 
 
+def structure(t: torch.Tensor) -> tuple:
+    """What a kernel's launch depends on of one tensor beside its data: shape, strides,
+    dtype, device and whether it is 16-byte aligned (the kernels are specialized on it).
+    The plans' keys and the public calls' are made of these (:func:`signature`,
+    :func:`grad_key`, :func:`dash_cuda.calls.key`)."""
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
 def signature(kind: str, options: Options, *tensors: torch.Tensor) -> tuple:
     """What a call's launches depend on beside its data: ``kind`` (``"forward"`` or
-    ``"backward"``), the options, each tensor's shape, strides and dtype and whether it is
-    16-byte aligned (the kernels are specialized on it), and the device."""
-    return (kind, options, tensors[0].device,
-            *((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
+    ``"backward"``), the options and each tensor's :func:`structure`."""
+    return (kind, options, *map(structure, tensors))
 
 
 _local = threading.local()
@@ -84,7 +90,7 @@ def kept(key: tuple) -> ForwardPlan | BackwardPlan | None:
 def grad_key(do: torch.Tensor) -> tuple:
     """What a backward's :func:`signature` holds of ``dO`` beside what its forward's plan
     fixes (:attr:`ForwardPlan.backwards`)."""
-    return do.shape, do.stride(), do.dtype, do.data_ptr() % 16 == 0
+    return structure(do)
 
 
 @contextmanager
@@ -281,4 +287,5 @@ def backward_plan(backend, launch, o: torch.Tensor, do: torch.Tensor,
 
 
 __all__ = ["BackwardPlan", "ForwardPlan", "active", "backward_plan", "clear", "forward_plan",
-           "grad_key", "keep", "kept", "lookup", "raw_stream", "signature", "suspended"]
+           "grad_key", "keep", "kept", "lookup", "raw_stream", "signature", "structure",
+           "suspended"]
