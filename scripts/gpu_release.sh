@@ -248,9 +248,9 @@ train)
     fa4_unpack
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1  # FA4 compiles once for every process
     # the example at both sizes (every run live at once, in turns), then host time per call
-    step training 200 $PY examples/reproducible_training.py \
+    step training 170 $PY examples/reproducible_training.py \
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
-    step training_large 220 $PY examples/reproducible_training.py --preset large \
+    step training_large 200 $PY examples/reproducible_training.py --preset large \
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG/large"
     step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
     if [ "$MODE" = profile ]; then  # where a small step's time goes; the host primitives
