@@ -110,15 +110,18 @@ def per_call_us(call, n: int, synchronized: bool) -> float:
     return spent * 1e6 / n
 
 
-def compare(fns: dict, n: int, rounds: int) -> dict:
+def compare(fns: dict, n: int, rounds: int, short: int = 10) -> dict:
     """Median host and synchronized microseconds per call of every implementation of
-    ``fns`` (:func:`calls`)."""
+    ``fns`` (:func:`calls`): ``host`` over loops of ``n`` calls, ``host_short`` over loops
+    of ``short`` (where the GPU's work per call is near the host's, a long loop can end up
+    waiting for the GPU: the short one is then faster)."""
     keys = list(fns)
-    times = {k: {"host": [], "synchronized": []} for k in keys}
+    loops = {"host": (n, False), "host_short": (short, False), "synchronized": (n, True)}
+    times = {k: {mode: [] for mode in loops} for k in keys}
     for r in range(rounds):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            for mode in ("host", "synchronized"):
-                times[key][mode].append(per_call_us(fns[key], n, mode == "synchronized"))
+            for mode, (calls_, synchronized) in loops.items():
+                times[key][mode].append(per_call_us(fns[key], calls_, synchronized))
     return {"times_us": times,
             "median_us": {k: {m: round(statistics.median(v), 1) for m, v in t.items()}
                           for k, t in times.items()},
@@ -207,8 +210,12 @@ def markdown(r: dict) -> str:
              f"{r['calls']} calls per round, {r['rounds']} interleaved rounds: the median "
              "over rounds, and the least (a host shared with other work only adds time to a "
              "round, so the least is the closest to the call's own cost). `host`: the loop "
-             "with the GPU drained only at its end (the host's own time per call; few enough "
-             "calls that the launch queue never fills); `synchronized`: a synchronize after "
+             "with the GPU drained only at its end (the host's own time per call, unless the "
+             "launch queue fills and the loop waits for the GPU); `host, "
+             f"{r.get('short_calls', 10)} calls`: the same over loops of "
+             f"{r.get('short_calls', 10)} calls, too few to fill the queue (where it is "
+             "below `host`, the longer loop waited for the GPU); `synchronized`: a "
+             "synchronize after "
              "every call; `GPU kernels`: the kernels' own time per call (`torch.profiler`, 20 "
              "calls; where it exceeds the host's time, the host loop measures it instead). "
              "`peer / dash`: the peer's host time over ours (above 1: ours costs the host "
@@ -217,14 +224,17 @@ def markdown(r: dict) -> str:
         b, s, h, d = cell["shape_bshd"]
         med, least = cell["median_us"], cell.get("least_us", cell["median_us"])
         lines += [f"## (B, S, H, d) = ({b}, {s}, {h}, {d})", "",
-                  "| implementation | host us (median) | host us (least) | synchronized us "
+                  "| implementation | host us (median) | host us (least) | host us, "
+                  f"{r.get('short_calls', 10)} calls (median / least) | synchronized us "
                   "(median) | GPU kernels us | peer / dash (host, median) "
-                  "| peer / dash (host, least) |", "|---|---|---|---|---|---|---|"]
+                  "| peer / dash (host, least) |", "|---|---|---|---|---|---|---|---|"]
         gpu = cell.get("kernel_us", {})
         for impl, t in med.items():
             ratios = [f"{x[impl]['host'] / x['dash']['host']:.2f}"
                       if "dash" in x and impl != "dash" else "-" for x in (med, least)]
-            lines.append(f"| {impl} | {t['host']:.0f} | {least[impl]['host']:.0f} | "
+            short = (f"{t['host_short']:.0f} / {least[impl]['host_short']:.0f}"
+                     if "host_short" in t else "-")
+            lines.append(f"| {impl} | {t['host']:.0f} | {least[impl]['host']:.0f} | {short} | "
                          f"{t['synchronized']:.0f} | {gpu.get(impl, float('nan')):.0f} | "
                          f"{ratios[0]} | {ratios[1]} |")
         lines += ["", "Host time inside the steps of `dash` (each includes the steps it "
@@ -239,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--short-calls", type=int, default=10,
+                    help="calls per loop of the short host loop (default 10)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     if no_cuda("host_overhead"):
@@ -247,10 +259,11 @@ def main(argv: list[str] | None = None) -> int:
 
     fa = load_fa4()
     report = {**provenance("host_overhead.py", argv), "gpu": torch.cuda.get_device_name(0),
-              "calls": args.calls, "rounds": args.rounds, "shapes": []}
+              "calls": args.calls, "short_calls": args.short_calls, "rounds": args.rounds,
+              "shapes": []}
     for shape in SHAPES:
         fns = calls(shape, fa)
-        cell = compare(fns, args.calls, args.rounds)
+        cell = compare(fns, args.calls, args.rounds, args.short_calls)
         dash_call = fns.get("dash")
         cell["shape_bshd"] = list(shape)
         # what the GPU does for one call, which the host loop would measure instead of the
