@@ -29,13 +29,13 @@
 #                                        # schedule, full and causal)
 #   scripts/gpu_release.sh determinism-varlen OUT  # the same for packed batches (the
 #                                        # bench_features mixes), with FA4's varlen kernels
-#   scripts/gpu_release.sh train OUT [profile]  # the reproducible-training example at
-#                                        # both sizes (small; large: attention 59 % of the
-#                                        # FLOPs) against cuDNN, SDPA flash, FA4-det; host
-#                                        # time of one call beside the peers (profile: also
-#                                        # where a small step's time goes,
+#   scripts/gpu_release.sh train OUT [profile|small]  # the reproducible-training
+#                                        # example at both sizes (small; large: attention
+#                                        # 59 % of the FLOPs) against cuDNN, SDPA flash,
+#                                        # FA4-det; host time of one call beside the peers
+#                                        # (profile: also where a small step's time goes,
 #                                        # benchmarks/training_profile.py, and the host
-#                                        # primitives)
+#                                        # primitives; small: the small model alone)
 #   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
 #                                        # (benchmarks/versus_fa4.py)
 #   scripts/gpu_release.sh features OUT [tests|bench]  # packed batches, windows, softcap and
@@ -250,8 +250,8 @@ train)
     # the example at both sizes (every run live at once, in turns), then host time per call
     step training 170 $PY examples/reproducible_training.py \
         --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG"
-    step training_large 200 $PY examples/reproducible_training.py --preset large \
-        --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG/large"
+    [ "$MODE" = small ] || step training_large 200 $PY examples/reproducible_training.py \
+        --preset large --attention dash sdpa-cudnn sdpa-flash fa4-det --out "$LOG/large"
     step host 100 $PY benchmarks/host_overhead.py --out "$LOG" --calls 50 --rounds 12
     if [ "$MODE" = profile ]; then  # where a small step's time goes; the host primitives
         step training_profile 150 $PY benchmarks/training_profile.py \
