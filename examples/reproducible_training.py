@@ -20,7 +20,8 @@ timed turns::
     PYTHONPATH=. python examples/reproducible_training.py --out benchmarks/results
 
 writes ``reproducible_training.json``, ``.md`` and ``.png`` (|loss(run 1) - loss(run 2)|
-per step on a log scale, exact zeros drawn on their own line). Without ``--out`` they go to
+per step on a log scale, exact zeros drawn on their own line; beside it each attention's
+step time turn by turn). Without ``--out`` they go to
 a new scratch folder (printed), never over the committed results.
 
 ``--preset large`` trains a model whose step attention dominates instead
