@@ -406,8 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         print("reproducible_training: no CUDA device (use --device cpu --attention sdpa-math)",
               file=sys.stderr)
         return 2
-    if args.segment < 1:
-        print("reproducible_training: --segment must be at least 1", file=sys.stderr)
+    if args.segment < 1 or cfg.steps < 2:
+        print("reproducible_training: --segment must be at least 1 and --steps at least 2 "
+              "(the first turn warms up and is not timed)", file=sys.stderr)
         return 2
     args.attention = list(dict.fromkeys(args.attention))  # each attention once
     if cfg.d_model % cfg.heads:

@@ -44,6 +44,13 @@ def test_no_gpu_is_exit_2(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--segment", "0"], ["--steps", "1"]])
+def test_no_timed_turn_is_exit_2(flags, capsys, tmp_path):
+    assert example.main(["--device", "cpu", "--out", str(tmp_path), *flags]) == 2
+    assert "the first turn warms up" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_an_attention_that_did_not_run_is_reported_not_dropped():
     run = {"losses": [2.0, 1.5], "weights": "w", "tokens_per_s": 4.0, "step_ms": [3.0, 5.0]}
     ok = example.compare("dash", [run, run])
