@@ -36,8 +36,9 @@
 #                                        # (profile: also where a small step's time goes,
 #                                        # benchmarks/training_profile.py, and the host
 #                                        # primitives; small: the small model alone)
-#   scripts/gpu_release.sh versus OUT    # CuTe against FA4, interleaved rounds
-#                                        # (benchmarks/versus_fa4.py)
+#   scripts/gpu_release.sh versus OUT [64|128]  # CuTe against FA4, interleaved rounds
+#                                        # (benchmarks/versus_fa4.py; 64 or 128: that head
+#                                        # dim alone, a call each)
 #   scripts/gpu_release.sh features OUT [tests|bench]  # packed batches, windows, softcap and
 #                                        # sinks: their GPU tests, the CuTe L2 and
 #                                        # correctness tests, then benchmarks/bench_features.py
@@ -268,8 +269,13 @@ versus)
     fa4_unpack
     # both columns in one run: the kernels (replays where every row of a ratio captures,
     # else queued calls) and single calls, host included
-    step versus 560 $PY benchmarks/versus_fa4.py --out "$LOG" --rounds 4 --time-budget 450
-    [ -f "$LOG/versus_fa4.md" ] && cat "$LOG/versus_fa4.md"
+    # (MODE 64 or 128: that head dim alone, tagged versus_fa4_d64 / _d128, so that the grid
+    # can take two calls: each timing is measured three ways per row)
+    DIMS="64 128" TAG=versus_fa4
+    case "$MODE" in 64|128) DIMS=$MODE TAG=versus_fa4_d$MODE ;; esac
+    step versus 560 $PY benchmarks/versus_fa4.py --out "$LOG" --rounds 4 --time-budget 450 \
+        --head-dims $DIMS --tag $TAG
+    [ -f "$LOG/$TAG.md" ] && cat "$LOG/$TAG.md"
     ;;
 headdims)
     fa4_unpack
