@@ -286,12 +286,15 @@ def compare(attention: str, runs: list[dict]) -> dict:
             "step_ms": [a["step_ms"], b["step_ms"]]}
 
 
+def turn_ms(row: dict) -> list[float]:
+    """A :func:`compare` row's ms per step in each timed turn: the mean of its two runs'."""
+    return [(x + y) / 2 for x, y in zip(*row["step_ms"])]
+
+
 def turn_ratios(row: dict, base: dict) -> list[float]:
-    """Per timed turn, ``row``'s step time over ``base``'s, each the mean of its two runs'
-    in that turn (above 1: ``row`` is slower)."""
-    def mean(r: dict) -> list[float]:
-        return [(x + y) / 2 for x, y in zip(*r["step_ms"])]
-    return [x / y for x, y in zip(mean(row), mean(base))]
+    """Per timed turn, ``row``'s step time over ``base``'s (:func:`turn_ms`; above 1:
+    ``row`` is slower)."""
+    return [x / y for x, y in zip(turn_ms(row), turn_ms(base))]
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -314,12 +317,11 @@ def markdown(report: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['attention']} | did not run: {r['error']} | | | | | |")
             continue
-        per_turn = [(x + y) / 2 for x, y in zip(*r["step_ms"])]
         lines.append(
             f"| {r['attention']} | {sum(r['loss_equal'])} / {len(r['loss_equal'])} | "
             f"{'-' if r['first_differing_step'] is None else r['first_differing_step']} | "
             f"{'yes' if r['weights_equal'] else 'no'} | {r['tokens_per_s'][0]:,.0f}, "
-            f"{r['tokens_per_s'][1]:,.0f} | {statistics.median(per_turn):.2f} | "
+            f"{r['tokens_per_s'][1]:,.0f} | {statistics.median(turn_ms(r)):.2f} | "
             f"{r['loss_run1'][-1]:.4f} |")
     base = next((r for r in rows if r["attention"] == "dash"), None)
     if base is not None:
@@ -354,7 +356,7 @@ def plot(report: dict, path: Path) -> None:
         lw = 1 + 2.5 * (len(zero_rows) - zero_rows.index(r["attention"]) - 1) if zero else 1
         ax.plot(range(len(diff)), [max(d, floor) for d in diff], marker="" if zero else ".",
                 ms=3, lw=lw, label=r["attention"] + (" (0 at every step)" if zero else ""))
-        per_turn = [(x + y) / 2 for x, y in zip(*r["step_ms"])]
+        per_turn = turn_ms(r)
         speed.plot(range(1, len(per_turn) + 1), per_turn, marker=".", ms=3, lw=1,
                    label=r["attention"])
     ax.set_yscale("log")
