@@ -24,10 +24,12 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 )
 
 
-def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False, softcap=False):
+def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False, softcap=False,
+                    head_dim_v=None):
     tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
     return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
-                                                                block_m), packed, sinks, softcap)
+                                                                block_m), packed, sinks, softcap,
+                          head_dim_v)
 
 
 # a few of the shipped variants (the module's main compiles every one)
@@ -62,6 +64,17 @@ VARIANTS = [
                      softcap=True),
     backward_variant(torch.float16, 128, "full", True, audit=True, per_head=True,
                      softcap=True),
+    # wide head dims: the backward's warpgroups split the head dims (P^T and dS^T through
+    # shared memory, dK and dV out through sK and sV), d_v < d; the forward's KV tiles of 64
+    backward_variant(torch.bfloat16, 256, "causal", True, audit=False, per_head=False),
+    backward_variant(torch.bfloat16, 192, "full", True, audit=False, per_head=False,
+                     head_dim_v=128),
+    backward_variant(torch.bfloat16, 192, "full", True, audit=False, per_head=False,
+                     packed=True, head_dim_v=128),
+    backward_variant(torch.float16, 256, "window", True, audit=True, per_head=True),
+    forward_variant(torch.bfloat16, 256, "causal", 128),
+    forward_variant(torch.bfloat16, 192, "full", 128, head_dim_v=128),
+    forward_variant(torch.bfloat16, 192, "full", 128, packed=True, head_dim_v=128),
 ]
 
 

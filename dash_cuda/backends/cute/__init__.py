@@ -14,7 +14,8 @@
 - :mod:`.contract`: which instruction each step of the arithmetic contract becomes;
 - :mod:`.inspect_ptx`: compiles every variant for sm_90a on any machine and checks the PTX.
 
-It runs head dims 64, 96 and 128 in the fast arithmetic, every mask (full, causal, sliding
+It runs head dims 64, 96, 128, 192 (also with d_v = 128) and 256 in the fast arithmetic
+(at 192 and 256 the backward's warpgroups split the head dims), every mask (full, causal, sliding
 windows: :mod:`.mask`), rectangular and packed batches (:data:`PACKED_BACKWARD`), with or
 without learnable sinks (folded into the forward's rows: step ``fwd_sink``).
 Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first use.
@@ -27,7 +28,7 @@ import importlib.util
 import torch
 
 from ...backends import FEATURES, Case, Launch
-from .config import HEAD_DIMS, SOFTCAP_HEAD_DIMS
+from .config import HEAD_DIMS, SOFTCAP_HEAD_DIMS, VALUE_HEAD_DIMS, value_head_dims
 
 #: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
 #: them (``backend="auto"`` then runs them on Triton): the one switch for packed calls
@@ -64,21 +65,22 @@ class CuteBackend:
                     "backend's packed backward is switched off (PACKED_BACKWARD)")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
-        if case.head_dim_v not in (None, case.head_dim):
-            return (f"value head dim {case.head_dim_v} != head dim {case.head_dim} (the "
-                    "CuTe kernels take one head dim for q, k and v)")
+        if case.head_dim_v not in (case.head_dim, *value_head_dims(case.head_dim)):
+            return (f"value head dim {case.head_dim_v} at head dim {case.head_dim} "
+                    f"(supported: d_v = d, or {VALUE_HEAD_DIMS})")
         if case.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {case.dtype}"
         if case.softcap and case.head_dim not in SOFTCAP_HEAD_DIMS:
             return (f"softcap at head dim {case.head_dim} (supported: {SOFTCAP_HEAD_DIMS}: "
-                    "at 64 the backward's registers would serialize its wgmmas)")
+                    "at 64 the backward's registers would serialize its wgmmas; the "
+                    "head-dim split of 192 and 256 has no softcap step)")
         return None
 
     def backward_tiles(self, head_dim: int, mask: str, head_dim_v: int | None = None
                        ) -> tuple[int, int]:
         from .config import backward_config
 
-        cfg = backward_config(head_dim, mask)
+        cfg = backward_config(head_dim, mask, head_dim_v=head_dim_v)
         return cfg.block_m, cfg.block_n
 
     def forward_block_n(self, head_dim: int) -> int:

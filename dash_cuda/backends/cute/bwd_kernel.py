@@ -97,6 +97,7 @@ from .ptx import (
 # named barrier ids (0 is __syncthreads)
 BAR_DS_FULL = 1
 BAR_EPILOGUE = 2
+BAR_PDS_FREE = 3  # a head-dim split with one P/dS buffer: both warpgroups done reading it
 
 
 def staging_coords(block_m: int, head_dim: int) -> list[tuple[int, int]]:
@@ -163,10 +164,11 @@ LAUNCH_ARGS = (
 )
 
 
-def storage(dtype, config: BackwardConfig, head_dim: int):
+def storage(dtype, config: BackwardConfig, head_dim: int, head_dim_v: int | None = None):
     """The shared memory of one CTA as a struct: the kernel allocates it, and the host reads
     its size (:func:`shared_bytes`). The epilogue reuses the tile buffers, so the layout
-    depends on the dtype, the tiles and the stages only.
+    depends on the dtype, the tiles, the stages and the head dims only. A head-dim split
+    (``config.split == "dims"``) adds the rounded P^T buffers (one per Q stage).
 
     The 1024-byte-aligned tiles first, the small buffers last: no padding between them,
     which keeps d = 64 within the 227 KiB a CTA may use. Element counts are the cosizes of
@@ -174,15 +176,18 @@ def storage(dtype, config: BackwardConfig, head_dim: int):
     """
     bm, bn, d, qs, dqs = (config.block_m, config.block_n, head_dim, config.q_stages,
                           config.dq_stages)
+    dv = head_dim_v or head_dim
 
     def tile(elem, count: int, align: int = 1024):
         return cute.struct.Align[cute.struct.MemRange[elem, count], align]
 
     # built from a dict: this module's annotations are strings (``from __future__``)
     fields = {
-        "sK": tile(dtype, bn * d), "sV": tile(dtype, bn * d),
-        "sQ": tile(dtype, bm * d * qs), "sdO": tile(dtype, bm * d * qs),
-        "sdS": tile(dtype, bm * bn * qs), "s_dq": tile(Float32, bm * d * dqs),
+        "sK": tile(dtype, bn * d), "sV": tile(dtype, bn * dv),
+        "sQ": tile(dtype, bm * d * qs), "sdO": tile(dtype, bm * dv * qs),
+        "sdS": tile(dtype, bm * bn * qs),
+        **({"sP": tile(dtype, bm * bn * qs)} if config.split == "dims" else {}),
+        "s_dq": tile(Float32, bm * d * dqs),
         "s_lse": tile(Float32, bm * qs, 128), "s_delta": tile(Float32, bm * qs, 128),
         "mbar_kv": cute.struct.MemRange[cutlass.Int64, 2],
         "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * qs],
@@ -206,7 +211,14 @@ class DashBackwardSm90:
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: BackwardConfig,
                  deterministic: bool, audit: bool, per_head: bool, probe: bool = False,
-                 packed: bool = False, softcap: bool = False):
+                 packed: bool = False, softcap: bool = False, head_dim_v: int | None = None):
+        self.split_dims = config.split == "dims"
+        if self.split_dims and (probe or softcap):
+            raise ValueError("the head-dim split has no probe or softcap variant")
+        if self.split_dims and (config.block_m, config.block_n) != (64, 64):
+            raise ValueError("the head-dim split runs 64 x 64 tiles")
+        if head_dim_v not in (None, head_dim) and not self.split_dims:
+            raise ValueError("a value head dim other than d needs the head-dim split")
         if probe and audit:
             raise ValueError("probe and audit both use the partials buffer")
         if probe and packed:
@@ -215,6 +227,7 @@ class DashBackwardSm90:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
         self.d = head_dim
+        self.dv = head_dim_v or head_dim  # V, dO and dV columns
         self.config = config
         self.bm, self.bn = config.block_m, config.block_n
         self.q_stages, self.dq_stages = config.q_stages, config.dq_stages
@@ -238,30 +251,47 @@ class DashBackwardSm90:
         # dS buffer holds both (BM >= 2 d), they take the buffer the next visit does not
         # write, and the stores drain while the next chain runs ("overlapped"); otherwise
         # dV, then dK, each takes all the buffers, and the stores drain in between.
+        # (A head-dim split stores its dK and dV tiles through sK and sV instead.)
         self.epilogue_overlapped = self.bm >= 2 * head_dim
         self.epilogue_slots = 2 * self.q_stages if self.epilogue_overlapped else 1
-        assert self.epilogue_overlapped or self.bm * self.q_stages >= head_dim
+        assert (self.split_dims or self.epilogue_overlapped
+                or self.bm * self.q_stages >= head_dim)
         self.select_every_tile = config.select_every_tile
         self.cvt_kind = "bf16" if dtype is cutlass.BFloat16 else "f16"
 
     # -- MMAs ----------------------------------------------------------------------------------
     def _tiled_mmas(self):
+        """``(S and dP, dK, dV, dQ partial)`` tiled MMAs of the two math warpgroups."""
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        # S^T = K Q^T and dP^T = V dO^T: (BN x BM), warpgroup w takes key rows 64w ..
-        mma_sdp = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, k_major, Float32, (2, 1, 1), (64, self.bm))
-        # dV += P^T dO, dK += dS^T Q: (BN x d), A (P^T, dS^T) straight from registers
-        mma_dkv = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, Float32, (2, 1, 1), (64, self.d),
-            a_source=warpgroup.OperandSource.RMEM)
+        dt = self.dtype
+        if const_expr(self.split_dims):
+            # S^T = K Q^T and dP^T = V dO^T: (BN x BM), warpgroup w takes query columns
+            # (BM / 2) w .. of every key row
+            mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, k_major, k_major, Float32, (1, 2, 1),
+                                                  (64, self.bm // 2))
+            # dK += dS^T Q: (BN x d), dV += P^T dO: (BN x d_v), warpgroup w takes head-dim
+            # columns (d / 2) w ..; A (dS^T, P^T) from shared memory, which holds both
+            # warpgroups' query columns
+            mma_dk, mma_dv = (
+                sm90.make_trivial_tiled_mma(dt, dt, k_major, mn_major, Float32, (1, 2, 1),
+                                            (64, cols // 2))
+                for cols in (self.d, self.dv))
+        else:
+            # S^T = K Q^T and dP^T = V dO^T: (BN x BM), warpgroup w takes key rows 64w ..
+            mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, k_major, k_major, Float32, (2, 1, 1),
+                                                  (64, self.bm))
+            # dV += P^T dO, dK += dS^T Q: (BN x d), A (P^T, dS^T) straight from registers
+            mma_dk = mma_dv = sm90.make_trivial_tiled_mma(
+                dt, dt, k_major, mn_major, Float32, (2, 1, 1), (64, self.d),
+                a_source=warpgroup.OperandSource.RMEM)
         # dQ_ij = dS K: (BM x d) from shared dS (MN-major) and K (MN-major as d x BN)
         if self.bm == 128:  # two warpgroups split the query rows
-            mma_dq = sm90.make_trivial_tiled_mma(
-                self.dtype, self.dtype, mn_major, mn_major, Float32, (2, 1, 1), (64, self.d))
+            mma_dq = sm90.make_trivial_tiled_mma(dt, dt, mn_major, mn_major, Float32, (2, 1, 1),
+                                                 (64, self.d))
         else:  # BM = 64: two warpgroups split the head dim
-            mma_dq = sm90.make_trivial_tiled_mma(
-                self.dtype, self.dtype, mn_major, mn_major, Float32, (1, 2, 1), (64, self.dq_cols))
-        return mma_sdp, mma_dkv, mma_dq
+            mma_dq = sm90.make_trivial_tiled_mma(dt, dt, mn_major, mn_major, Float32, (1, 2, 1),
+                                                 (64, self.dq_cols))
+        return mma_sdp, mma_dk, mma_dv, mma_dq
 
     # -- host side -----------------------------------------------------------------------------
     @cute.jit
@@ -283,17 +313,17 @@ class DashBackwardSm90:
         scale_log2: Float32, softmax_scale: Float32, softcap_k: Float32, softcap: Float32,
         stream: cuda.CUstream,
     ):
-        d, bm, bn = self.d, self.bm, self.bn
+        d, dv, bm, bn = self.d, self.dv, self.bm, self.bn
         # packed: seqlen_q / seqlen_k are the tensors' rows (total_q, total_k), one "batch"
         # of them (batch strides 0); ``batch`` counts the sequences
         views = 1 if const_expr(self.packed) else batch
         mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, views, d, q_strides)
-        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, views, d, do_strides)
+        mdO = bshd_as_sdhb(do_ptr, seqlen_q, heads, views, dv, do_strides)
         mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, views, d, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, d, v_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, dv, v_strides)
         out_heads = heads if const_expr(self.per_head) else heads_kv
         mdK = bshd_as_sdhb(dk_ptr, seqlen_k, out_heads, views, d, dk_strides)
-        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, views, d, dv_strides)
+        mdV = bshd_as_sdhb(dv_ptr, seqlen_k, out_heads, views, dv, dv_strides)
         if const_expr(self.packed):
             # LSE2 and D tile-major (the launcher gathers them): dQ tile t's BM rows at t * BM.
             # A sequence's rows start anywhere in the packed (H, total_q) buffers, and a 1-D
@@ -329,34 +359,53 @@ class DashBackwardSm90:
             visit_rank=cute.make_tensor(visit_rank_ptr, cute.make_layout(num_visits)),
         )
 
-        sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages)
+        # A head-dim split: Q and dO are also the dK and dV MMAs' MN-major B operands, whose
+        # columns the two warpgroups split, so each half starts on a swizzle atom
+        halves = const_expr(self.split_dims)
+        sQ_layout = smem_layout(self.dtype, bm, d, self.q_stages,
+                                block_cols=d // 2 if halves else None)
+        sdO_layout = smem_layout(self.dtype, bm, dv, self.q_stages,
+                                 block_cols=dv // 2 if halves else None)
         # K is also the dQ MMA's MN-major B operand, whose columns two warpgroups split
         # where BM = 64 (:meth:`_tiled_mmas`): each half must start on a swizzle atom
         sK_layout = smem_layout(self.dtype, bn, d, None, block_cols=self.dq_cols)
+        # (a head-dim split's dV leaves through sV, whose column halves each warpgroup writes)
+        sV_layout = (smem_layout(self.dtype, bn, dv, None, block_cols=dv // 2) if halves
+                     else sK_layout)
         sdS_layout = smem_layout(self.dtype, bm, bn, self.q_stages, mn_major=True)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, (None, None, 0)),
                                                 (bm, d))
-        tma_do, tdO = cpasync.make_tiled_tma_atom(load, mdO,
-                                                  cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
+        tma_do, tdO = cpasync.make_tiled_tma_atom(
+            load, mdO, cute.slice_(sdO_layout, (None, None, 0)), (bm, dv))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (bn, d))
-        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, sV_layout, (bn, dv))
         # dK/dV leave through shared memory (the dS buffers, free at a chain's end) by TMA
         # stores; built for the fp32 scratch too, which is written from registers instead
         out_dtype = Float32 if const_expr(self.per_head) else self.dtype
-        sOut_layout = smem_layout(out_dtype, bn, d, None)
         store = cpasync.CopyBulkTensorTileS2GOp()
-        tma_dk, tdK = cpasync.make_tiled_tma_atom(store, mdK, sOut_layout, (bn, d))
-        tma_dv, tdV = cpasync.make_tiled_tma_atom(store, mdV, sOut_layout, (bn, d))
+        if const_expr(halves and not self.per_head):
+            # rounded dK and dV leave through sK and sV, in their layouts (per query head,
+            # fp32, a head-dim split stores from registers: :meth:`store_dkv_rows`)
+            sOut_layout = sK_layout
+            tma_dk, tdK = cpasync.make_tiled_tma_atom(store, mdK, sK_layout, (bn, d))
+            tma_dv, tdV = cpasync.make_tiled_tma_atom(store, mdV, sV_layout, (bn, dv))
+        else:
+            sOut_layout = smem_layout(out_dtype, bn, d, None)
+            tma_dk, tdK = cpasync.make_tiled_tma_atom(store, mdK, sOut_layout, (bn, d))
+            tma_dv, tdV = cpasync.make_tiled_tma_atom(store, mdV, smem_layout(
+                out_dtype, bn, dv, None), (bn, dv))
         # the epilogue's tiles: rounded, over the dS buffers; fp32 per query head, over sK
         # and sV (one (BN, d) fp32 tile is their bytes together)
-        sEpi_layout = (sOut_layout if const_expr(self.per_head)
+        sEpi_layout = (sOut_layout if const_expr(self.per_head or halves)
                        else smem_layout(self.dtype, bn, d, self.epilogue_slots))
 
-        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
+        mma_sdp, mma_dk, mma_dv, mma_dq = self._tiled_mmas()
 
-        Storage = storage(self.dtype, self.config, d)
-        for layout, elements in ((sK_layout, bn * d), (sQ_layout, bm * d * self.q_stages),
+        Storage = storage(self.dtype, self.config, d, dv)
+        for layout, elements in ((sK_layout, bn * d), (sV_layout, bn * dv),
+                                 (sQ_layout, bm * d * self.q_stages),
+                                 (sdO_layout, bm * dv * self.q_stages),
                                  (sdS_layout, bm * bn * self.q_stages)):
             assert cute.cosize(layout) == elements, "a swizzled layout is not whole atoms"
 
@@ -374,7 +423,8 @@ class DashBackwardSm90:
         self.kernel(
             tQ, tdO, tK, tV, tma_q, tma_do, tma_k, tma_v, tdK, tdV, tma_dk, tma_dv,
             mLSE, mDelta, mDQacc, mPartials, mSem, mdK, mdV, tables,
-            mma_sdp, mma_dkv, mma_dq, sQ_layout, sK_layout, sdS_layout, sEpi_layout,
+            mma_sdp, mma_dk, mma_dv, mma_dq, sQ_layout, sdO_layout, sK_layout, sV_layout,
+            sdS_layout, sEpi_layout,
             heads, heads_kv, seqlen_q, seqlen_k, n_q, scale_log2, softmax_scale, window,
             packing, cap, Storage,
         ).launch(grid=[num_workers, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
@@ -389,8 +439,9 @@ class DashBackwardSm90:
         tdK: cute.Tensor, tdV: cute.Tensor, tma_dk: cute.CopyAtom, tma_dv: cute.CopyAtom,
         mLSE: cute.Tensor, mDelta: cute.Tensor, mDQacc: cute.Tensor, mPartials: cute.Tensor,
         mSem: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tables: Tables,
-        mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
-        sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+        mma_sdp: cute.TiledMma, mma_dk: cute.TiledMma, mma_dv: cute.TiledMma,
+        mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout, sEpi_layout: cute.ComposedLayout,
         heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32, n_q: Int32,
         scale_log2: Float32, softmax_scale: Float32, window, packing, cap,
@@ -413,10 +464,11 @@ class DashBackwardSm90:
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
         q_tile_bytes = bm * d * self.dtype.width // 8
-        kv_tile_bytes = self.bn * d * self.dtype.width // 8
+        do_tile_bytes = bm * self.dv * self.dtype.width // 8
+        kv_tile_bytes = self.bn * (d + self.dv) * self.dtype.width // 8  # K and V
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=one_thread,
-            consumer_group=math_warps, tx_count=2 * kv_tile_bytes, defer_sync=True)
+            consumer_group=math_warps, tx_count=kv_tile_bytes, defer_sync=True)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_q.data_ptr(), num_stages=self.q_stages,
             producer_group=one_thread, consumer_group=math_warps,
@@ -424,7 +476,7 @@ class DashBackwardSm90:
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_do.data_ptr(), num_stages=self.q_stages,
             producer_group=one_thread, consumer_group=math_warps,
-            tx_count=q_tile_bytes + bm * 4, defer_sync=True)
+            tx_count=do_tile_bytes + bm * 4, defer_sync=True)
         pipe_dq = pipeline.PipelineAsync.create(
             barrier_storage=st.mbar_dq.data_ptr(), num_stages=self.dq_stages,
             producer_group=math_warps, consumer_group=one_thread, defer_sync=True)
@@ -432,12 +484,17 @@ class DashBackwardSm90:
         cute.arch.sync_threads()
 
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = st.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        # a head-dim split's rounded P^T, laid out as dS is
+        sP = (st.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+              if const_expr(self.split_dims) else None)
         # the same bytes as (BN, d) output tiles for the chain epilogue
-        if const_expr(self.per_head):
+        if const_expr(self.split_dims):
+            sEpi = (sK, sV)  # rounded dK and dV in place of K and V
+        elif const_expr(self.per_head):
             sEpi = st.sK.get_tensor(sEpi_layout.outer, swizzle=sEpi_layout.inner,
                                     dtype=Float32)
         else:
@@ -462,10 +519,17 @@ class DashBackwardSm90:
                                packing)
         else:
             cute.arch.setmaxregister_increase(MATH_REGS)
-            self.math(tidx - 128, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
-                      sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
-                      heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mPartials,
-                      (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing, cap)
+            if const_expr(self.split_dims):
+                self.math_dims(tidx - 128, mma_sdp, mma_dk, mma_dv, mma_dq, sQ, sdO, sK, sV,
+                               sdS, sP, sLSE, sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq,
+                               tables, mdK, mdV, heads, heads_kv, seqlen_q, seqlen_k,
+                               scale_log2, softmax_scale, (sEpi, tdK, tdV, tma_dk, tma_dv),
+                               window, packing)
+            else:
+                self.math(tidx - 128, mma_sdp, mma_dk, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
+                          sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
+                          heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale,
+                          mPartials, (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing, cap)
 
     # -- timing probe --------------------------------------------------------------------------
     @cute.jit
@@ -513,7 +577,7 @@ class DashBackwardSm90:
         shifted by ``domain_offset``): a last partial tile reads the next sequence's rows
         (zeros past the tensor), which the mask hides; LSE2_i and D_i are the dQ tile's rows
         of the tile-major buffers."""
-        bm, bn, d = self.bm, self.bn, self.d
+        bm, bn, d, dv = self.bm, self.bn, self.d, self.dv
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -529,15 +593,15 @@ class DashBackwardSm90:
                 tK_c = cute.domain_offset((k_first, None, None, None), tK)
                 tV_c = cute.domain_offset((k_first, None, None, None), tV)
                 gK = cute.local_tile(tK_c[None, None, h_kv, 0], (bn, d), (j, 0))
-                gV = cute.local_tile(tV_c[None, None, h_kv, 0], (bn, d), (j, 0))
+                gV = cute.local_tile(tV_c[None, None, h_kv, 0], (bn, dv), (j, 0))
                 gQ = cute.local_tile(tQ_c[None, None, h, 0], (bm, d), (None, 0))
-                gdO = cute.local_tile(tdO_c[None, None, h, 0], (bm, d), (None, 0))
+                gdO = cute.local_tile(tdO_c[None, None, h, 0], (bm, dv), (None, 0))
                 row_base = self.packed_tile_base(packing, b, h, seqlen_q)  # LSE2/D: tile-major
             else:
                 gK = cute.local_tile(tK[None, None, h_kv, b], (bn, d), (j, 0))
-                gV = cute.local_tile(tV[None, None, h_kv, b], (bn, d), (j, 0))
+                gV = cute.local_tile(tV[None, None, h_kv, b], (bn, dv), (j, 0))
                 gQ = cute.local_tile(tQ[None, None, h, b], (bm, d), (None, 0))
-                gdO = cute.local_tile(tdO[None, None, h, b], (bm, d), (None, 0))
+                gdO = cute.local_tile(tdO[None, None, h, b], (bm, dv), (None, 0))
                 row_base = (b * heads + h)
             sK_t, gK_t = tma_tiles(tma_k, sK, gK)
             sV_t, gV_t = tma_tiles(tma_v, sV, gV)
@@ -825,6 +889,213 @@ class DashBackwardSm90:
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
+    # -- math warpgroups, head-dim split ------------------------------------------------------
+    @cute.jit
+    def math_dims(self, tid, mma_sdp, mma_dk, mma_dv, mma_dq, sQ, sdO, sK, sV, sdS, sP, sLSE,
+                  sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
+                  heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, out,
+                  window, packing=None):
+        """The visits of a head-dim split (``BackwardConfig.split == "dims"``): the contract
+        of the module docstring, step for step, on 64 x 64 tiles. Warpgroup ``w`` computes
+        S^T and dP^T for query columns ``32 w ..`` of all 64 keys, writes its rounded P^T
+        and dS^T to shared memory, and after one barrier takes head-dim columns ``(d / 2)
+        w ..`` of dV, dK and the dQ partial, each a shared-memory MMA over all 64 queries
+        (or keys). The values are those of :meth:`math`; only which warpgroup holds which
+        accumulator element differs."""
+        bm, bn, d, dv = self.bm, self.bn, self.d, self.dv
+        chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
+        group = heads // heads_kv
+        wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
+        wg_leader = wg * 128
+        lane = cute.arch.lane_idx()
+
+        # Operand fragments (shared-memory descriptors are per warpgroup).
+        thr_sdp, wg_sdp = mma_sdp.get_slice(tid), mma_sdp.get_slice(wg_leader)
+        thr_dk, wg_dk = mma_dk.get_slice(tid), mma_dk.get_slice(wg_leader)
+        thr_dv, wg_dv = mma_dv.get_slice(tid), mma_dv.get_slice(wg_leader)
+        thr_dq, wg_dq = mma_dq.get_slice(tid), mma_dq.get_slice(wg_leader)
+        a_k = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        a_v = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        b_q = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        b_do = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        # dS^T and P^T as K-major A operands: the (BM, BN) MN-major buffers read transposed
+        a_dst = wg_dk.make_fragment_A(wg_dk.partition_A(transposed(sdS)))
+        a_pt = wg_dv.make_fragment_A(wg_dv.partition_A(transposed(sP)))
+        b_qt = wg_dk.make_fragment_B(wg_dk.partition_B(transposed(sQ)))
+        b_dot = wg_dv.make_fragment_B(wg_dv.partition_B(transposed(sdO)))
+        a_ds = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        b_kt = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+
+        acc_dk = cute.make_rmem_tensor(thr_dk.partition_shape_C((bn, d)), Float32)
+        acc_dv = cute.make_rmem_tensor(thr_dv.partition_shape_C((bn, dv)), Float32)
+        # (key, query) coordinates of this thread's score elements, its P^T and dS^T slots
+        score_coords = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
+        ds_slots = thr_sdp.partition_C(transposed(sdS))
+        p_slots = thr_sdp.partition_C(transposed(sP))
+        dk_coords = thr_dk.partition_C(cute.make_identity_tensor((bn, d)))
+        dv_coords = thr_dv.partition_C(cute.make_identity_tensor((bn, dv)))
+        # this thread's slots of the rounded dK and dV tiles over sK and sV (store_dkv_kv)
+        epi_slots = (thr_dk.partition_C(sK), thr_dv.partition_C(sV))
+        my_dq_slots = s_dq[None, tid % 128, None, wg, None]
+
+        ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
+        epi_bar = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=MATH_THREADS)
+        pds_free = pipeline.NamedBarrier(barrier_id=BAR_PDS_FREE, num_threads=MATH_THREADS)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        dq_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                self.dq_stages)
+        causal_offset = seqlen_k - seqlen_q
+        c_begin, c_end = self.chain_range(tables)
+        for c in cutlass.range(c_begin, c_end, unroll=1):
+            b, h, j = chain_bhj[0, c], chain_bhj[1, c], chain_bhj[2, c]
+            k_first = 0
+            if const_expr(self.packed):  # the sequence's own lengths and diagonal
+                _, seqlen_q, k_first, seqlen_k = self.sequence(packing, b)
+                causal_offset = seqlen_k - seqlen_q
+            acc_dk.fill(0.0)
+            acc_dv.fill(0.0)
+            has_visits = chain_offsets[c + 1] > chain_offsets[c]
+            if has_visits:
+                pipe_kv.consumer_wait(kv_state)
+            for vis in cutlass.range(chain_offsets[c], chain_offsets[c + 1], unroll=1):
+                i = visit_q[vis]
+                stage = q_state.index
+                # [qk] S^T = K_j Q_i^T, this warpgroup's query columns
+                pipe_q.consumer_wait(q_state)
+                acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
+                gemm(mma_sdp, acc_s, a_k, b_q[None, None, None, stage], zero_init=True)
+                # [dp] dP^T = V_j dO_i^T
+                pipe_do.consumer_wait(q_state)
+                acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
+                gemm(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
+                warpgroup.wait_group(1)
+                # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i), the mask's zeros
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[e] = softmax_p(acc_s[e], scale_log2, -sLSE[score_coords[e][1], stage])
+                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn, seqlen_q - i * bm,
+                                 i * bm + causal_offset - j * bn, window)
+                if const_expr(self.q_stages == 1):
+                    # one P/dS buffer: the other warpgroup's MMAs of the previous visit,
+                    # which read all of it, must be done before it is written again (with
+                    # two, the previous visit's dS barrier already says so, as in math)
+                    pds_free.arrive_and_wait()
+                p_vals = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                p_vals.store(acc_s.load().to(self.dtype))  # rnd(P^T)
+                cute.autovec_copy(p_vals, p_slots[None, None, None, stage])
+                # [ds] dS^T = P^T (dP^T - D_i), then rnd(dS^T)
+                warpgroup.wait_group(0)
+                for e in cutlass.range_constexpr(cute.size(acc_dp)):
+                    acc_dp[e] = ds_value(acc_s[e], acc_dp[e], sDelta[score_coords[e][1], stage])
+                ds_vals = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+                ds_vals.store(acc_dp.load().to(self.dtype))
+                cute.autovec_copy(ds_vals, ds_slots[None, None, None, stage])
+                cute.arch.fence_view_async_shared()
+                ds_full.arrive_and_wait()  # both warpgroups' P^T and dS^T are written
+                # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator, first: it is
+                # staged for the dQ writer while dV and dK run
+                acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
+                gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
+                # [dv_step] dV_j += rnd(P^T) dO_i
+                gemm(mma_dv, acc_dv, a_pt[None, None, None, stage],
+                     b_dot[None, None, None, stage], zero_init=False)
+                # [dk_step] dK_j += rnd(dS^T) Q_i
+                gemm(mma_dk, acc_dk, a_dst[None, None, None, stage],
+                     b_qt[None, None, None, stage], zero_init=False)
+                warpgroup.wait_group(2)  # the partial (groups retire in order)
+                pipe_dq.producer_acquire(dq_state)
+                cute.autovec_copy(
+                    cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
+                    my_dq_slots[None, None, dq_state.index])
+                cute.arch.fence_view_async_shared()
+                cute.arch.sync_warp()  # the warp's writes, then its one arrival
+                if lane == 0:
+                    pipe_dq.producer_commit(dq_state)
+                dq_state.advance()
+                warpgroup.wait_group(1)  # dV: dO is read no more
+                pipe_do.consumer_release(q_state)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+            if const_expr(self.per_head or self.packed):
+                if has_visits:  # the stores below read registers only
+                    pipe_kv.consumer_release(kv_state)
+                    kv_state.advance()
+                view = Int32(0) if const_expr(self.packed) else b  # packed: one view
+                if const_expr(self.per_head):
+                    # fp32, unscaled, per query head (the GQA pass sums heads)
+                    self.store_rows(acc_dk, dk_coords, mdK, h, view, k_first, j, seqlen_k)
+                    self.store_rows(acc_dv, dv_coords, mdV, h, view, k_first, j, seqlen_k)
+                else:  # packed: each row inside its sequence, rounded
+                    self.store_rows_rounded(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV,
+                                            h // group, 0, k_first, j, seqlen_k, softmax_scale)
+            elif has_visits:
+                # through sK and sV, which go back to the loader after the stores
+                self.store_dkv_kv(acc_dk, acc_dv, out, epi_slots, epi_bar, tid, b, h // group,
+                                  j, softmax_scale)
+                pipe_kv.consumer_release(kv_state)
+                kv_state.advance()
+            else:
+                # no visit: dK = rnd(0 * scale) = 0 and dV = 0 from registers (the loader
+                # may be filling sK and sV for a later chain already)
+                self.store_rows(None, dk_coords, mdK, h // group, b, 0, j, seqlen_k)
+                self.store_rows(None, dv_coords, mdV, h // group, b, 0, j, seqlen_k)
+        if tid < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def store_dkv_kv(self, acc_dk, acc_dv, out, epi_slots, epi_bar, tid, b, h_kv, j,
+                     softmax_scale):
+        """[epilogue] of a head-dim split's chain, one query head per KV head: ``dK =
+        rnd(dK_j * scale)`` and ``dV = rnd(dV_j)`` into the outputs through sK and sV (free
+        once both warpgroups' last MMAs of the chain are done: the first barrier) by TMA
+        stores, drained before the caller hands sK and sV back to the loader. TMA clips
+        rows past S_k."""
+        (sK, sV), tdK, tdV, tma_dk, tma_dv = out
+        dk_slots, dv_slots = epi_slots
+        bn = self.bn
+        gdK = cute.local_tile(tdK[None, None, h_kv, b], (bn, self.d), (j, 0))
+        gdV = cute.local_tile(tdV[None, None, h_kv, b], (bn, self.dv), (j, 0))
+        epi_bar.arrive_and_wait()
+        self.tile_to_smem(acc_dv, dv_slots, softmax_scale, False)
+        self.tile_to_smem(acc_dk, dk_slots, softmax_scale, True)
+        self.publish(epi_bar)
+        self.tma_store(tma_dv, sV, gdV, tid)
+        self.tma_store(tma_dk, sK, gdK, tid)
+        self.drain(epi_bar, tid)
+
+    @cute.jit
+    def store_rows_rounded(self, acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV, h, b,
+                           first_row, j, seqlen_k, softmax_scale):
+        """``rnd(dK_j * scale)`` and ``rnd(dV_j)`` (:meth:`tile_to_smem`'s arithmetic)
+        straight from registers, by :meth:`store_rows`."""
+        dk_vals = cute.make_rmem_tensor_like(acc_dk, self.dtype)
+        dk_vals.store((acc_dk.load() * softmax_scale).to(self.dtype))
+        dv_vals = cute.make_rmem_tensor_like(acc_dv, self.dtype)
+        dv_vals.store(acc_dv.load().to(self.dtype))
+        self.store_rows(dk_vals, dk_coords, mdK, h, b, first_row, j, seqlen_k)
+        self.store_rows(dv_vals, dv_coords, mdV, h, b, first_row, j, seqlen_k)
+
+    @cute.jit
+    def store_rows(self, vals, coords, m_out, h, b, first_row, j, seqlen_k):
+        """A chain's tile from registers into ``m_out[first_row + key, col, h, b]`` (zeros
+        where ``vals`` is None), keys ``j * BN + r`` past ``seqlen_k`` never written. A
+        thread's accumulator covers two key rows (wgmma layout: registers 0 and 2 start
+        them); addresses are formed per row so that no per-element 64-bit offset stays
+        live."""
+        per_row = cute.size(coords) // 2
+        for half in cutlass.range_constexpr(2):
+            key = j * self.bn + coords[2 * half][0]
+            if key < seqlen_k:
+                row = m_out[first_row + key, None, h, b]
+                for n in cutlass.range_constexpr(per_row):
+                    e = (n % 2) + 2 * half + 4 * (n // 2)
+                    if const_expr(vals is None):
+                        row[coords[e][1]] = m_out.element_type(0.0)
+                    else:
+                        row[coords[e][1]] = vals[e]
+
     @cute.jit
     def capped_probabilities(self, acc_s, coords, sLSE, stage, scale_log2, cap, keys_left,
                              rows_left, diagonal, window=None):
@@ -1052,14 +1323,15 @@ class DashBackwardSm90:
                     row_dv[col] = dv_vals[e]
 
 
-def shared_bytes(dtype, config: BackwardConfig, head_dim: int) -> int:
+def shared_bytes(dtype, config: BackwardConfig, head_dim: int, head_dim_v: int | None = None
+                 ) -> int:
     """Shared memory of one CTA: the size of :func:`storage`, which the kernel allocates.
 
     227 KiB at d = 64 and 226 KiB at d = 128 (bf16/fp16, rounded up to the struct's 1 KiB
     alignment): one CTA per SM, within the 227 KiB
     an sm_90 CTA may use (the launcher reads the device's limits and checks).
     """
-    return storage(dtype, config, head_dim).size_in_bytes()
+    return storage(dtype, config, head_dim, head_dim_v).size_in_bytes()
 
 
 __all__ = ["LAUNCH_ARGS", "MASK_KINDS", "DashBackwardSm90", "Tables", "shared_bytes",

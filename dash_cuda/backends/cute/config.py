@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
+#: head dims whose backward splits the head dims between its math warpgroups instead of the
+#: keys (``BackwardConfig.split == "dims"``), so that fp32 dK and dV of a chain fit their
+#: registers
+WIDE_HEAD_DIMS = (192, 256)
+#: value head dims other than the head dim, by head dim (everywhere else d_v = d)
+VALUE_HEAD_DIMS = {192: (128,)}
 #: head dims with softcap variants: at 64 the softcap backward's registers serialize its
 #: wgmmas (ptxas C7512, on the CPU's compile), so a softcap call there runs on Triton
 SOFTCAP_HEAD_DIMS = (96, 128)
@@ -42,12 +48,20 @@ class BackwardConfig:
     # masks +1 - 6 % deterministic; at d = 64 it spills inside the visit loop, and causal
     # masks keep the branch.
     select_every_tile: bool = False
+    # What the two math warpgroups split. "keys": each owns half of the chain's key rows
+    # across every head dim (dK, dV, S and dP rows). "dims": both hold all BN = 64 keys,
+    # each owns half of the head dims of dK, dV and the dQ partial and half of the query
+    # columns of S and dP; P and dS then reach the dK/dV MMAs through shared memory
+    # (wide head dims, where a warpgroup's dK and dV of 64 keys across all of d and d_v
+    # would not fit its registers).
+    split: str = "keys"
 
     @property
     def name(self) -> str:
         """What a compiled variant's name says of its configuration."""
         return (f"m{self.block_m}n{self.block_n}q{self.q_stages}dq{self.dq_stages}"
-                + ("sel" if self.select_every_tile else ""))
+                + ("sel" if self.select_every_tile else "")
+                + ("dims" if self.split == "dims" else ""))
 
 
 @dataclass(frozen=True)
@@ -76,16 +90,31 @@ class ForwardConfig:
         return f"m{self.block_m}n{self.block_n}kv{self.kv_stages}"
 
 
-def _supported(head_dim: int) -> None:
+def _supported(head_dim: int, head_dim_v: int | None = None) -> None:
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} is not supported by the CuTe kernels "
                          f"(supported: {HEAD_DIMS})")
+    if head_dim_v not in (None, head_dim, *VALUE_HEAD_DIMS.get(head_dim, ())):
+        raise ValueError(f"value head dim {head_dim_v} at head dim {head_dim} is not "
+                         f"supported by the CuTe kernels (d_v = d, or {VALUE_HEAD_DIMS})")
 
 
-def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat16
-                    ) -> BackwardConfig:
+def value_head_dims(head_dim: int) -> tuple[int | None, ...]:
+    """The value head dims the kernels take at ``head_dim``: None (d_v = d), then any other
+    (:data:`VALUE_HEAD_DIMS`)."""
+    return (None, *VALUE_HEAD_DIMS.get(head_dim, ()))
+
+
+def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat16,
+                    head_dim_v: int | None = None) -> BackwardConfig:
     """The backward's configuration for a problem (``mask``: its kind, ``"full"``,
-    ``"causal"`` or ``"window"``; both dtypes run the same one).
+    ``"causal"`` or ``"window"``; both dtypes run the same one; ``head_dim_v``: the values'
+    head dim where it is not ``head_dim``).
+
+    Wide head dims (:data:`WIDE_HEAD_DIMS`) split the head dims between the warpgroups on
+    64 x 64 tiles (FlashAttention-4's sm90 tile at d = 256). At 256 one stage of Q, dO and
+    the dQ partial fills shared memory (Q, dO, K and V are 32 KiB each, a staged partial
+    64 KiB); at 192 Q and dO keep two.
 
     The tiles FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128
     a 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA
@@ -97,7 +126,10 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
     ``benchmarks/results/experiments/window_select.md``), so one configuration serves
     every window.
     """
-    _supported(head_dim)
+    _supported(head_dim, head_dim_v)
+    if head_dim in WIDE_HEAD_DIMS:
+        stages = 1 if head_dim == 256 else 2
+        return BackwardConfig(64, 64, q_stages=stages, dq_stages=1, split="dims")
     if head_dim == 64:
         return BackwardConfig(128, 128)
     return BackwardConfig(64, 128, select_every_tile=mask == "full")  # d = 96 as d = 128
@@ -108,8 +140,12 @@ SHORT_CAUSAL = 1024
 
 # Three math warpgroups (192 rows) keep the tensor cores busier while each runs its softmax
 # (d = 64); d = 96 and 128 need more registers per math thread than three leave, so two.
+# At d = 192 and 256 a warpgroup's fp32 O rows take 96 and 128 registers a thread, so the KV
+# tiles have 64 keys (S and P fit beside O); at 256 Q and O (64 KiB each) leave room for one
+# stage of K and V.
 _FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3)},
-            96: {128: ForwardConfig(128, 128, 2)}, 128: {128: ForwardConfig(128, 128, 2)}}
+            96: {128: ForwardConfig(128, 128, 2)}, 128: {128: ForwardConfig(128, 128, 2)},
+            192: {128: ForwardConfig(128, 64, 2)}, 256: {128: ForwardConfig(128, 64, 1)}}
 
 
 def tiling_mask(rule) -> str:
@@ -161,6 +197,6 @@ def forward_block_n(head_dim: int) -> int:
     return block_n
 
 
-__all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "SOFTCAP_HEAD_DIMS", "BackwardConfig", "ForwardConfig",
-           "backward_config", "forward_block_n", "forward_config", "forward_configs",
-           "tiling_mask"]
+__all__ = ["HEAD_DIMS", "SHORT_CAUSAL", "SOFTCAP_HEAD_DIMS", "VALUE_HEAD_DIMS", "WIDE_HEAD_DIMS",
+           "BackwardConfig", "ForwardConfig", "backward_config", "forward_block_n",
+           "forward_config", "forward_configs", "tiling_mask", "value_head_dims"]

@@ -128,11 +128,13 @@ class DashForwardSm90:
     """Compile-time configuration of one forward variant; ``__call__`` is the host launcher."""
 
     def __init__(self, dtype, head_dim: int, *, mask: str, config: ForwardConfig,
-                 packed: bool = False, sinks: bool = False, softcap: bool = False):
+                 packed: bool = False, sinks: bool = False, softcap: bool = False,
+                 head_dim_v: int | None = None):
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
         self.dtype = dtype
         self.d = head_dim
+        self.dv = head_dim_v or head_dim  # V and O columns
         self.bm, self.bn, self.kv_stages = config.block_m, config.block_n, config.kv_stages
         self.wgs, self.math_threads = config.math_warpgroups, config.math_threads
         self.loader_regs, self.math_regs = config.registers
@@ -148,13 +150,14 @@ class DashForwardSm90:
         # S = Q K^T: (BM x BN), warpgroup w takes query rows 64 w ..
         mma_qk = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, k_major, Float32, (self.wgs, 1, 1), (64, self.bn))
-        # acc += P V: (BM x d), P straight from registers, V as the MN-major (d x BN) operand
+        # acc += P V: (BM x d_v), P straight from registers, V as the MN-major (d_v x BN)
+        # operand
         mma_pv = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, Float32, (self.wgs, 1, 1), (64, self.d),
+            self.dtype, self.dtype, k_major, mn_major, Float32, (self.wgs, 1, 1), (64, self.dv),
             a_source=warpgroup.OperandSource.RMEM)
-        # one warpgroup's (64 x d) output tile, for its slots in shared memory
+        # one warpgroup's (64 x d_v) output tile, for its slots in shared memory
         mma_o = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.d),
+            self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.dv),
             a_source=warpgroup.OperandSource.RMEM)
         return mma_qk, mma_pv, mma_o
 
@@ -182,14 +185,14 @@ class DashForwardSm90:
         scale_log2: Float32, softcap_k: Float32, softcap: Float32,
         stream: cuda.CUstream,
     ):
-        d, bm, bn = self.d, self.bm, self.bn
+        d, dv, bm, bn = self.d, self.dv, self.bm, self.bn
         # packed: seqlen_q / seqlen_k are the tensors' rows (total_q, total_k), one
         # "batch" of them (batch strides 0); ``batch`` counts the sequences
         views = 1 if const_expr(self.packed) else batch
         mQ = bshd_as_sdhb(q_ptr, seqlen_q, heads, views, d, q_strides)
         mK = bshd_as_sdhb(k_ptr, seqlen_k, heads_kv, views, d, k_strides)
-        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, d, v_strides)
-        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, views, d, o_strides)
+        mV = bshd_as_sdhb(v_ptr, seqlen_k, heads_kv, views, dv, v_strides)
+        mO = bshd_as_sdhb(o_ptr, seqlen_q, heads, views, dv, o_strides)
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout((seqlen_q, views * heads),
                                                           stride=(1, seqlen_q)))
         mCounter = cute.make_tensor(counter_ptr, cute.make_layout(1))
@@ -199,22 +202,24 @@ class DashForwardSm90:
 
         sQ_layout = smem_layout(self.dtype, bm, d, None)
         sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
-        sO_layout = smem_layout(self.dtype, 64, d, self.wgs)  # a (64, d) tile per warpgroup
+        sV_layout = smem_layout(self.dtype, bn, dv, self.kv_stages)
+        sO_layout = smem_layout(self.dtype, 64, dv, self.wgs)  # a (64, d_v) tile per warpgroup
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (bm, d))
-        one_kv = cute.slice_(sK_layout, (None, None, 0))
-        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, one_kv, (bn, d))
-        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, one_kv, (bn, d))
+        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(sK_layout, (None, None, 0)),
+                                                (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(sV_layout, (None, None, 0)),
+                                                (bn, dv))
         tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                 cute.slice_(sO_layout, (None, None, 0)),
-                                                (64, d))
+                                                (64, dv))
         mma_qk, mma_pv, mma_o = self._tiled_mmas()
 
         @cute.struct
         class Storage:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sO_layout)], 1024]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * TILE_STAGES]
@@ -235,7 +240,7 @@ class DashForwardSm90:
                        max_seqlen_q, mO)
         self.kernel(
             tQ, tK, tV, tO, tma_q, tma_k, tma_v, tma_o, mLSE, mCounter, mma_qk, mma_pv, mma_o,
-            sQ_layout, sK_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
+            sQ_layout, sK_layout, sV_layout, sO_layout, batch, heads, heads_kv, seqlen_q, seqlen_k,
             l2_heads, dynamic, scale_log2, cap, window, packing, mSink2, Storage,
         ).launch(grid=[num_ctas, 1, 1], block=[128 + self.math_threads, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
@@ -249,7 +254,7 @@ class DashForwardSm90:
         mLSE: cute.Tensor, mCounter: cute.Tensor,
         mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, mma_o: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-        sO_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
         batch: Int32, heads: Int32, heads_kv: Int32, seqlen_q: Int32, seqlen_k: Int32,
         l2_heads: Int32, dynamic: Int32, scale_log2: Float32, cap, window, packing, mSink2,
         Storage: cutlass.Constexpr,
@@ -265,18 +270,19 @@ class DashForwardSm90:
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                self.math_threads // 32)
-        kv_bytes = self.bn * self.d * self.dtype.width // 8
+        k_bytes = self.bn * self.d * self.dtype.width // 8
+        v_bytes = self.bn * self.dv * self.dtype.width // 8
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_q.data_ptr(), num_stages=1, producer_group=one_thread,
             consumer_group=math_warps, tx_count=self.bm * self.d * self.dtype.width // 8,
             defer_sync=True)
         pipe_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_k.data_ptr(), num_stages=self.kv_stages,
-            producer_group=one_thread, consumer_group=math_warps, tx_count=kv_bytes,
+            producer_group=one_thread, consumer_group=math_warps, tx_count=k_bytes,
             defer_sync=True)
         pipe_v = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_v.data_ptr(), num_stages=self.kv_stages,
-            producer_group=one_thread, consumer_group=math_warps, tx_count=kv_bytes,
+            producer_group=one_thread, consumer_group=math_warps, tx_count=v_bytes,
             defer_sync=True)
         # tile numbers, from the loader (lane 0) to the math warps (lane 0 of each releases)
         pipe_tile = pipeline.PipelineAsync.create(
@@ -287,7 +293,7 @@ class DashForwardSm90:
 
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = st.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         if const_expr(self.packed):  # every sequence gets the longest one's tiles
             n_q = (packing[2] + self.bm - 1) // self.bm
@@ -377,7 +383,7 @@ class DashForwardSm90:
         Packed: a tile past its sequence's end is neither published nor loaded (the math
         warps never see it); the others load from their sequence's first rows.
         """
-        bm, bn, d = self.bm, self.bn, self.d
+        bm, bn, d, dv = self.bm, self.bn, self.d, self.dv
         group = heads // heads_kv
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
@@ -410,7 +416,7 @@ class DashForwardSm90:
                               tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                     q_state.advance()
                     gK = cute.local_tile(tK_b[None, None, h // group, 0], (bn, d), (None, 0))
-                    gV = cute.local_tile(tV_b[None, None, h // group, 0], (bn, d), (None, 0))
+                    gV = cute.local_tile(tV_b[None, None, h // group, 0], (bn, dv), (None, 0))
                     sK_t, gK_t = tma_tiles(tma_k, sK, gK)
                     sV_t, gV_t = tma_tiles(tma_v, sV, gV)
                     if const_expr(self.window):
@@ -436,7 +442,7 @@ class DashForwardSm90:
                 cute.copy(tma_q, gQ_t, sQ_t, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
                 gK = cute.local_tile(tK[None, None, h // group, b], (bn, d), (None, 0))
-                gV = cute.local_tile(tV[None, None, h // group, b], (bn, d), (None, 0))
+                gV = cute.local_tile(tV[None, None, h // group, b], (bn, dv), (None, 0))
                 sK_t, gK_t = tma_tiles(tma_k, sK, gK)
                 sV_t, gV_t = tma_tiles(tma_v, sV, gV)
                 if const_expr(self.window):
@@ -508,7 +514,7 @@ class DashForwardSm90:
     def math(self, tid, mma_qk, mma_pv, mma_o, sQ, sK, sV, sO, tO, tma_o, mLSE,
              pipe_q, pipe_k, pipe_v, tiles, tile_ids, heads, seqlen_q, seqlen_k, scale_log2,
              window, packing=None, mSink2=None, cap=None):
-        bm, bn, d = self.bm, self.bn, self.d
+        bm, bn = self.bm, self.bn
         wg = cute.arch.make_warp_uniform(tid // 128)  # descriptors then stay uniform
         wg_leader = wg * 128
         thr_qk = mma_qk.get_slice(tid)
@@ -518,7 +524,7 @@ class DashForwardSm90:
         a_q = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
         b_k = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         b_vt = wg_pv.make_fragment_B(wg_pv.partition_B(transposed(sV)))
-        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), Float32)
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, self.dv)), Float32)
         # (query, key) of each score: thread 0's, known at compile time, plus this thread's
         # offset, which is the same for all its scores; masks compare the constant part
         # against a bound moved by the offset, so no per-score coordinate takes a register.
@@ -526,7 +532,7 @@ class DashForwardSm90:
         scores_ident = cute.make_identity_tensor((bm, bn))
         score_coords = mma_qk.get_slice(0).partition_C(scores_ident)
         score_offset = thr_qk.partition_C(scores_ident)[0]
-        o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
+        o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, self.dv)))
         o_store = self._o_store_copy(mma_o).get_slice(tid % 128)
         o_slots = o_store.partition_D(sO[None, None, wg])
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
@@ -841,7 +847,7 @@ class DashForwardSm90:
         cute.arch.fence_view_async_shared()
         o_ready.arrive_and_wait()
         if tid % 128 < 32:
-            gO = cute.local_tile(tO[None, None, h, b], (64, self.d), (self.wgs * i + wg, 0))
+            gO = cute.local_tile(tO[None, None, h, b], (64, self.dv), (self.wgs * i + wg, 0))
             s_t, g_t = tma_tiles(tma_o, sO[None, None, wg], gO)
             cute.copy(tma_o, s_t, g_t)
             cute.arch.cp_async_bulk_commit_group()
@@ -862,7 +868,7 @@ class DashForwardSm90:
         """Packed [fwd_finish] stores of a sequence's last, partial rows: rnd(O) straight from
         registers and LSE2, each row only if it lies inside its sequence (a TMA store would
         write the next sequence's rows). A thread holds two rows (registers 0 and 2 start them),
-        d / 4 columns of each; addresses are formed per row."""
+        d_v / 4 columns of each; addresses are formed per row."""
         per_row = cute.size(vals) // 2
         for half in cutlass.range_constexpr(2):
             row = i * self.bm + o_coords[2 * half][0]

@@ -52,7 +52,7 @@ def all_variants(quick: bool = False) -> list[Variant | ForwardVariant]:
 def expected_wgmmas(v: Variant) -> int:
     """wgmma instructions per visit and warpgroup: k-blocks of S, dP, dV, dK and the partial."""
     d, bm, bn = v.head_dim, v.config.block_m, v.config.block_n
-    return 2 * (d // 16) + 2 * (bm // 16) + bn // 16
+    return d // 16 + (v.head_dim_v or d) // 16 + 2 * (bm // 16) + bn // 16
 
 
 def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
@@ -117,15 +117,17 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     need(mma == want, f"{mma} wgmma, expected {want}")
     n_load = count(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global")
     n_store = count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta")
-    boxes = d // atom_columns(d, 2)  # per tile of Q, K, V or O: one per swizzle atom
-    need(n_load == 3 * boxes, f"{n_load} TMA loads, expected {3 * boxes}")
+    # per tile of Q and K (d columns), V and O (d_v): one box per swizzle atom
+    dv = v.head_dim_v or d
+    boxes, boxes_v = d // atom_columns(d, 2), dv // atom_columns(dv, 2)
+    need(n_load == 2 * boxes + boxes_v, f"{n_load} TMA loads, expected {2 * boxes + boxes_v}")
     # packed: a warpgroup's rows that lie inside the sequence leave by the TMA store, and
     # those of a sequence's last, partial rows from registers by stores predicated on the
     # sequence's end (a TMA store would write the next sequence's rows), d / 2 per thread
     # (two rows, bf16 / fp16 each); LSE2 by two row stores on each path; each of the
     # loader and the math warps reads cu_seqlens_q[b], [b + 1], cu_seqlens_k[b], [b + 1]
     packed = getattr(v, "packed", False)
-    need(n_store == boxes, f"{n_store} TMA stores, expected {boxes}")
+    need(n_store == boxes_v, f"{n_store} TMA stores, expected {boxes_v}")
     # the tile counter (the loader's, dynamic launches): one atomic add per ticket, and the
     # 0 that the launch's last ticket stores back, at the atomic's address
     tickets = re.findall(r"atom\.global\.add\.u32\s+%r\d+, \[(%rd\d+)\], 1;", ptx)
@@ -136,7 +138,7 @@ def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
     if packed:
         o_stores = count(r"st\.global\.b16")
         lse_stores = count(r"st\.global\.b32") - len(resets)
-        need(o_stores == d // 2, f"{o_stores} st.global.b16 (O), expected {d // 2}")
+        need(o_stores == dv // 2, f"{o_stores} st.global.b16 (O), expected {dv // 2}")
         need(lse_stores == 4, f"{lse_stores} st.global.b32 (LSE2), expected 4")
         offsets = count(r"ld\.global\.b32") - (sinks > 0)
         need(offsets == 8, f"{offsets} ld.global.b32 (cu_seqlens), expected 8")
@@ -227,25 +229,40 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     need(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx) is not None,
          "no setmaxnreg.inc 240")
     # loads of Q, dO, K, V: one box per swizzle atom (K and V: atoms that the dQ MMA's
-    # column halves start on)
+    # column halves start on; a head-dim split's Q, dO and V: atoms its halves start on)
+    dv = v.head_dim_v or d
+    dims = v.config.split == "dims"
     dq_cols = d if v.config.block_m == 128 else d // 2
-    loads = 2 * (d // atom_columns(d, 2)) + 2 * (d // atom_columns(d, 2, dq_cols))
+
+    def boxes(cols: int, halves: bool, elem: int = 2) -> int:
+        return cols // atom_columns(cols, elem, cols // 2 if halves else None)
+
+    if dims:
+        loads = boxes(d, True) + boxes(dv, True) + boxes(d, True) + boxes(dv, True)
+    else:
+        loads = 2 * boxes(d, False) + 2 * (d // atom_columns(d, 2, dq_cols))
     n_load = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", ptx))
     need(n_load == loads, f"{n_load} TMA tensor loads, expected {loads}")
     n_store = len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta", ptx))
-    # (dK and dV; a box per swizzle atom of the bf16 / fp16 outputs or the fp32 per-head ones)
-    stores = 2 * (d // atom_columns(d, 4 if v.per_head else 2))
+    # (dK and dV; a box per swizzle atom of the bf16 / fp16 outputs or the fp32 per-head ones;
+    # a head-dim split's rounded ones through sK and sV, its per-head ones from registers)
+    if dims:
+        stores = 0 if v.per_head else boxes(d, True) + boxes(dv, True)
+    else:
+        stores = 2 * (d // atom_columns(d, 4 if v.per_head else 2))
     # packed: the rounded dK and dV of a whole KV tile leave by the TMA stores; those of a
     # sequence's last, partial tile, and per head every tile's fp32, from registers by
     # stores predicated on the sequence's end (a TMA store would write the next sequence's
     # rows): BN * d / 256 elements each per math thread, rounded (b16) or fp32 (b32);
     # rectangular kernels write fp32 rows from registers only for per-head chains without
     # visits
+    # A head-dim split writes from registers the rounded zeros of a chain without visits
+    # (rectangular) or every tile's rounded rows (packed), besides the per-head fp32 rows.
     packed = getattr(v, "packed", False)
-    stores = 0 if packed and v.per_head else stores
+    stores = 0 if packed and (v.per_head or dims) else stores
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
-    per_thread = 2 * bn * d // 256
-    want = {"b16": per_thread if packed and not v.per_head else 0,
+    per_thread = bn * (d + dv) // 256
+    want = {"b16": per_thread if (packed or dims) and not v.per_head else 0,
             "b32": per_thread if v.per_head else 0}
     for width, n in want.items() if not v.probe else ():  # (the probe stores its stamps)
         got = len(re.findall(rf"st\.global\.{width}\b", ptx))
@@ -630,7 +647,7 @@ def check_staging_layout() -> list[str]:
 
     @cute.jit
     def probe(k: cutlass.Constexpr):
-        _, _, mma_dq = k._tiled_mmas()
+        mma_dq = k._tiled_mmas()[-1]
         ident = cute.make_identity_tensor((k.bm, k.d))
         for t in list(range(256)):  # a Python loop at trace time
             part = mma_dq.get_slice(t).partition_C(ident)

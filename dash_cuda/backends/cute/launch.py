@@ -41,6 +41,7 @@ import cutlass.cute as cute  # noqa: E402
 from dash_cuda.backends import (  # noqa: E402
     Launch,
     device_properties,
+    new_output,
     new_packed_row_stats,
     new_row_stats,
 )
@@ -65,14 +66,15 @@ def variant_of(launch: Launch) -> Variant:
     """The backward variant that runs ``launch`` (its mask's kind: a window's is its own)."""
     p = launch.problem
     return _variant(launch.q.dtype, p.head_dim, p.visibility.kind, launch.deterministic,
-                    launch.audit, launch.per_head, p.is_packed, launch.softcap > 0)
+                    launch.audit, launch.per_head, p.is_packed, launch.softcap > 0,
+                    p.head_dim_v)
 
 
 @lru_cache(maxsize=256)
-def _variant(dtype, head_dim, kind, deterministic, audit, per_head, packed, softcap=False
-             ) -> Variant:
+def _variant(dtype, head_dim, kind, deterministic, audit, per_head, packed, softcap=False,
+             head_dim_v=None) -> Variant:
     return backward_variant(dtype, head_dim, kind, deterministic, audit, per_head,
-                            packed=packed, softcap=softcap)
+                            packed=packed, softcap=softcap, head_dim_v=head_dim_v)
 
 
 def window_args(rule: Mask, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
@@ -239,7 +241,7 @@ def ctas_per_sm(launch: Launch) -> int:
     props = device_properties(launch.q.device)
     p = launch.problem
     smem = bwd_kernel.shared_bytes(DTYPES[launch.q.dtype], variant_of(launch).config,
-                                   p.head_dim)
+                                   p.head_dim, p.head_dim_v)
     by_smem = props.shared_memory_per_multiprocessor // (smem + 1024)  # 1 KiB per CTA reserved
     regs = getattr(props, "regs_per_multiprocessor", 65536)
     by_regs = regs // (REGISTERS_AT_LAUNCH * NUM_THREADS)
@@ -314,7 +316,8 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
                 num_ctas: int | None = None, sections: int | None = None,
                 dynamic: bool | None = None, sink2: torch.Tensor | None = None,
                 softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O`` like ``q`` (same strides) and fp32 ``LSE2`` ``(B, S_q, H)``, a view of a
+    """``O`` ``(B, S_q, H, d_v)`` (``q``'s strides where ``d_v = d``) and fp32 ``LSE2``
+    ``(B, S_q, H)``, a view of a
     ``(B, H, S_q)`` buffer: the convention both backwards read. ``rule``: the
     :class:`dash_ref.Mask` (or ``causal`` as a bool). ``sink2``: learnable sinks in base 2,
     fp32 ``(H,)`` on the device (:func:`dash_ref.arithmetic.steps.sink_logit`); ``LSE2``
@@ -326,7 +329,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     :func:`.config.tiling_mask`."""
     if not isinstance(rule, Mask):
         rule = Mask("causal" if rule else "full")
-    o = torch.empty_like(q)
+    o = new_output(q, v)
     _check_tma(q=q, k=k, v=v, o=o)
     lse2 = new_row_stats(q.shape[0], q.shape[1], q.shape[2], q.device)
     if poison:
@@ -342,7 +345,7 @@ def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Mask | 
     kernel, static, by_counter = _forward_plan(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
         rule, softmax_scale, block_m, num_ctas, sections, dynamic, sink2 is not None,
-        softcap)
+        softcap, v.shape[-1])
     # the tickets of a dynamic launch start at zero (unused otherwise: no pointer)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if by_counter else None
     sink = () if sink2 is None else (_sink_pointer(sink2, q.shape[2], q.device),)
@@ -372,7 +375,8 @@ def bind_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         return None
     _check_tma(q=q, k=k, v=v, o=o)
     return _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
-                         q.dtype, q.device, rule, softmax_scale, None, None, None, None, sinks)
+                         q.dtype, q.device, rule, softmax_scale, None, None, None, None, sinks,
+                         0.0, v.shape[-1])
 
 
 #: the forward's arguments that change every call, in the order ``fill`` takes them
@@ -382,15 +386,16 @@ _FORWARD_PER_CALL = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "counter_ptr
 @lru_cache(maxsize=256)
 def _forward_plan(q_shape, k_shape, q_strides, k_strides, v_strides, o_strides, dtype, device,
                   rule: Mask, softmax_scale: float, block_m, num_ctas, sections, dynamic,
-                  sinks: bool, softcap: float = 0.0) -> tuple[object, arguments.Template, bool]:
+                  sinks: bool, softcap: float = 0.0, head_dim_v: int | None = None
+                  ) -> tuple[object, arguments.Template, bool]:
     """What a forward launch of these shapes, strides and options needs beside its
     pointers and stream, worked out once: ``(kernel, the other launch arguments, whether
     tiles are taken from a counter)``; with ``sinks`` the template also takes the sinks'
-    pointer, last."""
+    pointer, last; ``head_dim_v``: the values' head dim."""
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_shape[1], k_shape[2]
     variant = forward_variant(dtype, head_dim, rule, seqlen_q, block_m=block_m, sinks=sinks,
-                              softcap=softcap > 0)
+                              softcap=softcap > 0, head_dim_v=head_dim_v)
     tiles = batch * heads * -(-seqlen_q // variant.block_m)
     grid, heads_per_section, by_counter = forward_grid(
         head_dim, rule.kind == "causal", seqlen_q, tiles,
@@ -430,11 +435,13 @@ def forward_varlen_args(packing, heads: int, total_q: int, total_k: int, rule: M
 
 def forward_variant(dtype: torch.dtype, head_dim: int, rule: Mask, seqlen_q: int,
                     packed: bool = False, block_m: int | None = None, sinks: bool = False,
-                    softcap: bool = False) -> ForwardVariant:
-    """The forward variant of a call (packed: ``seqlen_q`` the longest sequence's)."""
+                    softcap: bool = False, head_dim_v: int | None = None) -> ForwardVariant:
+    """The forward variant of a call (packed: ``seqlen_q`` the longest sequence's;
+    ``head_dim_v``: the values' head dim)."""
     return ForwardVariant(dtype, head_dim, rule.kind,
                           forward_config(head_dim, tiling_mask(rule), seqlen_q, dtype,
-                                         block_m), packed, sinks, softcap)
+                                         block_m), packed, sinks, softcap,
+                          None if head_dim_v == head_dim else head_dim_v)
 
 
 @lru_cache(maxsize=64)
@@ -462,7 +469,7 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
     inputs must be finite, as FlashAttention's varlen kernels assume)."""
     total_q, heads, head_dim = q.shape
     total_k, heads_kv = k.shape[0], k.shape[1]
-    o = torch.empty_like(q)
+    o = new_output(q, v)
     lse2 = new_packed_row_stats(total_q, heads, q.device)
     if poison:
         o.fill_(math.nan)
@@ -472,7 +479,8 @@ def run_forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packin
         q = q * (-1.0 if softmax_scale < 0 else 0.0)
         softmax_scale = -softmax_scale if softmax_scale < 0 else 1.0
     variant = forward_variant(q.dtype, head_dim, rule, packing.max_seqlen_q, True, block_m,
-                              sinks=sink2 is not None, softcap=softcap > 0)
+                              sinks=sink2 is not None, softcap=softcap > 0,
+                              head_dim_v=v.shape[-1])
     tiles = packing.batch * heads * -(-packing.max_seqlen_q // variant.block_m)
     if tiles == 0:
         return o, lse2
