@@ -53,6 +53,9 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
+#   scripts/gpu_release.sh headdims-wide OUT  # CuTe at 192 (d_v 192, 128) and 256: its GPU
+#                                        # tests (L2, float64, L0, auto), the Triton ones,
+#                                        # the plans; the anchors' cells against FA4
 #   scripts/gpu_release.sh headdims-triton OUT [grid]  # head dims 96, 192 / 128, 256 on Triton:
 #                                        # their GPU tests (L2 of exact, float64, L0,
 #                                        # compile), the sink and plan tests, then against
@@ -77,7 +80,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|headdims-triton|sinks|softcap|pending|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|headdims-wide|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -297,6 +300,17 @@ headdims-versus)
     step versus $((BUDGET + 120)) $PY benchmarks/versus_fa4.py --out "$LOG" --tag versus_fa4_d96 \
         --head-dims 96 --seqlens 1024 4096 16384 --schedules 2 --rounds 3 --time-budget "$BUDGET"
     [ -f "$LOG/versus_fa4_d96.md" ] && cat "$LOG/versus_fa4_d96.md"
+    ;;
+headdims-wide)
+    fa4_unpack
+    # the CuTe kernels at 192 (d_v 192, 128) and 256: their GPU tests, the Triton ones of
+    # the same head dims and the plans, side by side; then the anchors' head-dim cells
+    # against FA4 in rounds (every backend that runs a cell)
+    side_by_side 300 tests/gpu/test_cute_head_dims.py tests/gpu/test_triton_head_dims.py \
+        tests/gpu/test_cuda_plans.py
+    step bench 300 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims \
+        --tag bench_headdims_cute --time-budget 210
+    [ -f "$LOG/bench_headdims_cute.md" ] && grep -E '^\| d' "$LOG/bench_headdims_cute.md"
     ;;
 headdims-triton)
     fa4_unpack

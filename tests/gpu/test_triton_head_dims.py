@@ -7,7 +7,8 @@ Triton backend, on the GPU.
   reference's bound (GQA, ``S_q != S_k``, rows that see no key);
 - determinism (L0): 1000 runs at 192 / 128 with a busy stream give one bit pattern;
 - autograd and ``torch.compile(fullgraph=True)``: ``dash_cuda.attention`` gives the
-  passes' bits, ``O`` with ``v``'s head dim; ``"auto"`` takes these calls to Triton.
+  passes' bits, ``O`` with ``v``'s head dim (``"auto"`` takes 192 and 256 to CuTe:
+  ``test_cute_head_dims.py``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_one_bit_pattern_in_1000_runs_with_a_busy_stream():
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_autograd_and_compile_give_the_passes_bits_and_auto_takes_triton(compiled):
+def test_autograd_and_compile_give_the_passes_bits(compiled):
     shape, d, dv, dtype = CASES[0]
     q, k, v, do = inputs(shape, d, dv, dtype, seed=84)
     o, lse = dash_cuda.attention_forward(q, k, v, causal=True, **TRITON)
@@ -95,7 +96,7 @@ def test_autograd_and_compile_give_the_passes_bits_and_auto_takes_triton(compile
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
 
     def step(q, k, v):
-        return dash_cuda.attention(q, k, v, causal=True)  # backend "auto"
+        return dash_cuda.attention(q, k, v, causal=True, **TRITON)
 
     fn = torch.compile(step, fullgraph=True) if compiled else step
     out = fn(*leaves)

@@ -934,8 +934,8 @@ class DashBackwardSm90:
         p_slots = thr_sdp.partition_C(transposed(sP))
         dk_coords = thr_dk.partition_C(cute.make_identity_tensor((bn, d)))
         dv_coords = thr_dv.partition_C(cute.make_identity_tensor((bn, dv)))
-        # this thread's slots of the rounded dK and dV tiles over sK and sV (store_dkv_kv)
-        epi_slots = (thr_dk.partition_C(sK), thr_dv.partition_C(sV))
+        # how this thread's rounded dK and dV reach their tiles over sK and sV (store_dkv_kv)
+        epi_slots = (self.stmatrix_slots(mma_dk, tid, sK), self.stmatrix_slots(mma_dv, tid, sV))
         my_dq_slots = s_dq[None, tid % 128, None, wg, None]
 
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
@@ -1018,29 +1018,37 @@ class DashBackwardSm90:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
-            if const_expr(self.per_head or self.packed):
+            view = Int32(0) if const_expr(self.packed) else b  # packed: one view
+            if const_expr(self.per_head):
                 if has_visits:  # the stores below read registers only
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
-                view = Int32(0) if const_expr(self.packed) else b  # packed: one view
-                if const_expr(self.per_head):
-                    # fp32, unscaled, per query head (the GQA pass sums heads)
-                    self.store_rows(acc_dk, dk_coords, mdK, h, view, k_first, j, seqlen_k)
-                    self.store_rows(acc_dv, dv_coords, mdV, h, view, k_first, j, seqlen_k)
-                else:  # packed: each row inside its sequence, rounded
-                    self.store_rows_rounded(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV,
-                                            h // group, 0, k_first, j, seqlen_k, softmax_scale)
+                # fp32, unscaled, per query head (the GQA pass sums heads)
+                self.store_rows(acc_dk, dk_coords, mdK, h, view, k_first, j, seqlen_k)
+                self.store_rows(acc_dv, dv_coords, mdV, h, view, k_first, j, seqlen_k)
             elif has_visits:
-                # through sK and sV, which go back to the loader after the stores
-                self.store_dkv_kv(acc_dk, acc_dv, out, epi_slots, epi_bar, tid, b, h // group,
-                                  j, softmax_scale)
-                pipe_kv.consumer_release(kv_state)
+                # a packed batch's last, partial tile of a sequence from registers, each row
+                # only inside it (a TMA store would write the next one's rows); every other
+                # tile through sK and sV, which go back to the loader after the stores
+                partial = False
+                if const_expr(self.packed):
+                    partial = (j + 1) * bn > seqlen_k
+                if partial:
+                    pipe_kv.consumer_release(kv_state)
+                    self.store_rows_rounded(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV,
+                                            h // group, view, k_first, j, seqlen_k,
+                                            softmax_scale)
+                else:
+                    shifted = self.shifted_out(out, k_first) if const_expr(self.packed) else out
+                    self.store_dkv_kv(acc_dk, acc_dv, shifted, epi_slots, epi_bar, tid, view,
+                                      h // group, j, softmax_scale)
+                    pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
             else:
                 # no visit: dK = rnd(0 * scale) = 0 and dV = 0 from registers (the loader
                 # may be filling sK and sV for a later chain already)
-                self.store_rows(None, dk_coords, mdK, h // group, b, 0, j, seqlen_k)
-                self.store_rows(None, dv_coords, mdV, h // group, b, 0, j, seqlen_k)
+                self.store_rows(None, dk_coords, mdK, h // group, view, k_first, j, seqlen_k)
+                self.store_rows(None, dv_coords, mdV, h // group, view, k_first, j, seqlen_k)
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
@@ -1053,17 +1061,39 @@ class DashBackwardSm90:
         stores, drained before the caller hands sK and sV back to the loader. TMA clips
         rows past S_k."""
         (sK, sV), tdK, tdV, tma_dk, tma_dv = out
-        dk_slots, dv_slots = epi_slots
+        to_dk, to_dv = epi_slots
         bn = self.bn
         gdK = cute.local_tile(tdK[None, None, h_kv, b], (bn, self.d), (j, 0))
         gdV = cute.local_tile(tdV[None, None, h_kv, b], (bn, self.dv), (j, 0))
         epi_bar.arrive_and_wait()
-        self.tile_to_smem(acc_dv, dv_slots, softmax_scale, False)
-        self.tile_to_smem(acc_dk, dk_slots, softmax_scale, True)
+        self.rounded_to_smem(acc_dv, to_dv, softmax_scale, False)
+        self.rounded_to_smem(acc_dk, to_dk, softmax_scale, True)
         self.publish(epi_bar)
         self.tma_store(tma_dv, sV, gdV, tid)
         self.tma_store(tma_dk, sK, gdK, tid)
         self.drain(epi_bar, tid)
+
+    def stmatrix_slots(self, tiled_mma, tid, s_tile):
+        """``(copy, slots)``: this thread's part of ``tiled_mma``'s accumulator tile over the
+        shared ``s_tile``, written by ``stmatrix`` (a warp's lanes trade values so that each
+        stores whole 16-byte rows, as the forward's O: ``DashForwardSm90._o_store_copy``;
+        element-wise stores to the swizzled tile spilled at d = 256)."""
+        atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        copy = cute.make_tiled_copy_C(atom, tiled_mma).get_slice(tid)
+        return copy, copy.partition_D(s_tile)
+
+    @cute.jit
+    def rounded_to_smem(self, acc, to_smem, scale, scaled: cutlass.Constexpr[bool]):
+        """``rnd(acc * scale)`` (``rnd(acc)`` unless ``scaled``; :meth:`tile_to_smem`'s
+        arithmetic) through ``to_smem``, a :meth:`stmatrix_slots` pair."""
+        copy, slots = to_smem
+        vals = cute.make_rmem_tensor_like(acc, self.dtype)
+        if const_expr(scaled):
+            vals.store((acc.load() * scale).to(self.dtype))  # one fp32 multiply, one RNE cast
+        else:
+            vals.store(acc.load().to(self.dtype))
+        cute.copy(copy, copy.retile(vals), slots)
 
     @cute.jit
     def store_rows_rounded(self, acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV, h, b,

@@ -257,13 +257,13 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     # rectangular kernels write fp32 rows from registers only for per-head chains without
     # visits
     # A head-dim split writes from registers the rounded zeros of a chain without visits
-    # (rectangular) or every tile's rounded rows (packed), besides the per-head fp32 rows.
+    # and, packed, a sequence's last partial tile (b16 both), besides the per-head fp32 rows.
     packed = getattr(v, "packed", False)
-    stores = 0 if packed and (v.per_head or dims) else stores
+    stores = 0 if packed and v.per_head else stores
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
     per_thread = bn * (d + dv) // 256
-    want = {"b16": per_thread if (packed or dims) and not v.per_head else 0,
-            "b32": per_thread if v.per_head else 0}
+    rounded = per_thread * ((dims and not v.per_head) + (packed and not v.per_head))
+    want = {"b16": rounded, "b32": per_thread if v.per_head else 0}
     for width, n in want.items() if not v.probe else ():  # (the probe stores its stamps)
         got = len(re.findall(rf"st\.global\.{width}\b", ptx))
         need(got == n, f"{got} st.global.{width} (dK/dV rows), expected {n}")
