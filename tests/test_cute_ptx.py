@@ -72,6 +72,8 @@ VARIANTS = [
     backward_variant(torch.bfloat16, 192, "full", True, audit=False, per_head=False,
                      packed=True, head_dim_v=128),
     backward_variant(torch.float16, 256, "window", True, audit=True, per_head=True),
+    backward_variant(torch.bfloat16, 256, "causal", True, audit=False, per_head=False,
+                     softcap=True),
     forward_variant(torch.bfloat16, 256, "causal", 128),
     forward_variant(torch.bfloat16, 192, "full", 128, head_dim_v=128),
     forward_variant(torch.bfloat16, 192, "full", 128, packed=True, head_dim_v=128),

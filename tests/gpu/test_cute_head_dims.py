@@ -2,8 +2,8 @@
 whose math warpgroups split the head dims, the forward's 64-key tiles.
 
 - L2: the CPU reproduces every step of a default run bit for bit (``verify.capture``):
-  GQA at 192 / 128, rows that see no key at 256, both masks, a sliding window, a packed
-  batch;
+  GQA at 192 / 128, rows that see no key at 256, both masks, a sliding window, a softcap,
+  a packed batch;
 - accuracy: ``O``, ``dQ``, ``dK``, ``dV`` within the float64 reference's bound;
 - determinism (L0): 1000 runs at 256 with a busy stream give one bit pattern;
 - ``"auto"`` takes these calls to CuTe, autograd gives the passes' bits.
@@ -63,9 +63,10 @@ def test_the_cpu_reproduces_every_step(shape, d, dv, dtype, num_workers, causal,
                         num_workers=num_workers))
 
 
-def test_a_window_and_a_packed_batch_are_reproduced():
+def test_a_window_a_softcap_and_a_packed_batch_are_reproduced():
     q, k, v, do = inputs((1, 2, 2, 300, 300), 256, 256, torch.bfloat16, seed=93)
     steps_equal(capture(q, k, v, do, window_size=(70, 20)))
+    steps_equal(capture(q, k, v, do, causal=True, softcap=50.0))  # Gemma 2's cap
     lengths = torch.tensor([0, 130, 131, 300], dtype=torch.int32, device="cuda")
     q, k, v, do = (x[0] for x in inputs((1, 4, 2, 300, 300), 192, 128, torch.bfloat16, 94))
     packing = dict(cu_seqlens_q=lengths, cu_seqlens_k=lengths, max_seqlen_q=169,

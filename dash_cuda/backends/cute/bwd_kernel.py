@@ -213,8 +213,8 @@ class DashBackwardSm90:
                  deterministic: bool, audit: bool, per_head: bool, probe: bool = False,
                  packed: bool = False, softcap: bool = False, head_dim_v: int | None = None):
         self.split_dims = config.split == "dims"
-        if self.split_dims and (probe or softcap):
-            raise ValueError("the head-dim split has no probe or softcap variant")
+        if self.split_dims and probe:
+            raise ValueError("the head-dim split has no probe variant")
         if self.split_dims and (config.block_m, config.block_n) != (64, 64):
             raise ValueError("the head-dim split runs 64 x 64 tiles")
         if head_dim_v not in (None, head_dim) and not self.split_dims:
@@ -524,7 +524,7 @@ class DashBackwardSm90:
                                sdS, sP, sLSE, sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq,
                                tables, mdK, mdV, heads, heads_kv, seqlen_q, seqlen_k,
                                scale_log2, softmax_scale, (sEpi, tdK, tdV, tma_dk, tma_dv),
-                               window, packing)
+                               window, packing, cap)
             else:
                 self.math(tidx - 128, mma_sdp, mma_dk, mma_dq, sQ, sdO, sK, sV, sdS, sLSE,
                           sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
@@ -782,7 +782,7 @@ class DashBackwardSm90:
                     # [softcap], [softmax_p], the mask, rnd(P^T) and [softcap_grad] element
                     # by element: acc_s keeps P^T (1 - t^2) for [ds], the rounded P^T goes to
                     # the dV MMA (no second fp32 tile lives across the dP product)
-                    p_op = self.capped_probabilities(
+                    p_op, _ = self.capped_probabilities(
                         acc_s, score_coords, sLSE, stage, scale_log2, cap,
                         seqlen_k - j * bn, seqlen_q - i * bm,
                         i * bm + causal_offset - j * bn, window)
@@ -894,7 +894,7 @@ class DashBackwardSm90:
     def math_dims(self, tid, mma_sdp, mma_dk, mma_dv, mma_dq, sQ, sdO, sK, sV, sdS, sP, sLSE,
                   sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                   heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, out,
-                  window, packing=None):
+                  window, packing=None, cap=None):
         """The visits of a head-dim split (``BackwardConfig.split == "dims"``): the contract
         of the module docstring, step for step, on 64 x 64 tiles. Warpgroup ``w`` computes
         S^T and dP^T for query columns ``32 w ..`` of all 64 keys, writes its rounded P^T
@@ -971,18 +971,28 @@ class DashBackwardSm90:
                 acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), Float32)
                 gemm(mma_sdp, acc_dp, a_v, b_do[None, None, None, stage], zero_init=True)
                 warpgroup.wait_group(1)
-                # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i), the mask's zeros
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[e] = softmax_p(acc_s[e], scale_log2, -sLSE[score_coords[e][1], stage])
-                self.mask_scores(acc_s, score_coords, seqlen_k - j * bn, seqlen_q - i * bm,
-                                 i * bm + causal_offset - j * bn, window)
+                if const_expr(cap is not None):
+                    # [softcap], [softmax_p], the mask, rnd(P^T) and [softcap_grad] as in
+                    # math: acc_s keeps P^T (1 - t^2) for [ds]
+                    _, p_vals = self.capped_probabilities(
+                        acc_s, score_coords, sLSE, stage, scale_log2, cap,
+                        seqlen_k - j * bn, seqlen_q - i * bm,
+                        i * bm + causal_offset - j * bn, window)
+                else:
+                    # [softmax_p] P^T = exp2(S^T * scale_log2 - LSE2_i), the mask's zeros
+                    for e in cutlass.range_constexpr(cute.size(acc_s)):
+                        acc_s[e] = softmax_p(acc_s[e], scale_log2,
+                                             -sLSE[score_coords[e][1], stage])
+                    self.mask_scores(acc_s, score_coords, seqlen_k - j * bn,
+                                     seqlen_q - i * bm, i * bm + causal_offset - j * bn,
+                                     window)
+                    p_vals = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                    p_vals.store(acc_s.load().to(self.dtype))  # rnd(P^T)
                 if const_expr(self.q_stages == 1):
                     # one P/dS buffer: the other warpgroup's MMAs of the previous visit,
                     # which read all of it, must be done before it is written again (with
                     # two, the previous visit's dS barrier already says so, as in math)
                     pds_free.arrive_and_wait()
-                p_vals = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                p_vals.store(acc_s.load().to(self.dtype))  # rnd(P^T)
                 cute.autovec_copy(p_vals, p_slots[None, None, None, stage])
                 # [ds] dS^T = P^T (dP^T - D_i), then rnd(dS^T)
                 warpgroup.wait_group(0)
@@ -1130,10 +1140,12 @@ class DashBackwardSm90:
     def capped_probabilities(self, acc_s, coords, sLSE, stage, scale_log2, cap, keys_left,
                              rows_left, diagonal, window=None):
         """[softcap], [softmax_p] (masked elements exactly 0) and [softcap_grad] of a softcap
-        variant: returns the rounded ``P^T`` as the dV MMA's register operand, and leaves
-        ``P^T (1 - t^2)`` in ``acc_s`` for [ds] (``dash_ref.arithmetic.steps.softcap_grad``'s
-        fast order). Tiles that need no mask skip the selects by a branch, as
-        :meth:`mask_scores` does (selecting on every tile doubled the registers spilled)."""
+        variant: returns the rounded ``P^T`` as the dV MMA's register operand and in the
+        accumulator's layout (:func:`.layouts.acc_as_operand_a`: a head-dim split stores
+        that one to shared memory), and leaves ``P^T (1 - t^2)`` in ``acc_s`` for [ds]
+        (``dash_ref.arithmetic.steps.softcap_grad``'s fast order). Tiles that need no mask
+        skip the selects by a branch, as :meth:`mask_scores` does (selecting on every tile
+        doubled the registers spilled)."""
         p_words = cute.make_rmem_tensor(cute.size(acc_s) // 2, Int32)
         if const_expr(self.select_every_tile):  # noqa: SIM114 - compile time, then run time
             self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, True,
@@ -1145,9 +1157,8 @@ class DashBackwardSm90:
         else:
             self.capped_pairs(acc_s, p_words, coords, sLSE, stage, scale_log2, cap, False,
                               keys_left, rows_left, diagonal, window)
-        p_op, _ = acc_as_operand_a(acc_s, self.dtype,
-                                   cute.recast_ptr(p_words.iterator, dtype=self.dtype))
-        return p_op
+        return acc_as_operand_a(acc_s, self.dtype,
+                                cute.recast_ptr(p_words.iterator, dtype=self.dtype))
 
     @cute.jit
     def capped_pairs(self, acc_s, p_words, coords, sLSE, stage, scale_log2, cap,
