@@ -53,7 +53,7 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
-#   scripts/gpu_release.sh headdims-wide OUT  # CuTe at 192 (d_v 192, 128) and 256: its GPU
+#   scripts/gpu_release.sh headdims-wide OUT [tests|bench]  # CuTe at 192 (d_v 192, 128), 256: GPU
 #                                        # tests (L2, float64, L0, auto), the Triton ones,
 #                                        # the plans; the anchors' cells against FA4
 #   scripts/gpu_release.sh headdims-triton OUT [grid]  # head dims 96, 192 / 128, 256 on Triton:
@@ -306,11 +306,16 @@ headdims-wide)
     # the CuTe kernels at 192 (d_v 192, 128) and 256: their GPU tests, the Triton ones of
     # the same head dims and the plans, side by side; then the anchors' head-dim cells
     # against FA4 in rounds (every backend that runs a cell)
-    side_by_side 300 tests/gpu/test_cute_head_dims.py tests/gpu/test_triton_head_dims.py \
-        tests/gpu/test_cuda_plans.py
-    step bench 300 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims \
-        --tag bench_headdims_cute --time-budget 210
-    [ -f "$LOG/bench_headdims_cute.md" ] && grep -E '^\| d' "$LOG/bench_headdims_cute.md"
+    # (MODE tests or bench: that half only)
+    if [ "$MODE" != bench ]; then
+        side_by_side 300 tests/gpu/test_cute_head_dims.py tests/gpu/test_triton_head_dims.py \
+            tests/gpu/test_cuda_plans.py
+    fi
+    if [ "$MODE" != tests ]; then
+        step bench 300 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims \
+            --tag bench_headdims_cute --time-budget 210
+        [ -f "$LOG/bench_headdims_cute.md" ] && grep -E '^\| d' "$LOG/bench_headdims_cute.md"
+    fi
     ;;
 headdims-triton)
     fa4_unpack

@@ -54,13 +54,14 @@ def steps_equal(c) -> None:
         assert torch.equal(got, want), name
 
 
-@pytest.mark.parametrize("schedule", ["auto", "descending"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape, d, dv, dtype, num_workers", CASES, ids=IDS)
-def test_the_cpu_reproduces_every_step(shape, d, dv, dtype, num_workers, causal, schedule):
+def test_the_cpu_reproduces_every_step(shape, d, dv, dtype, num_workers, causal):
     q, k, v, do = inputs(shape, d, dv, dtype, seed=91 + causal)
-    steps_equal(capture(q, k, v, do, causal=causal, schedule=schedule,
-                        num_workers=num_workers))
+    # causal: a deterministic schedule other than auto's choice too (the bits follow it)
+    for schedule in ("auto", "descending") if causal else ("auto",):
+        steps_equal(capture(q, k, v, do, causal=causal, schedule=schedule,
+                            num_workers=num_workers))
 
 
 def test_a_window_a_softcap_and_a_packed_batch_are_reproduced():
