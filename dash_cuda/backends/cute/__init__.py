@@ -24,6 +24,7 @@ Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first us
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 
@@ -43,7 +44,8 @@ PACKED_BACKWARD = True
 #: backend; False refuses them (``"auto"`` then runs them on Triton). Off until the GPU
 #: tests of these kernels (``tests/gpu/test_cute_head_dims.py``, which switch it on) have
 #: passed: they compile and their instructions are checked on the CPU only.
-SPLIT_HEAD_DIMS = False
+#: ``DASH_CUTE_SPLIT_HEAD_DIMS=1`` switches it on for a process (measurements).
+SPLIT_HEAD_DIMS = os.environ.get("DASH_CUTE_SPLIT_HEAD_DIMS", "0") == "1"
 
 
 class CuteBackend:
