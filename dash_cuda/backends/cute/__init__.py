@@ -88,8 +88,7 @@ class CuteBackend:
             return f"dtype {case.dtype}"
         if case.softcap and case.head_dim not in SOFTCAP_HEAD_DIMS:
             return (f"softcap at head dim {case.head_dim} (supported: {SOFTCAP_HEAD_DIMS}: "
-                    "at 64 the backward's registers would serialize its wgmmas; the "
-                    "head-dim split of 192 and 256 has no softcap step)")
+                    "at 64 the backward's registers would serialize its wgmmas)")
         return None
 
     def backward_tiles(self, head_dim: int, mask: str, head_dim_v: int | None = None

@@ -31,7 +31,7 @@ WIDE_HEAD_DIMS = (192, 256)
 VALUE_HEAD_DIMS = {192: (128,)}
 #: head dims with softcap variants: at 64 the softcap backward's registers serialize its
 #: wgmmas (ptxas C7512, on the CPU's compile), so a softcap call there runs on Triton
-SOFTCAP_HEAD_DIMS = (96, 128)
+SOFTCAP_HEAD_DIMS = (96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
