@@ -143,3 +143,26 @@ def test_the_fast_sink_step_sums_the_rows_threads_then_rescales_by_mufu():
     bare = replace(EXACT, name="bare", features=())  # an arithmetic that models neither
     with pytest.raises(ValueError, match="^softcap is emulated in .* only, not 'bare'"):
         steps.require_feature(bare, "softcap")
+
+
+@pytest.mark.parametrize("d, dv", [(256, 256), (192, 128)])
+def test_the_wide_cute_tiles_are_emulated_within_the_float64_bound(d, dv):
+    """The CuTe kernels' tiles at head dims 192 and 256 (64 x 64 backward tiles, 64-key
+    forward tiles: what a GPU run's L2 check replays) in the fast arithmetic, GQA, causal."""
+    from dash_cuda.backends.cute.config import backward_config, forward_block_n
+    from dash_ref import Problem, build_schedule
+    from dash_ref.emulate import backward
+    from verify.reference import attention_f64, grad_checks
+
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(1, 130, h, d, generator=gen).bfloat16() for h in (2, 1))
+    v, do = (torch.randn(1, 130, h, dv, generator=gen).bfloat16() for h in (1, 2))
+    cfg = backward_config(d, "causal", head_dim_v=dv)
+    assert (cfg.block_m, cfg.block_n, cfg.split) == (64, 64, "dims")
+    f = forward(q, k, v, True, None, 128, forward_block_n(d), arithmetic="fast")
+    p = Problem(1, 2, 1, 130, 130, d, "causal", cfg.block_m, cfg.block_n, head_dim_v=dv)
+    r = backward(build_schedule(p, "auto", 4), q, k, v, f.o, f.lse2, do, arithmetic="fast")
+    ref = attention_f64(q, k, v, do, causal=True)
+    checks = grad_checks(dict(o=f.o, dq=r.dq, dk=r.dk, dv=r.dv), ref, torch.bfloat16)
+    assert all(c.ok for c in checks.values()), checks
+    assert not grad_checks({"dv": r.dv.flip(-1)}, ref, torch.bfloat16)["dv"].ok  # can fail
