@@ -191,12 +191,15 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
     fwd = [v for v in windows if isinstance(v, ForwardVariant)]
     bwd = [v for v in windows if not isinstance(v, ForwardVariant)]
     assert all("_window_" in v.name for v in windows)
-    # dtypes, head dims, deterministic or atomic, three dK/dV forms; rectangular and packed;
-    # without and, at the softcap's head dims, with a softcap
-    from dash_cuda.backends.cute.config import SOFTCAP_HEAD_DIMS
+    # dtypes, (head dim, value head dim) pairs, deterministic or atomic, three dK/dV forms;
+    # rectangular and packed; without and, at the softcap's head dims, with a softcap
+    from dash_cuda.backends.cute.config import SOFTCAP_HEAD_DIMS, value_head_dims
 
-    plain = 2 * len(HEAD_DIMS) * 2 * 3 * 2
-    assert len(bwd) == plain + plain // len(HEAD_DIMS) * len(SOFTCAP_HEAD_DIMS)
+    per_dims = 2 * 2 * 3 * 2
+    dims = [(d, dv) for d in HEAD_DIMS for dv in value_head_dims(d)]
+    capped = [(d, dv) for d, dv in dims if d in SOFTCAP_HEAD_DIMS]
+    assert len(bwd) == per_dims * (len(dims) + len(capped))
+    assert {(v.head_dim, v.head_dim_v) for v in bwd} == set(dims)
     assert sum(v.packed for v in bwd) == len(bwd) // 2
     assert all(v.head_dim in SOFTCAP_HEAD_DIMS for v in bwd if v.softcap)
     assert {(v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head) for v in bwd} == {
