@@ -1,6 +1,7 @@
 """Compile every CuTe kernel variant for sm_90a (no GPU needed) and check its PTX.
 
     python -m dash_cuda.backends.cute.inspect_ptx [--out DIR] [--export DIR] [--quick]
+        [--head-dims D ...]
 
 For each shipped variant (:func:`.variants.shipped_variants`, the list warm-up exports and
 the tests use) this compiles the kernel, keeps its
@@ -42,11 +43,13 @@ from .layouts import atom_columns  # noqa: E402
 from .variants import ForwardVariant, Variant, backward_variant, shipped_variants  # noqa: E402
 
 
-def all_variants(quick: bool = False) -> list[Variant | ForwardVariant]:
-    """:func:`.variants.shipped_variants` (``quick``: bf16 at d = 64 only)."""
+def all_variants(quick: bool = False, head_dims: tuple[int, ...] | None = None
+                 ) -> list[Variant | ForwardVariant]:
+    """:func:`.variants.shipped_variants` (``quick``: bf16 at d = 64 only; ``head_dims``:
+    those head dims only)."""
     if quick:
         return shipped_variants((torch.bfloat16,), (64,))
-    return shipped_variants()
+    return shipped_variants(head_dims=head_dims or HEAD_DIMS)
 
 
 def expected_wgmmas(v: Variant) -> int:
@@ -679,6 +682,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "dash_cute_ptx"))
     ap.add_argument("--export", default=None, help="write AOT objects to this directory")
     ap.add_argument("--quick", action="store_true", help="d=64 bf16 only")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=None,
+                    help="these head dims only (default: every one)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     failures = 0
@@ -691,7 +696,8 @@ def main() -> int:
 
     rows = []
     sass_skipped = None
-    for v in all_variants(args.quick):
+    head_dims = tuple(args.head_dims) if args.head_dims else None
+    for v in all_variants(args.quick, head_dims):
         try:
             kernel, ptx, ptx_path, seconds = compile_ptx(v, os.path.join(args.out, v.name))
         except Exception as e:  # noqa: BLE001 - report and go on with the other variants
@@ -713,7 +719,7 @@ def main() -> int:
             print("    -", b)
     if args.export:
         t0 = time.time()
-        names = launch.export_kernels(all_variants(args.quick), args.export)
+        names = launch.export_kernels(all_variants(args.quick, head_dims), args.export)
         print(f"exported {len(names)} AOT objects to {args.export} in {time.time() - t0:.1f}s")
     times = [r[1] for r in rows]
     if times:
