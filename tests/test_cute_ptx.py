@@ -210,10 +210,13 @@ def test_the_mufu_counts_and_kinds_are_checked():
         "0 MUFU.EX2 in the SASS, 1 ex2.approx.ftz.f32 in the PTX",
         "1 MUFU.LG2 in the SASS, 0 lg2.approx.ftz.f32 in the PTX"]
     for other in ("MUFU.RSQ R6, R0 ;", "MUFU.TANH R6, R0 ;", "MUFU.EX2.F16 R6, R0 ;",
-                  "MUFU.EX2 R6, |R0| ;"):
+                  "MUFU.EX2 R6, |R0| ;", "MUFU.LG2 R6, -R0 ;", "MUFU.EX2 -R6, R0 ;"):
         failures = inspect_ptx.check_sass(FTZ_EX2_PTX + "ex2.approx.ftz.f32 %f3, %f1;\n",
                                           sass.replace("EXIT ;", other + "\n /*00a0*/ EXIT ;"))
         assert failures and other.rstrip(" ;") in failures[0], (other, failures)
+    # a neg.f32 that ptxas folded into an ex2's source: the bare instruction of -x
+    folded = sass.replace("EXIT ;", "MUFU.EX2 R6, -R0 ;\n /*00a0*/ EXIT ;")
+    assert inspect_ptx.check_sass(FTZ_EX2_PTX + "ex2.approx.ftz.f32 %f3, %f1;\n", folded) == []
     # MUFU.RCP only as the start of a correctly rounded rcp.rn.f32 or of an integer division
     rcp = sass.replace("EXIT ;", "MUFU.RCP R6, R0 ;\n /*00a0*/ EXIT ;")
     assert inspect_ptx.check_sass(FTZ_EX2_PTX, rcp)

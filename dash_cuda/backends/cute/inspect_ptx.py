@@ -497,7 +497,11 @@ def check_sass(ptx: str, sass: str, window: int = 64) -> list[str]:
     lg2). Checked, on the SASS (one kernel or several):
 
     1. every ``MUFU.EX2`` / ``MUFU.LG2`` is bare: no suffix on the opcode (``.F16``) and a
-       plain register in and out (no ``-``/``|.|`` operand modifier);
+       plain register in and out (no ``|.|`` operand modifier), but for a negated source of
+       ``MUFU.EX2``: ptxas folds the contract's ``neg.f32`` before an ``ex2`` ([softcap]'s
+       ``ex2(-lg2(...))``) into it, so the unit reads the sign-flipped register, which is
+       the bare instruction of ``-x`` (a sign flip is exact, and the model was validated on
+       every input); the folds appear at d = 192 and 256 (not at 96 or 128);
     2. none is wrapped: the last instruction before it (within ``window``) that writes its
        input is not the pre-scaling ``FMUL x, x, 0.5`` (EX2) / ``FMUL x, x, 16777216``
        (LG2), and the first one after it that names its output is not the squaring
@@ -544,10 +548,13 @@ def check_sass(ptx: str, sass: str, window: int = 64) -> list[str]:
                 bad.append(f"{op} {', '.join(args)}: no approximate instruction of the contract "
                            "lowers to it")
             continue
-        if op != base or len(args) != 2 or not all(re.fullmatch(r"R\d+", a) for a in args):
+        negated = func == "EX2" and len(args) == 2 and re.fullmatch(r"-R\d+", args[1])
+        source = args[1:2] if not negated else [args[1][1:]]
+        if op != base or len(args) != 2 or not all(re.fullmatch(r"R\d+", a)
+                                                   for a in args[:1] + source):
             bad.append(f"{op} {', '.join(args)} is not a bare {base} Rd, Rs")
             continue
-        dst, src = int(args[0][1:]), int(args[1][1:])
+        dst, src = int(args[0][1:]), int(source[0][1:])
         (pre_op, pre_imm), (post_op, post_imm) = _WRAP[func]
         scaled_in = scaled_out = False
         for _, op2, args2 in reversed(insts[max(0, i - window):i]):  # the input's writer
