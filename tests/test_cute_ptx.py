@@ -285,7 +285,7 @@ def test_the_main_runs_the_approximate_instruction_checks(monkeypatch, ptx_of, t
     import sys
 
     ptx = inject(ptx_of(BACKWARD), "add.ftz.f32 %f1, %f2, %f3;")
-    monkeypatch.setattr(inspect_ptx, "all_variants", lambda quick=False: [BACKWARD])
+    monkeypatch.setattr(inspect_ptx, "all_variants", lambda quick=False, head_dims=None: [BACKWARD])
     monkeypatch.setattr(inspect_ptx, "check_staging_layout", lambda: [])
     monkeypatch.setattr(inspect_ptx, "compile_ptx", lambda v, folder: (None, ptx, "-", 0.0))
     monkeypatch.setattr(inspect_ptx, "ptxas_report", lambda path: "ptxas not run")
