@@ -858,8 +858,8 @@ class DashBackwardSm90:
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
                 if const_expr(self.per_head):
-                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h, j, seqlen_k,
-                                        k_first, softmax_scale)
+                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, dkv_coords, mdK, mdV, h, 0,
+                                        k_first, j, seqlen_k, softmax_scale)
                 elif (j + 1) * bn <= seqlen_k:
                     # a whole tile inside its sequence: through shared memory and TMA
                     # stores, as in a rectangular batch, at the sequence's first key row
@@ -869,8 +869,8 @@ class DashBackwardSm90:
                 else:
                     # the sequence's last, partial tile: from registers, each row only
                     # inside the sequence (a TMA store would write the next one's rows)
-                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, mdK, mdV, h // group, j,
-                                        seqlen_k, k_first, softmax_scale)
+                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, dkv_coords, mdK, mdV,
+                                        h // group, 0, k_first, j, seqlen_k, softmax_scale)
             elif const_expr(self.per_head):
                 if has_visits:
                     # through sK and sV, which go back to the loader after the stores
@@ -878,7 +878,8 @@ class DashBackwardSm90:
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
                 else:  # the loader may be filling sK and sV for a later chain
-                    self.store_dkv(acc_dk, acc_dv, dkv_coords, mdK, mdV, b, h, j, seqlen_k)
+                    self.store_dkv_rows(acc_dk, acc_dv, dkv_coords, dkv_coords, mdK, mdV, h, b,
+                                        0, j, seqlen_k, softmax_scale)
             else:
                 if has_visits:
                     pipe_kv.consumer_release(kv_state)
@@ -1034,8 +1035,8 @@ class DashBackwardSm90:
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
                 # fp32, unscaled, per query head (the GQA pass sums heads)
-                self.store_rows(acc_dk, dk_coords, mdK, h, view, k_first, j, seqlen_k)
-                self.store_rows(acc_dv, dv_coords, mdV, h, view, k_first, j, seqlen_k)
+                self.store_dkv_rows(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV, h, view,
+                                    k_first, j, seqlen_k, softmax_scale)
             elif has_visits:
                 # a packed batch's last, partial tile of a sequence from registers, each row
                 # only inside it (a TMA store would write the next one's rows); every other
@@ -1045,9 +1046,8 @@ class DashBackwardSm90:
                     partial = (j + 1) * bn > seqlen_k
                 if partial:
                     pipe_kv.consumer_release(kv_state)
-                    self.store_rows_rounded(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV,
-                                            h // group, view, k_first, j, seqlen_k,
-                                            softmax_scale)
+                    self.store_dkv_rows(acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV,
+                                        h // group, view, k_first, j, seqlen_k, softmax_scale)
                 else:
                     shifted = self.shifted_out(out, k_first) if const_expr(self.packed) else out
                     self.store_dkv_kv(acc_dk, acc_dv, shifted, epi_slots, epi_bar, tid, view,
@@ -1104,18 +1104,6 @@ class DashBackwardSm90:
         else:
             vals.store(acc.load().to(self.dtype))
         cute.copy(copy, copy.retile(vals), slots)
-
-    @cute.jit
-    def store_rows_rounded(self, acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV, h, b,
-                           first_row, j, seqlen_k, softmax_scale):
-        """``rnd(dK_j * scale)`` and ``rnd(dV_j)`` (:meth:`tile_to_smem`'s arithmetic)
-        straight from registers, by :meth:`store_rows`."""
-        dk_vals = cute.make_rmem_tensor_like(acc_dk, self.dtype)
-        dk_vals.store((acc_dk.load() * softmax_scale).to(self.dtype))
-        dv_vals = cute.make_rmem_tensor_like(acc_dv, self.dtype)
-        dv_vals.store(acc_dv.load().to(self.dtype))
-        self.store_rows(dk_vals, dk_coords, mdK, h, b, first_row, j, seqlen_k)
-        self.store_rows(dv_vals, dv_coords, mdV, h, b, first_row, j, seqlen_k)
 
     @cute.jit
     def store_rows(self, vals, coords, m_out, h, b, first_row, j, seqlen_k):
@@ -1304,30 +1292,6 @@ class DashBackwardSm90:
         bar.arrive_and_wait()
 
     @cute.jit
-    def store_dkv(self, acc_dk, acc_dv, coords, mdK, mdV, b, h, j, seqlen_k):
-        """Chain epilogue with several query heads per KV head (or audit), for a chain without
-        visits (its zeros; sK and sV may hold a later chain's K and V already): the fp32
-        accumulators of query head h go to scratch (unscaled), from registers; the GQA pass
-        sums them. Rows past S_k are never written.
-
-        A thread's accumulator covers two key rows (wgmma layout: registers 0 and 2 start
-        them) and d / 4 columns of each; addresses are formed per row so that no per-element
-        64-bit offset is kept live across the chain loop.
-        """
-        per_row = cute.size(acc_dk) // 2
-        for half in cutlass.range_constexpr(2):
-            key = j * self.bn + coords[2 * half][0]
-            if key < seqlen_k:
-                row_dk = mdK[key, None, h, b]
-                row_dv = mdV[key, None, h, b]
-                for n in cutlass.range_constexpr(per_row):
-                    e = (n % 2) + 2 * half + 4 * (n // 2)
-                    col = coords[e][1]
-                    row_dk[col] = acc_dk[e]
-                    row_dv[col] = acc_dv[e]
-
-
-    @cute.jit
     def shifted_out(self, out, k_first):
         """Packed: the epilogue's TMA store tensors ``out`` with their rows counted from key
         row ``k_first`` (``domain_offset``, as the loader's)."""
@@ -1336,14 +1300,15 @@ class DashBackwardSm90:
                 cute.domain_offset((k_first, None, None, None), tdV), tma_dk, tma_dv)
 
     @cute.jit
-    def store_dkv_rows(self, acc_dk, acc_dv, coords, mdK, mdV, h, j, seqlen_k, k_first,
-                       softmax_scale):
-        """Packed [epilogue] of a chain, straight from registers, rows past the sequence's
-        ``S_k`` never written: per query head (GQA or audit) the fp32 accumulators,
-        unscaled, into the scratch (the GQA pass sums heads); otherwise, for a sequence's
-        last, partial KV tile (whole tiles take :meth:`store_dkv_tma`), ``rnd(dK_j *
+    def store_dkv_rows(self, acc_dk, acc_dv, dk_coords, dv_coords, mdK, mdV, h, b, first_row,
+                       j, seqlen_k, softmax_scale):
+        """[epilogue] of a chain straight from registers (:meth:`store_rows`: rows past
+        ``seqlen_k`` never written): per query head (GQA or audit) the fp32 accumulators,
+        unscaled, into the scratch (the GQA pass sums heads); otherwise ``rnd(dK_j *
         scale)`` and ``rnd(dV_j)`` (:meth:`tile_to_smem`'s arithmetic) into the outputs.
-        Registers as :meth:`store_dkv`'s."""
+        Taken by a packed sequence's last, partial KV tile (a TMA store would write the next
+        sequence's rows), by per-head chains without visits (sK and sV may hold a later
+        chain's K and V already), and by a head-dim split's per-head chains."""
         if const_expr(self.per_head):
             dk_vals, dv_vals = acc_dk, acc_dv
         else:
@@ -1351,17 +1316,8 @@ class DashBackwardSm90:
             dk_vals.store((acc_dk.load() * softmax_scale).to(self.dtype))
             dv_vals = cute.make_rmem_tensor_like(acc_dv, self.dtype)
             dv_vals.store(acc_dv.load().to(self.dtype))
-        per_row = cute.size(acc_dk) // 2
-        for half in cutlass.range_constexpr(2):
-            key = j * self.bn + coords[2 * half][0]
-            if key < seqlen_k:
-                row_dk = mdK[k_first + key, None, h, 0]
-                row_dv = mdV[k_first + key, None, h, 0]
-                for n in cutlass.range_constexpr(per_row):
-                    e = (n % 2) + 2 * half + 4 * (n // 2)
-                    col = coords[e][1]
-                    row_dk[col] = dk_vals[e]
-                    row_dv[col] = dv_vals[e]
+        self.store_rows(dk_vals, dk_coords, mdK, h, b, first_row, j, seqlen_k)
+        self.store_rows(dv_vals, dv_coords, mdV, h, b, first_row, j, seqlen_k)
 
 
 def shared_bytes(dtype, config: BackwardConfig, head_dim: int, head_dim_v: int | None = None
