@@ -94,7 +94,7 @@ def _supported(head_dim: int, head_dim_v: int | None = None) -> None:
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} is not supported by the CuTe kernels "
                          f"(supported: {HEAD_DIMS})")
-    if head_dim_v not in (None, head_dim, *VALUE_HEAD_DIMS.get(head_dim, ())):
+    if head_dim_v not in (head_dim, *value_head_dims(head_dim)):
         raise ValueError(f"value head dim {head_dim_v} at head dim {head_dim} is not "
                          f"supported by the CuTe kernels (d_v = d, or {VALUE_HEAD_DIMS})")
 
