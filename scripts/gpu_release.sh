@@ -55,7 +55,8 @@
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
 #   scripts/gpu_release.sh headdims-wide OUT [tests|bench]  # CuTe at 192 (d_v 192, 128), 256: GPU
 #                                        # tests (L2, float64, L0, auto), the Triton ones,
-#                                        # the plans; the anchors' cells against FA4
+#                                        # the plans, the key split's L2 and packed tests;
+#                                        # the anchors' cells against FA4
 #   scripts/gpu_release.sh headdims-triton OUT [grid]  # head dims 96, 192 / 128, 256 on Triton:
 #                                        # their GPU tests (L2 of exact, float64, L0,
 #                                        # compile), the sink and plan tests, then against
@@ -304,12 +305,13 @@ headdims-versus)
 headdims-wide)
     fa4_unpack
     # the CuTe kernels at 192 (d_v 192, 128) and 256: their GPU tests, the Triton ones of
-    # the same head dims and the plans, side by side; then the anchors' head-dim cells
-    # against FA4 in rounds (every backend that runs a cell)
-    # (MODE tests or bench: that half only)
+    # the same head dims, the plans, and the key split's L2 and packed tests (the two shapes
+    # share the epilogue), side by side; then the anchors' head-dim cells against FA4 in
+    # rounds (every backend that runs a cell) (MODE tests or bench: that half only)
     if [ "$MODE" != bench ]; then
-        side_by_side 300 tests/gpu/test_cute_head_dims.py tests/gpu/test_triton_head_dims.py \
-            tests/gpu/test_cuda_plans.py
+        side_by_side 400 tests/gpu/test_cute_head_dims.py tests/gpu/test_triton_head_dims.py \
+            tests/gpu/test_cuda_plans.py tests/gpu/test_cuda_fast_l2.py \
+            tests/gpu/test_cuda_cute_varlen.py
     fi
     if [ "$MODE" != tests ]; then
         # (the wide kernels are off by default until their GPU tests pass: on for this)
