@@ -556,6 +556,77 @@ def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, mo
     assert (second / f"{v.name}.o").stat().st_size > 0
 
 
+def test_kernels_exported_from_other_sources_are_compiled_not_loaded(tmp_path, monkeypatch):
+    """A folder records the digest of the kernel sources it was exported from; a process
+    whose sources differ (or a folder without the record) compiles instead of loading a
+    kernel that may not be the one its sources make, and says so."""
+    from dash_cuda.backends.cute import launch
+
+    v = forward_variant(torch.bfloat16, 64, "full", 192)
+    (tmp_path / f"{v.name}.o").write_bytes(b"not loaded")
+    monkeypatch.setenv("DASH_CUTE_AOT_DIR", str(tmp_path))
+    monkeypatch.setattr(launch, "load_exported", lambda *a: pytest.fail("loaded a stale kernel"))
+    monkeypatch.setattr(launch, "compile_kernel", lambda variant: ("compiled", variant))
+    for record in (None, "0" * 64):
+        if record:
+            (tmp_path / launch.SOURCES_FILE).write_text(record + "\n")
+        monkeypatch.setattr(launch, "_cache", {})
+        launch._folder_matches.cache_clear()
+        with pytest.warns(UserWarning, match="kernel sources; compiling instead$"):
+            assert launch.get_kernel(v) == ("compiled", v)
+    (tmp_path / launch.SOURCES_FILE).write_text(launch.kernel_sources_digest() + "\n")
+    monkeypatch.setattr(launch, "_cache", {})
+    launch._folder_matches.cache_clear()
+    monkeypatch.setattr(launch, "load_exported", lambda folder, name: ("loaded", name))
+    assert launch.get_kernel(v) == ("loaded", v.name)
+    launch._folder_matches.cache_clear()
+
+
+def test_export_records_the_sources_and_refuses_a_folder_of_other_sources(tmp_path):
+    """Exporting writes the sources' digest beside the objects; exporting into a folder
+    of kernels from other sources is refused, since its old objects would then pass for
+    the new digest's."""
+    from dash_cuda.backends.cute import launch
+
+    class Compiled:
+        def export_to_c(self, path, name):
+            with open(path, "wb") as f:
+                f.write(name.encode())
+
+    launch.export_kernel(Compiled(), str(tmp_path / "fresh"), "k")
+    assert launch.exported_digest(str(tmp_path / "fresh")) == launch.kernel_sources_digest()
+    assert (tmp_path / "fresh" / "k.o").read_bytes() == b"k"
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / launch.SOURCES_FILE).write_text("0" * 64 + "\n")
+    with pytest.raises(ValueError, match="other kernel sources; export into an empty folder$"):
+        launch.export_kernel(Compiled(), str(stale), "k")
+    assert not (stale / "k.o").exists()
+
+
+def test_the_digest_covers_every_module_the_kernels_import():
+    """Every module of the CuTe package that a kernel module imports is in the digest
+    (a kernel made from a module outside it could change without the digest seeing)."""
+    import ast
+    import pathlib
+
+    from dash_cuda.backends.cute import launch
+
+    package = pathlib.Path(launch.__file__).parents[2]
+    covered = set(launch.KERNEL_SOURCES)
+    for path in launch.KERNEL_SOURCES:
+        for node in ast.walk(ast.parse((package / path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = pathlib.Path(path).parent
+                for _ in range(node.level - 1):
+                    base = base.parent
+                names = [node.module] if node.module else [a.name for a in node.names]
+                for name in names:
+                    target = base / (name.replace(".", "/") + ".py")
+                    if (package / target).exists():
+                        assert target.as_posix() in covered, f"{path} imports {target}"
+
+
 def test_only_packed_forwards_read_offsets_and_store_partial_rows_by_row(ptx_of):
     """A packed forward stores O of a sequence's last, partial rows row by row (a TMA
     store would write the next sequence's rows past its end), its other rows by TMA, and

@@ -4,7 +4,9 @@ Kernels are specialized on a :mod:`.variants` value (dtype, head dim, mask kind,
 configuration) only; shapes and strides are run-time values. A compiled kernel is kept per
 variant in memory; ``DASH_CUTE_AOT_DIR`` names a folder of kernels exported
 ahead of time (:func:`export_kernels`, ``python -m dash_cuda.warmup --cute-aot DIR``), which
-load in milliseconds instead of compiling for a second or two. Kernels are called through
+load in milliseconds instead of compiling for a second or two; the folder records the
+digest of the sources its kernels were made from (:func:`kernel_sources_digest`), and a
+process whose sources differ compiles instead of loading a stale kernel. Kernels are called through
 CuTe DSL's TVM-FFI entry with plain Python values (:data:`COMPILE_OPTIONS`), made by name
 from each kernel's ``LAUNCH_ARGS`` (:mod:`.arguments`).
 
@@ -23,6 +25,7 @@ slots past a sequence's end are 0, masked).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import threading
@@ -103,19 +106,62 @@ def compile_kernel(v: Variant | ForwardVariant, options: str = ""):
     return compile_object(v.kernel_object(), v.placeholder_args(), options)
 
 
+#: the modules a compiled kernel is made from (with :data:`COMPILE_OPTIONS`)
+KERNEL_SOURCES = tuple(f"backends/cute/{name}.py" for name in (
+    "arguments", "bwd_kernel", "config", "fwd_kernel", "layouts", "mask", "ptx", "variants",
+)) + ("tables.py",)
+#: the file of an export folder that holds :func:`kernel_sources_digest`
+SOURCES_FILE = "kernel_sources.sha256"
+
+
+@lru_cache(maxsize=1)
+def kernel_sources_digest() -> str:
+    """SHA-256 of :data:`KERNEL_SOURCES` and :data:`COMPILE_OPTIONS`: kernels exported by a
+    process with another digest may differ from the ones this process would compile."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    digest = hashlib.sha256(COMPILE_OPTIONS.encode())
+    for path in KERNEL_SOURCES:
+        with open(os.path.join(package, path), "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read())
+    return digest.hexdigest()
+
+
+def exported_digest(folder: str) -> str | None:
+    """The digest ``folder``'s kernels were exported with (None: no record)."""
+    try:
+        with open(os.path.join(folder, SOURCES_FILE)) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=8)
+def _folder_matches(folder: str) -> bool:
+    """Whether ``folder`` holds kernels of this process's sources; warns once if not."""
+    found = exported_digest(folder)
+    if found != kernel_sources_digest():
+        warnings.warn(f"DASH_CUTE_AOT_DIR={folder} was exported from "
+                      f"{'other' if found else 'unrecorded'} kernel sources; compiling instead",
+                      stacklevel=3)
+        return False
+    return True
+
+
 _cache: dict[Variant | ForwardVariant, object] = {}
 _lock = threading.Lock()
 
 
 def get_kernel(v: Variant | ForwardVariant):
-    """The compiled kernel of ``v``: from memory, from ``$DASH_CUTE_AOT_DIR``, or compiled."""
+    """The compiled kernel of ``v``: from memory, from ``$DASH_CUTE_AOT_DIR`` (exported from
+    the same sources), or compiled."""
     with _lock:
         hit = _cache.get(v)
     if hit is not None:
         return hit
     kernel = None
     folder = os.environ.get("DASH_CUTE_AOT_DIR")
-    if folder and os.path.exists(os.path.join(folder, v.name + ".o")):
+    if (folder and os.path.exists(os.path.join(folder, v.name + ".o"))
+            and _folder_matches(folder)):
         try:
             kernel = load_exported(folder, v.name)
         except Exception as exc:  # noqa: BLE001 - an unloadable object: compile instead
@@ -129,9 +175,20 @@ def get_kernel(v: Variant | ForwardVariant):
 
 
 def export_kernel(kernel, folder: str, name: str) -> None:
-    """Write a compiled kernel as ``FOLDER/<name>.o`` (:func:`load_exported` reads it)."""
+    """Write a compiled kernel as ``FOLDER/<name>.o`` (:func:`load_exported` reads it) and
+    the sources' digest as ``FOLDER/kernel_sources.sha256``; a folder of kernels from
+    other sources is refused (its other objects would pass for this digest's)."""
     os.makedirs(folder, exist_ok=True)
+    digest, found = kernel_sources_digest(), exported_digest(folder)
+    if found not in (None, digest):
+        raise ValueError(f"{folder} holds kernels exported from other kernel sources; "
+                         "export into an empty folder")
     kernel.export_to_c(os.path.join(folder, name + ".o"), name)
+    if found is None:  # written whole, then renamed: exporting processes race here
+        scratch = os.path.join(folder, f".{SOURCES_FILE}.{os.getpid()}")
+        with open(scratch, "w") as f:
+            f.write(digest + "\n")
+        os.replace(scratch, os.path.join(folder, SOURCES_FILE))
 
 
 def export_kernels(variants, folder: str) -> list[str]:
