@@ -25,10 +25,10 @@ pytest.importorskip("triton")
 pytest.importorskip("triton.runtime.interpreter")
 launch = pytest.importorskip("dash_cuda.backends.cute.launch")  # staging order (cutlass)
 
-from dash_cuda.backends.cute.config import backward_config  # noqa: E402
+from dash_cuda.backends.cute.config import HEAD_DIMS, backward_config  # noqa: E402
 
 # head dim -> BM of the staged tiles (both masks tile alike)
-TILES = {d: backward_config(d, "full").block_m for d in (64, 96, 128)}
+TILES = {d: backward_config(d, "full").block_m for d in HEAD_DIMS}
 
 # (head dim, dtype, batch, heads, S_q): S_q not a multiple of BM, one tile, a partial
 # single tile, and exact multiples
@@ -43,6 +43,11 @@ CASES = [
     # d = 96: not a power of two, the tile is moved one register group at a time
     (96, torch.float16, 2, 2, 131),
     (96, torch.bfloat16, 1, 1, 64),
+    # d = 192 and 256 (the head-dim split's 64-row tiles): one register group at a time too
+    (192, torch.float16, 1, 2, 70),
+    (192, torch.bfloat16, 1, 1, 64),
+    (256, torch.bfloat16, 1, 2, 100),
+    (256, torch.float16, 1, 1, 64),
 ]
 
 INTERPRETED = """
@@ -127,13 +132,14 @@ def test_rows_past_seqlen_are_not_written(interpreted):
 
 
 def test_only_the_staged_tile_shapes_of_the_backward_are_accepted():
-    """The kernel knows the staging order of 128 x 64, 64 x 96 and 64 x 128 tiles (the
-    backward's, one per head dim), nothing else."""
+    """The kernel knows the staging order of the backward's tiles, one shape per head dim
+    (128 x 64, then 64 rows at 96 - 256), nothing else."""
     from dash_cuda.backends.cute.finish_dq import TILE_SHAPES, finish_dq_tiles
 
-    assert set(TILE_SHAPES) == {(b, d) for d, b in TILES.items()}
+    assert set(TILE_SHAPES) == {(128, 64), (64, 96), (64, 128), (64, 192), (64, 256)}
     dq = torch.empty(1, 64, 1, 64, dtype=torch.float16)
-    with pytest.raises(ValueError, match="128 x 64, 64 x 96 or 64 x 128"):
+    with pytest.raises(ValueError, match="^staged dQ tiles are 128 x 64, 64 x 96, 64 x 128, "
+                                         "64 x 192, 64 x 256, not 64 x 64$"):
         finish_dq_tiles(torch.empty(1, 64 * 64), dq, 1.0, 64)
 
 

@@ -64,7 +64,7 @@ def row_stats(total_q: int, gen: torch.Generator) -> torch.Tensor:
     return x.t()
 
 
-@pytest.fixture(scope="module", params=[64, 128], ids=["d64", "d128"])
+@pytest.fixture(scope="module", params=[64, 128, 192], ids=["d64", "d128", "d192"])
 def interpreted(request, tmp_path_factory) -> dict:
     """One case through both kernels in the interpreter: ``dq`` is the first ``total_q``
     rows of a longer NaN-poisoned buffer; bf16 with bf16-valued accumulators and a scale of

@@ -19,6 +19,7 @@ import triton.language as tl
 from dash_cuda.tile_io import store_tile
 from dash_cuda.triton_launch import launch
 
+from .config import HEAD_DIMS, backward_config
 from .packed_rows import tile_place, tile_table
 
 
@@ -62,12 +63,13 @@ def store_staged_tile(DQ_ACC, t, DQ, rows, n_rows, stride_s, softmax_scale,
 
     ``(BM, HEAD_DIM)`` = (128, 64) or (64, 128): the whole tile in contiguous 16-byte
     loads, made row-major by :func:`staged_to_rows` (Triton moves the values through shared
-    memory). (64, 96) (not a power of two, which a Triton tile must be): each warpgroup's
+    memory). (64, 96) and (64, 192) (not powers of two, which a Triton tile must be) and
+    (64, 256) (a whole tile would be 128 fp32 registers a thread): each warpgroup's
     ``HEAD_DIM / 16`` register groups one by one, each a ``(64, 8)`` block at columns
     ``(HEAD_DIM / 2) w + 8 g`` (:func:`chunk_to_rows`).
     """
     first = DQ_ACC + t.to(tl.int64) * (BM * HEAD_DIM)
-    if (BM * HEAD_DIM) & (BM * HEAD_DIM - 1) == 0:
+    if (BM * HEAD_DIM) & (BM * HEAD_DIM - 1) == 0 and HEAD_DIM <= 128:
         tile = staged_to_rows(tl.load(first + tl.arange(0, BM * HEAD_DIM)), BM, HEAD_DIM)
         dq = (tile * softmax_scale).to(DQ.dtype.element_ty)
         store_tile(DQ, rows, n_rows, stride_s, dq, HEAD_DIM)
@@ -130,14 +132,15 @@ def finish_dq_packed(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: floa
         dict(BM=problem.block_m, HEAD_DIM=problem.head_dim))
 
 
-#: (BM, d) of the staged tiles the kernels know the order of
-TILE_SHAPES = ((128, 64), (64, 96), (64, 128))
+#: (BM, d) of the staged tiles the kernels know the order of: the backward's, one per head
+#: dim (both masks tile alike)
+TILE_SHAPES = tuple((backward_config(d, "full").block_m, d) for d in HEAD_DIMS)
 
 
 def _check_tile_shape(block_m: int, head_dim: int) -> None:
     if (block_m, head_dim) not in TILE_SHAPES:
-        raise ValueError(f"staged dQ tiles are 128 x 64, 64 x 96 or 64 x 128, not "
-                         f"{block_m} x {head_dim}")
+        known = ", ".join(f"{b} x {d}" for b, d in TILE_SHAPES)
+        raise ValueError(f"staged dQ tiles are {known}, not {block_m} x {head_dim}")
 
 
 def finish_dq_tiles(dq_acc: torch.Tensor, dq: torch.Tensor, softmax_scale: float,
