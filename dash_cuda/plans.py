@@ -33,6 +33,7 @@ import torch
 
 from dash_ref.arithmetic.steps import sink_logit
 
+from .backends import new_output
 from .options import Options
 from .triton_launch import current_stream
 
@@ -141,7 +142,7 @@ class ForwardPlan:
     ``backwards``: the backward plans of calls whose forward ran this plan, by
     :func:`grad_key`. Such a backward's :func:`signature` is the forward's (options, device,
     ``Q``, ``K``, ``V``) with ``O`` and ``LSE2`` as this plan allocates them (their shapes and
-    strides follow from ``Q``'s, fresh buffers are aligned) and ``dO``: so ``dO`` alone
+    strides follow from ``Q``'s and ``V``'s, fresh buffers are aligned) and ``dO``: so ``dO`` alone
     finds its plan, without the signature of six tensors (``ops.EagerAttention``).
     """
 
@@ -158,7 +159,7 @@ class ForwardPlan:
     def run(self, q, k, v, sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(O, LSE2)`` of a call of the plan's signature (``sink``: its learnable sinks,
         for a plan with ``sinks``)."""
-        o = torch.empty_like(q)
+        o = new_output(q, v)  # as the general path made the O the plan was bound with
         lse2 = torch.empty_strided(self.stats_shape, self.stats_strides, device=self.device,
                                    dtype=F32)
         stream = raw_stream(self.device.index)

@@ -314,8 +314,7 @@ headdims-wide)
             tests/gpu/test_cuda_cute_varlen.py
     fi
     if [ "$MODE" != tests ]; then
-        # (the wide kernels are off by default until their GPU tests pass: on for this)
-        step bench 300 env DASH_CUTE_SPLIT_HEAD_DIMS=1 $PY benchmarks/bench_features.py \
+        step bench 300 $PY benchmarks/bench_features.py \
             --out "$LOG" --kinds headdims --tag bench_headdims_cute --time-budget 210
         [ -f "$LOG/bench_headdims_cute.md" ] && grep -E '^\| d' "$LOG/bench_headdims_cute.md"
     fi

@@ -52,14 +52,13 @@ def test_a_named_backend_refuses_what_it_does_not_support():
 
 
 def test_auto_takes_each_head_dim_to_a_backend_that_runs_it():
-    """d = 96 and 128 run on the CuTe kernels first, d = 32 and ``d_v != d`` (but 192 / 128)
-    on the Triton ones only, 192 and 256 on Triton while the CuTe kernels of those head dims
-    are switched off (``SPLIT_HEAD_DIMS``)."""
+    """d = 96, 128, 192 (``d_v`` 192 or 128) and 256 run on the CuTe kernels first, d = 32
+    and other ``d_v != d`` on the Triton ones only."""
     if get_backend("cute").missing() or get_backend("triton").missing():
         pytest.skip("CuTe DSL or Triton is not installed here")
     for head_dim, head_dim_v, name in ((96, None, "cute"), (32, None, "triton"),
-                                       (128, None, "cute"), (256, None, "triton"),
-                                       (192, 128, "triton"), (128, 64, "triton")):
+                                       (128, None, "cute"), (256, None, "cute"),
+                                       (192, 128, "cute"), (128, 64, "triton")):
         case = Case(head_dim, torch.bfloat16, exact=False, deterministic=True,
                     head_dim_v=head_dim_v)
         assert choose_backend("auto", case).name == name
@@ -70,23 +69,15 @@ def test_an_unknown_backend_lists_the_known_ones():
         choose_backend("cuda", CASE)
 
 
-def test_the_wide_cute_kernels_are_off_until_switched_on(monkeypatch):
-    """While ``SPLIT_HEAD_DIMS`` is off (their GPU tests not yet passed) CuTe refuses head
-    dims 192 and 256 in one line and ``auto`` runs them on Triton; switched on, CuTe takes
-    them, 192 / 128 included, and still refuses a value head dim it has no kernel for."""
-    import dash_cuda.backends.cute as cute
-
-    if get_backend("cute").missing() or get_backend("triton").missing():
-        pytest.skip("CuTe DSL or Triton is not installed here")
-    wide = Case(256, torch.bfloat16, exact=False, deterministic=True)
-    narrow_v = Case(192, torch.bfloat16, exact=False, deterministic=True, head_dim_v=128)
-    monkeypatch.setattr(cute, "SPLIT_HEAD_DIMS", False)
-    with pytest.raises(ValueError, match="head dim 256: .* switched off .SPLIT_HEAD_DIMS.$"):
-        choose_backend("cute", wide)
-    assert choose_backend("auto", wide).name == "triton"
-    monkeypatch.setattr(cute, "SPLIT_HEAD_DIMS", True)
-    assert choose_backend("auto", wide).name == "cute"
-    assert choose_backend("auto", narrow_v).name == "cute"
+def test_cute_takes_the_wide_head_dims_and_refuses_a_value_head_dim_it_lacks():
+    """192 (``d_v`` 192 or 128) and 256 run on CuTe's head-dim split; a value head dim with
+    no kernel is refused in one line."""
+    if get_backend("cute").missing():
+        pytest.skip("CuTe DSL is not installed here")
+    for head_dim, head_dim_v in ((256, None), (192, None), (192, 128)):
+        case = Case(head_dim, torch.bfloat16, exact=False, deterministic=True,
+                    head_dim_v=head_dim_v)
+        assert choose_backend("cute", case).name == "cute"
     with pytest.raises(ValueError, match="value head dim 64 at head dim 256"):
         choose_backend("cute", Case(256, torch.bfloat16, exact=False, deterministic=True,
                                     head_dim_v=64))

@@ -112,14 +112,16 @@ def _backward(rec, q, k, v, o, lse, do, options):
     return rec.named(dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv))
 
 
-def _inputs(shape_q, heads_kv, seqlen_k, options):
+def _inputs(shape_q, heads_kv, seqlen_k, options, head_dim_v=None):
     b, s, h, d = shape_q
+    dv = head_dim_v or d
     q = torch.randn(b, s, h, d).bfloat16()
-    k, v = (torch.randn(b, seqlen_k, heads_kv, d).bfloat16() for _ in range(2))
-    o = torch.randn_like(q)
+    k = torch.randn(b, seqlen_k, heads_kv, d).bfloat16()
+    v = torch.randn(b, seqlen_k, heads_kv, dv).bfloat16()
+    o = torch.randn(b, s, h, dv).bfloat16()
     lse = backends.new_row_stats(b, s, h, q.device)
     lse.copy_(torch.randn(b, s, h))
-    do = torch.randn_like(q)
+    do = torch.randn_like(o)
     return q, k, v, o, lse, do
 
 
@@ -190,6 +192,8 @@ def test_the_triton_backend_has_no_plan(recorder):
 def _forward(rec, q, k, v, options, sink=None):
     rec.launches.clear()
     o, lse = ops.forward_views(q, k, v, options, sink=sink)
+    want = backends.new_output(q, v)  # as the general path allocates O
+    assert (o.shape, o.stride(), o.dtype) == (want.shape, want.stride(), want.dtype)
     assert lse.shape == (q.shape[0], q.shape[1], q.shape[2])
     assert lse.stride() == (q.shape[1] * q.shape[2], 1, q.shape[1])  # as every forward
     return rec.named(dict(q=q, k=k, v=v, o=o, lse=lse))
@@ -207,6 +211,21 @@ def test_the_forward_plan_launches_what_the_general_forward_launches(recorder, s
     q2, k2, v2, _, _, _ = _inputs(shape_q, heads_kv, seqlen_k, options)
     assert _forward(recorder, q2, k2, v2, options) == general
     assert len(general) == 1 and str(general[0][0]).startswith("dash_fwd")
+
+
+@pytest.mark.parametrize(("shape_q", "head_dim_v"), [((1, 200, 4, 192), 128),
+                                                      ((1, 128, 2, 256), None)])
+def test_plans_at_the_wide_head_dims_launch_what_the_general_path_does(recorder, shape_q,
+                                                                       head_dim_v):
+    """At 192 / 128 the planned forward's ``O`` has the values' head dim, as the general
+    path's (the kernel was bound to that buffer's strides), and the planned backward
+    launches what the general one does, at 256 too."""
+    options = Options.checked(shape_q[3], backend="cute", causal=True)
+    q, k, v, o, lse, do = _inputs(shape_q, 2, shape_q[1], options, head_dim_v)
+    general = _forward(recorder, q, k, v, options)
+    assert _forward(recorder, q, k, v, options) == general  # the plan
+    first = _backward(recorder, q, k, v, o, lse, do, options)
+    assert _backward(recorder, q, k, v, o, lse, do, options) == first
 
 
 @pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])

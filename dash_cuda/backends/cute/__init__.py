@@ -24,7 +24,6 @@ Importing this package imports no CuTe DSL; :data:`BACKEND` loads it on first us
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 
@@ -33,19 +32,12 @@ from .config import (
     HEAD_DIMS,
     SOFTCAP_HEAD_DIMS,
     VALUE_HEAD_DIMS,
-    WIDE_HEAD_DIMS,
     value_head_dims,
 )
 
 #: packed batches (cu_seqlens) run on this backend, forward and backward; False refuses
 #: them (``backend="auto"`` then runs them on Triton): the one switch for packed calls
 PACKED_BACKWARD = True
-#: head dims 192 and 256 (the backward's warpgroups split the head dims) run on this
-#: backend; False refuses them (``"auto"`` then runs them on Triton). Off until the GPU
-#: tests of these kernels (``tests/gpu/test_cute_head_dims.py``, which switch it on) have
-#: passed: they compile and their instructions are checked on the CPU only.
-#: ``DASH_CUTE_SPLIT_HEAD_DIMS=1`` switches it on for a process (measurements).
-SPLIT_HEAD_DIMS = os.environ.get("DASH_CUTE_SPLIT_HEAD_DIMS", "0") == "1"
 
 
 class CuteBackend:
@@ -78,9 +70,6 @@ class CuteBackend:
                     "backend's packed backward is switched off (PACKED_BACKWARD)")
         if case.head_dim not in HEAD_DIMS:
             return f"head dim {case.head_dim} (supported: {HEAD_DIMS})"
-        if case.head_dim in WIDE_HEAD_DIMS and not SPLIT_HEAD_DIMS:
-            return (f"head dim {case.head_dim}: this backend's kernels of the head dims "
-                    f"{WIDE_HEAD_DIMS} are switched off (SPLIT_HEAD_DIMS)")
         if case.head_dim_v not in (case.head_dim, *value_head_dims(case.head_dim)):
             return (f"value head dim {case.head_dim_v} at head dim {case.head_dim} "
                     f"(supported: d_v = d, or {VALUE_HEAD_DIMS})")
