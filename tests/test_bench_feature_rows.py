@@ -123,12 +123,12 @@ def test_a_feature_cell_times_it_with_and_without_the_feature(rec, monkeypatch, 
 
 def test_a_head_dim_cell_runs_on_the_backends_that_take_it(rec, monkeypatch):
     _shrunk(monkeypatch)
-    # 192 / 128 and 256: Triton only (the CuTe kernels run 64, 96 and 128)
+    # 192 / 128 and 256: both backends (CuTe's head-dim split first)
     _, rows = _rows("headdims", head_dim=192)
-    assert list(rows) == ["triton:auto", "fa4-det", "fa4"]
+    assert list(rows) == ["cute:auto", "triton:auto", "fa4-det", "fa4"]
     rec.calls.clear()
     _, rows = _rows("headdims", head_dim=256)
-    assert list(rows) == ["triton:auto", "fa4-det", "fa4"]
+    assert list(rows) == ["cute:auto", "triton:auto", "fa4-det", "fa4"]
     assert {kw["softcap"] for _, kw, _ in rec.calls} == {50.0}
     _, rows = _rows("headdims-grid", head_dim=96)
     assert list(rows) == ["cute:auto", "triton:auto", "fa4-det", "fa4"]
