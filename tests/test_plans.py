@@ -213,7 +213,7 @@ def test_the_forward_plan_launches_what_the_general_forward_launches(recorder, s
     assert len(general) == 1 and str(general[0][0]).startswith("dash_fwd")
 
 
-@pytest.mark.parametrize(("shape_q", "head_dim_v"), [((1, 200, 4, 192), 128),
+@pytest.mark.parametrize(("shape_q", "head_dim_v"), [((1, 256, 4, 192), 128),
                                                       ((1, 128, 2, 256), None)])
 def test_plans_at_the_wide_head_dims_launch_what_the_general_path_does(recorder, shape_q,
                                                                        head_dim_v):
@@ -225,6 +225,7 @@ def test_plans_at_the_wide_head_dims_launch_what_the_general_path_does(recorder,
     general = _forward(recorder, q, k, v, options)
     assert _forward(recorder, q, k, v, options) == general  # the plan
     first = _backward(recorder, q, k, v, o, lse, do, options)
+    assert len(plans._plans) == 2 and None not in plans._plans.values()  # both planned
     assert _backward(recorder, q, k, v, o, lse, do, options) == first
 
 
