@@ -71,6 +71,25 @@ class ForwardConfig:
     block_m: int  # query rows per tile: 64 per math warpgroup
     block_n: int  # key rows per KV tile (the bits depend on it)
     kv_stages: int  # K and V pipeline depth
+    # O columns a warpgroup stages in shared memory per TMA store (None: all of d_v); a
+    # narrower buffer leaves room for another K and V stage and stores O in column chunks
+    o_cols: int | None = None
+
+    def staged_o_cols(self, head_dim_v: int) -> int:
+        """The O columns staged per store at ``head_dim_v`` (a divisor of it)."""
+        cols = self.o_cols or head_dim_v
+        if head_dim_v % cols:
+            raise ValueError(f"o_cols {cols} does not divide d_v = {head_dim_v}")
+        return cols
+
+    def shared_bytes(self, head_dim: int, head_dim_v: int | None = None,
+                     elem_bytes: int = 2) -> int:
+        """The tiles' shared memory (Q, the K and V stages, the staged O of every math
+        warpgroup), without the barriers."""
+        dv = head_dim_v or head_dim
+        return elem_bytes * (self.block_m * head_dim
+                             + self.kv_stages * self.block_n * (head_dim + dv)
+                             + self.math_warpgroups * 64 * self.staged_o_cols(dv))
 
     @property
     def math_warpgroups(self) -> int:
@@ -87,7 +106,8 @@ class ForwardConfig:
 
     @property
     def name(self) -> str:
-        return f"m{self.block_m}n{self.block_n}kv{self.kv_stages}"
+        return (f"m{self.block_m}n{self.block_n}kv{self.kv_stages}"
+                + (f"o{self.o_cols}" if self.o_cols else ""))
 
 
 def _supported(head_dim: int, head_dim_v: int | None = None) -> None:
@@ -141,11 +161,12 @@ SHORT_CAUSAL = 1024
 # Three math warpgroups (192 rows) keep the tensor cores busier while each runs its softmax
 # (d = 64); d = 96 and 128 need more registers per math thread than three leave, so two.
 # At d = 192 and 256 a warpgroup's fp32 O rows take 96 and 128 registers a thread, so the KV
-# tiles have 64 keys (S and P fit beside O); at 256 Q and O (64 KiB each) leave room for one
-# stage of K and V.
+# tiles have 64 keys (S and P fit beside O); at 256 Q (64 KiB) and two stages of K and V
+# (128 KiB) leave room for half of O's columns, which leave in two stores.
 _FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3)},
             96: {128: ForwardConfig(128, 128, 2)}, 128: {128: ForwardConfig(128, 128, 2)},
-            192: {128: ForwardConfig(128, 64, 2)}, 256: {128: ForwardConfig(128, 64, 1)}}
+            192: {128: ForwardConfig(128, 64, 2)},
+            256: {128: ForwardConfig(128, 64, 2, o_cols=128)}}
 
 
 def tiling_mask(rule) -> str:

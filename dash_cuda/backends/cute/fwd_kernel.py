@@ -136,6 +136,7 @@ class DashForwardSm90:
         self.d = head_dim
         self.dv = head_dim_v or head_dim  # V and O columns
         self.bm, self.bn, self.kv_stages = config.block_m, config.block_n, config.kv_stages
+        self.o_cols = config.staged_o_cols(self.dv)  # O columns per staged TMA store
         self.wgs, self.math_threads = config.math_warpgroups, config.math_threads
         self.loader_regs, self.math_regs = config.registers
         self.mask = mask  # the mask's kind, a compile-time constant (:mod:`.mask`)
@@ -155,9 +156,9 @@ class DashForwardSm90:
         mma_pv = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, mn_major, Float32, (self.wgs, 1, 1), (64, self.dv),
             a_source=warpgroup.OperandSource.RMEM)
-        # one warpgroup's (64 x d_v) output tile, for its slots in shared memory
+        # one (64 x o_cols) chunk of a warpgroup's output tile, for its slots in shared memory
         mma_o = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.dv),
+            self.dtype, self.dtype, k_major, mn_major, Float32, (1, 1, 1), (64, self.o_cols),
             a_source=warpgroup.OperandSource.RMEM)
         return mma_qk, mma_pv, mma_o
 
@@ -203,7 +204,8 @@ class DashForwardSm90:
         sQ_layout = smem_layout(self.dtype, bm, d, None)
         sK_layout = smem_layout(self.dtype, bn, d, self.kv_stages)
         sV_layout = smem_layout(self.dtype, bn, dv, self.kv_stages)
-        sO_layout = smem_layout(self.dtype, 64, dv, self.wgs)  # a (64, d_v) tile per warpgroup
+        # a (64, o_cols) chunk of O per warpgroup
+        sO_layout = smem_layout(self.dtype, 64, self.o_cols, self.wgs)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (bm, d))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(sK_layout, (None, None, 0)),
@@ -212,7 +214,7 @@ class DashForwardSm90:
                                                 (bn, dv))
         tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                 cute.slice_(sO_layout, (None, None, 0)),
-                                                (64, dv))
+                                                (64, self.o_cols))
         mma_qk, mma_pv, mma_o = self._tiled_mmas()
 
         @cute.struct
@@ -535,6 +537,9 @@ class DashForwardSm90:
         o_coords = thr_pv.partition_C(cute.make_identity_tensor((bm, self.dv)))
         o_store = self._o_store_copy(mma_o).get_slice(tid % 128)
         o_slots = o_store.partition_D(sO[None, None, wg])
+        # the layout of one chunk of rnd(O), mma_o's accumulator (all of it: o_cols = d_v)
+        o_chunk = cute.make_layout(mma_o.get_slice(tid % 128).partition_shape_C(
+            (64, self.o_cols)))
         o_ready = pipeline.NamedBarrier(barrier_id=BAR_O_FULL + wg, num_threads=128)
 
         # the warpgroups take turns issuing their MMAs (each one's softmax then overlaps
@@ -632,7 +637,7 @@ class DashForwardSm90:
             q_state.advance()
             if const_expr(self.sinks):
                 m, ell = self.fold_sink(acc_o, m, ell, mSink2[h])
-            self.finish(acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE,
+            self.finish(acc_o, m, ell, o_coords, o_chunk, o_store, o_slots, sO, tO, tma_o, mLSE,
                         o_ready, tid, wg, i, b, h, heads, seqlen_q, q_first, packing)
             t = self.take_tile(tile_ids, tile_state, lane)
             tile_state.advance()
@@ -801,8 +806,8 @@ class DashForwardSm90:
         return total
 
     @cute.jit
-    def finish(self, acc_o, m, ell, o_coords, o_store, o_slots, sO, tO, tma_o, mLSE, o_ready,
-               tid, wg, i, b, h, heads, seqlen_q, q_first=0, packing=None):
+    def finish(self, acc_o, m, ell, o_coords, o_chunk, o_store, o_slots, sO, tO, tma_o, mLSE,
+               o_ready, tid, wg, i, b, h, heads, seqlen_q, q_first=0, packing=None):
         """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
         warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row.
 
@@ -824,7 +829,7 @@ class DashForwardSm90:
             if (self.wgs * i + wg + 1) * 64 <= seqlen_q:
                 # the warpgroup's 64 rows lie inside the sequence: a TMA store at the
                 # sequence's first row, as in a rectangular batch
-                self.store_o_tma(vals, o_store, o_slots, sO,
+                self.store_o_tma(vals, o_chunk, o_store, o_slots, sO,
                                  cute.domain_offset((q_first, None, None, None), tO), tma_o,
                                  o_ready, tid, wg, i, 0, h)
                 self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, 0, h, 0, q_first)
@@ -832,25 +837,36 @@ class DashForwardSm90:
                 self.store_rows(vals, lse2, o_coords, packing[3], mLSE, i, h, seqlen_q,
                                 q_first, tid)
         else:
-            self.store_o_tma(vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h)
+            self.store_o_tma(vals, o_chunk, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i,
+                             b, h)
             self.store_lse(lse2, o_coords, mLSE, i, seqlen_q, tid, b, h, heads, 0)
 
     @cute.jit
-    def store_o_tma(self, vals, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i, b, h):
-        """The warpgroup's 64 rows of rnd(O) through shared memory and one TMA store (which
-        clips rows past the tensor's end)."""
-        # the previous tile's store must have read the buffer before it is written again
-        if tid % 128 < 32:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        o_ready.arrive_and_wait()
-        cute.copy(o_store, o_store.retile(vals), o_slots)
-        cute.arch.fence_view_async_shared()
-        o_ready.arrive_and_wait()
-        if tid % 128 < 32:
-            gO = cute.local_tile(tO[None, None, h, b], (64, self.dv), (self.wgs * i + wg, 0))
-            s_t, g_t = tma_tiles(tma_o, sO[None, None, wg], gO)
-            cute.copy(tma_o, s_t, g_t)
-            cute.arch.cp_async_bulk_commit_group()
+    def store_o_tma(self, vals, o_chunk, o_store, o_slots, sO, tO, tma_o, o_ready, tid, wg, i,
+                    b, h):
+        """The warpgroup's 64 rows of rnd(O) through shared memory and TMA stores (which
+        clip rows past the tensor's end), ``o_cols`` columns at a time.
+
+        A thread's accumulator holds its columns in groups of 8, in order (element ``e``:
+        ``e % 4`` within the group, ``e // 4`` the group), so chunk ``c`` is the ``c``-th
+        run of ``size(o_chunk)`` elements of ``vals`` (``o_chunk``: its layout).
+        """
+        chunk = cute.size(o_chunk)
+        for c in cutlass.range_constexpr(self.dv // self.o_cols):
+            part = cute.make_tensor(vals.iterator + c * chunk, o_chunk)  # a view
+            # the previous store must have read the buffer before it is written again
+            if tid % 128 < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            o_ready.arrive_and_wait()
+            cute.copy(o_store, o_store.retile(part), o_slots)
+            cute.arch.fence_view_async_shared()
+            o_ready.arrive_and_wait()
+            if tid % 128 < 32:
+                gO = cute.local_tile(tO[None, None, h, b], (64, self.o_cols),
+                                     (self.wgs * i + wg, c))
+                s_t, g_t = tma_tiles(tma_o, sO[None, None, wg], gO)
+                cute.copy(tma_o, s_t, g_t)
+                cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def store_lse(self, lse2, o_coords, mLSE, i, seqlen_q, tid, b, h, heads, first):
