@@ -353,6 +353,26 @@ def test_the_staged_dq_tile_order_is_the_mmas_own():
     assert inspect_ptx.check_staging_layout() == []
 
 
+def test_the_forwards_o_chunks_are_runs_of_its_registers(monkeypatch):
+    """A forward that stages O in column chunks (d = 256) stores chunk ``c`` from the c-th
+    run of its registers; a chunk MMA as wide as the whole of d_v is refused."""
+    from dash_cuda.backends.cute.fwd_kernel import DashForwardSm90
+
+    assert forward_config(256, "causal", 4096).staged_o_cols(256) < 256  # a chunked one
+    assert inspect_ptx.check_o_chunks() == []
+    tiled = DashForwardSm90._tiled_mmas
+
+    def whole_tile(self):  # the chunk MMA left at (64, d_v)
+        cols, self.o_cols = self.o_cols, self.dv
+        try:
+            return tiled(self)
+        finally:
+            self.o_cols = cols
+
+    monkeypatch.setattr(DashForwardSm90, "_tiled_mmas", whole_tile)
+    assert any("d256" in f for f in inspect_ptx.check_o_chunks())
+
+
 def test_only_the_probe_variant_reads_the_clock(tmp_path, ptx_of):
     """The timing probe is compiled in only where asked for, and then at every phase."""
     plain = VARIANTS[0]
@@ -461,6 +481,16 @@ def test_shared_memory_is_the_storage_structs():
                       + c.q_stages * c.block_m * c.block_n)
                  + 4 * (c.dq_stages * c.block_m * d + 2 * c.q_stages * c.block_m))
         assert tiles <= size <= 227 * 1024, (v, tiles, size)
+
+
+def test_every_shipped_forward_fits_a_ctas_shared_memory():
+    """Q, the K and V stages and the staged O chunks of every shipped forward fit the 227 KiB
+    an sm_90 CTA may use (with 1 KiB left for the barriers), and the chunks divide d_v."""
+    for v in shipped_variants():
+        if isinstance(v, ForwardVariant):
+            dv = v.head_dim_v or v.head_dim
+            assert dv % v.config.staged_o_cols(dv) == 0
+            assert v.config.shared_bytes(v.head_dim, dv) <= 226 * 1024, v.name
 
 
 @pytest.mark.parametrize("seqlen_k, head_dim, heads", [(16384, 128, 16), (16384, 64, 32),

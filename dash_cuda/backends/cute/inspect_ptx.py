@@ -684,6 +684,44 @@ def check_staging_layout() -> list[str]:
     return bad
 
 
+def check_o_chunks() -> list[str]:
+    """Chunk ``c`` of a forward's staged O (``store_o_tma``) is the ``c``-th run of
+    ``size(chunk)`` elements of the thread's O registers: the chunk MMA's partition, shifted
+    by ``c * o_cols`` columns, is the full tile's, element by element, for every thread of a
+    warpgroup and every configuration the forward ships."""
+    found: dict = {}
+
+    @cute.jit
+    def probe(k: cutlass.Constexpr):
+        _, mma_pv, mma_o = k._tiled_mmas()
+        full = cute.make_identity_tensor((k.bm, k.dv))
+        chunk = cute.make_identity_tensor((64, k.o_cols))
+        for t in list(range(128)):  # a Python loop at trace time
+            whole = mma_pv.get_slice(t).partition_C(full)
+            part = mma_o.get_slice(t).partition_C(chunk)
+            found[t] = ([whole[e] for e in range(cute.size(whole))],
+                        [part[e] for e in range(cute.size(part))])
+
+    bad = []
+    variants = {(v.head_dim, v.head_dim_v, v.config): v for v in shipped_variants((torch.bfloat16,))
+                if isinstance(v, ForwardVariant) and not v.packed and not v.sinks
+                and not v.softcap and v.mask == "full"}
+    for v in variants.values():
+        found.clear()
+        k = v.kernel_object()
+        cute.compile(probe, k, options="--gpu-arch=sm_90a")
+        for t, (whole, part) in found.items():
+            n = len(part)
+            want = [(int(r), int(col) + c * k.o_cols) for c in range(k.dv // k.o_cols)
+                    for r, col in part]
+            got = [(int(r), int(col)) for r, col in whole]
+            # whole rows are of the warpgroup's 64 (thread t < 128: warpgroup 0)
+            if got != want or len(whole) != n * (k.dv // k.o_cols):
+                bad.append(f"{v.name}: thread {t}'s O registers are not its chunks in order")
+                break
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "dash_cute_ptx"))
@@ -697,6 +735,11 @@ def main() -> int:
 
     bad = check_staging_layout()
     print(f"staging layout vs partition_C: {'OK' if not bad else 'FAIL'}")
+    for b in bad[:5]:
+        print("   ", b)
+    failures += bool(bad)
+    bad = check_o_chunks()
+    print(f"forward O chunks vs partition_C: {'OK' if not bad else 'FAIL'}")
     for b in bad[:5]:
         print("   ", b)
     failures += bool(bad)
