@@ -27,9 +27,8 @@ from dash_cuda.backends.cute.variants import (  # noqa: E402
 def forward_variant(dtype, head_dim, mask, block_m, packed=False, sinks=False, softcap=False,
                     head_dim_v=None):
     tiling = "causal" if mask == "window" else mask  # any tiling: block_m picks the config
-    return ForwardVariant(dtype, head_dim, mask, forward_config(head_dim, tiling, 1, dtype,
-                                                                block_m), packed, sinks, softcap,
-                          head_dim_v)
+    config = forward_config(head_dim, tiling, 1, dtype, block_m, head_dim_v)
+    return ForwardVariant(dtype, head_dim, mask, config, packed, sinks, softcap, head_dim_v)
 
 
 # a few of the shipped variants (the module's main compiles every one)

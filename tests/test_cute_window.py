@@ -206,11 +206,12 @@ def test_window_variants_are_shipped_for_every_dtype_head_dim_and_flag():
         (v.dtype, v.head_dim, v.deterministic, v.audit, v.per_head)
         for v in shipped if getattr(v, "mask", None) == "causal" and v not in fwd
         and not isinstance(v, ForwardVariant)}
-    for d in HEAD_DIMS:
+    for d, dv in dims:
         assert backward_config(d, "window") == backward_config(d, "causal")
-        assert set(forward_configs(d, "window")) == (set(forward_configs(d, "full"))
-                                                   | set(forward_configs(d, "causal")))
-        assert {v.config for v in fwd if v.head_dim == d} == set(forward_configs(d, "window"))
+        assert set(forward_configs(d, "window", dv)) == (set(forward_configs(d, "full", dv))
+                                                       | set(forward_configs(d, "causal", dv)))
+        assert {v.config for v in fwd if (v.head_dim, v.head_dim_v) == (d, dv)} == set(
+            forward_configs(d, "window", dv))
 
 
 @pytest.mark.parametrize("window, tiling", [((256, 0), "causal"), ((64, 64), "full"),

@@ -161,12 +161,23 @@ SHORT_CAUSAL = 1024
 # Three math warpgroups (192 rows) keep the tensor cores busier while each runs its softmax
 # (d = 64); d = 96 and 128 need more registers per math thread than three leave, so two.
 # At d = 192 and 256 a warpgroup's fp32 O rows take 96 and 128 registers a thread, so the KV
-# tiles have 64 keys (S and P fit beside O); at 256 Q (64 KiB) and two stages of K and V
-# (128 KiB) leave room for half of O's columns, which leave in two stores.
+# tiles have 64 keys (S and P fit beside O). There the K and V stages are what the shared
+# memory can hold: O is staged in column chunks to leave room for one more (at 256 Q and
+# two stages fill 192 KiB, and O leaves in two 128-column stores; at 192, three stages and
+# 64-column stores; 192 / 128 fits three stages with all of O). One more stage was 1.6 -
+# 1.7x faster at 256 and 1.13 - 1.15x at 192 (H100,
+# ``benchmarks/results/experiments/forward_stages.md``).
 _FORWARD = {64: {192: ForwardConfig(192, 128, 3), 128: ForwardConfig(128, 128, 3)},
             96: {128: ForwardConfig(128, 128, 2)}, 128: {128: ForwardConfig(128, 128, 2)},
-            192: {128: ForwardConfig(128, 64, 2)},
+            192: {128: ForwardConfig(128, 64, 3, o_cols=64)},
             256: {128: ForwardConfig(128, 64, 2, o_cols=128)}}
+#: the forward's configurations at a value head dim other than the head dim, where they
+#: differ from the head dim's (the same ``block_n``: the bits depend on it alone)
+_FORWARD_V = {(192, 128): {128: ForwardConfig(128, 64, 3)}}
+
+
+def _forward_table(head_dim: int, head_dim_v: int | None) -> dict[int, ForwardConfig]:
+    return _FORWARD_V.get((head_dim, head_dim_v), _FORWARD[head_dim])
 
 
 def tiling_mask(rule) -> str:
@@ -179,33 +190,37 @@ def tiling_mask(rule) -> str:
 
 
 def forward_config(head_dim: int, mask: str, seqlen_q: int,
-                   dtype: torch.dtype = torch.bfloat16, block_m: int | None = None
-                   ) -> ForwardConfig:
+                   dtype: torch.dtype = torch.bfloat16, block_m: int | None = None,
+                   head_dim_v: int | None = None) -> ForwardConfig:
     """The forward's configuration for a problem (``mask``: ``"full"`` or ``"causal"``, a
-    window's :func:`tiling_mask`).
+    window's :func:`tiling_mask`; ``head_dim_v``: the values' head dim where it is not
+    ``head_dim``).
 
     At d = 64, 192 rows are 3 - 11 % faster except for short causal problems (S_q <=
     :data:`SHORT_CAUSAL`), where 128 rows waste less on the diagonal and are ~10 % faster.
     ``block_m`` (tests, measurements) asks for the configuration of that height instead;
     the bits do not depend on it.
     """
-    _supported(head_dim)
+    head_dim_v = None if head_dim_v == head_dim else head_dim_v
+    _supported(head_dim, head_dim_v)
+    table = _forward_table(head_dim, head_dim_v)
     if block_m is not None:
-        if block_m not in _FORWARD[head_dim]:
+        if block_m not in table:
             raise ValueError(f"block_m {block_m} at head dim {head_dim}: the forward has "
-                             f"{sorted(_FORWARD[head_dim])}")
-        return _FORWARD[head_dim][block_m]
+                             f"{sorted(table)}")
+        return table[block_m]
     if head_dim == 64 and not (mask == "causal" and seqlen_q <= SHORT_CAUSAL):
-        return _FORWARD[64][192]
-    return _FORWARD[head_dim][128]
+        return table[192]
+    return table[128]
 
 
-def forward_configs(head_dim: int, mask: str) -> tuple[ForwardConfig, ...]:
-    """Every configuration :func:`forward_config` can pick for this head dim and mask kind
-    (its rule only looks at which side of :data:`SHORT_CAUSAL` the length falls; a window
-    tiles as either mask)."""
+def forward_configs(head_dim: int, mask: str, head_dim_v: int | None = None
+                    ) -> tuple[ForwardConfig, ...]:
+    """Every configuration :func:`forward_config` can pick for this head dim (and value head
+    dim) and mask kind (its rule only looks at which side of :data:`SHORT_CAUSAL` the length
+    falls; a window tiles as either mask)."""
     tilings = ("full", "causal") if mask == "window" else (mask,)
-    picked = {forward_config(head_dim, m, s) for m in tilings
+    picked = {forward_config(head_dim, m, s, head_dim_v=head_dim_v) for m in tilings
               for s in (SHORT_CAUSAL, SHORT_CAUSAL + 1)}
     return tuple(sorted(picked, key=lambda c: c.block_m))
 
@@ -214,7 +229,8 @@ def forward_block_n(head_dim: int) -> int:
     """Keys per KV tile of the forward at ``head_dim``: every configuration's (the bits
     depend on it, so ``dash_ref``'s fast forward takes it)."""
     _supported(head_dim)
-    (block_n,) = {c.block_n for c in _FORWARD[head_dim].values()}
+    tables = [_FORWARD[head_dim], *(t for (d, _), t in _FORWARD_V.items() if d == head_dim)]
+    (block_n,) = {c.block_n for t in tables for c in t.values()}
     return block_n
 
 

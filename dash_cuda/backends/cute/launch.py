@@ -497,7 +497,7 @@ def forward_variant(dtype: torch.dtype, head_dim: int, rule: Mask, seqlen_q: int
     ``head_dim_v``: the values' head dim)."""
     return ForwardVariant(dtype, head_dim, rule.kind,
                           forward_config(head_dim, tiling_mask(rule), seqlen_q, dtype,
-                                         block_m), packed, sinks, softcap,
+                                         block_m, head_dim_v), packed, sinks, softcap,
                           None if head_dim_v == head_dim else head_dim_v)
 
 

@@ -140,7 +140,7 @@ def shipped_variants(dtypes=tuple(DTYPES), head_dims=HEAD_DIMS) -> list[Variant 
     out: list[Variant | ForwardVariant] = [
         ForwardVariant(dtype, d, mask, config, head_dim_v=dv)
         for dtype, d, mask in itertools.product(dtypes, head_dims, MASK_KINDS)
-        for dv in value_head_dims(d) for config in forward_configs(d, mask)]
+        for dv in value_head_dims(d) for config in forward_configs(d, mask, dv)]
     # packed batches: the same forwards, reading cu_seqlens (run_forward_varlen)
     out += [replace(v, packed=True) for v in out]
     # learnable sinks: the same forwards, folding each head's sink in after the last KV tile
