@@ -12,7 +12,8 @@ The revision must call its kernels through the TVM-FFI entry (``launch.COMPILE_O
 and list its variants in ``dash_cuda.backends.cute.variants`` (whose names carry the
 configuration), as this one does (``e37b0be`` on): its objects are loaded by name and called
 as this revision's, and a base folder that lacks a kernel the cells time is refused.
-Each cell times every kernel twice in turn (the best of two medians each, so a drift of the
+``--windows W ...`` adds causal windows ``(W, 0)`` (the window kernel, ``banded``) to the
+cells. Each cell times every kernel twice in turn (the best of two medians each, so a drift of the
 clock hits all) on the best deterministic schedule of the mask (``shift`` full, ``symmetric_
 shift`` causal) and on the atomic peer, and checks dQ, dK and dV of each deterministic base
 against the candidate with ``torch.equal``: a change that moves no add must keep the bits.
@@ -39,21 +40,24 @@ from harness import (
 )
 
 
-def variants(head_dims, per_head: bool = False):
-    """The kernels the grid runs: bf16, both masks, deterministic and atomic (``per_head``:
-    the grouped-query ones, which keep dK and dV per query head)."""
+def variants(head_dims, per_head: bool = False, windows: bool = False):
+    """The kernels the grid runs: bf16, both masks (and, ``windows``, the window kernel),
+    deterministic and atomic (``per_head``: the grouped-query ones, which keep dK and dV per
+    query head)."""
     import torch
 
+    masks = ("full", "causal", "window") if windows else ("full", "causal")
     return [cute_backward_variant(torch.bfloat16, d, mask, det, per_head=per_head)
-            for d in head_dims for mask in ("full", "causal") for det in (True, False)]
+            for d in head_dims for mask in masks for det in (True, False)]
 
 
-def load_base(folder: Path, head_dims, per_head: bool = False) -> dict:
+def load_base(folder: Path, head_dims, per_head: bool = False, windows: bool = False) -> dict:
     """``{variant: kernel}`` of the objects exported into ``folder``."""
     from dash_cuda.backends.cute import launch
 
     return {v: launch.load_exported(str(folder), v.name)
-            for v in variants(head_dims, per_head) if (folder / f"{v.name}.o").is_file()}
+            for v in variants(head_dims, per_head, windows)
+            if (folder / f"{v.name}.o").is_file()}
 
 
 def run(args) -> dict:
@@ -62,11 +66,13 @@ def run(args) -> dict:
     import dash_cuda
     from dash_cuda import plans
     from dash_cuda.backends.cute import launch
+    from dash_ref import Problem
 
     per_head = args.group > 1
-    bases = {name: load_base(Path(folder), args.head_dims, per_head)
+    windows = bool(args.windows)
+    bases = {name: load_base(Path(folder), args.head_dims, per_head, windows)
              for name, folder in args.base}
-    wanted = {v.name for v in variants(args.head_dims, per_head)}
+    wanted = {v.name for v in variants(args.head_dims, per_head, windows)}
     for name, folder in args.base:
         missing = sorted(wanted - {v.name for v in bases[name]})
         if missing:
@@ -75,24 +81,30 @@ def run(args) -> dict:
                              "variants as this one does)")
     if "candidate" in bases:
         raise SystemExit("ab_backward: 'candidate' names the working tree; rename that base")
-    candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims, per_head)}
+    candidate = {v: launch.get_kernel(v) for v in variants(args.head_dims, per_head, windows)}
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
+    # (causal, window) of the cells: both masks, then each causal window (w, 0)
+    masks = [(False, None), (True, None), *((True, (w, 0)) for w in args.windows)]
     for d in args.head_dims:
-        for causal in (False, True):
+        for causal, window in masks:
             for s in args.seqlens:
                 h, b = HIDDEN // d, TOKENS // s
                 q, k, v, do = grid_inputs(d, s, gen, args.group)
-                o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
-                flops = flops_backward(b, h, s, d, causal)
-                for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
+                extra = {} if window is None else {"window_size": window}
+                o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute",
+                                                     **extra)
+                flops = (flops_backward(b, h, s, d, causal) if window is None else Problem(
+                    b, h, h, s, s, d, "causal", window_size=window).flops_backward())
+                best = "banded" if window else "symmetric_shift" if causal else "shift"
+                for schedule in (best, "atomic"):
                     det = schedule != "atomic"
 
                     def backward(schedule=schedule, det=det, causal=causal, q=q, k=k, v=v,
-                                 o=o, lse=lse, do=do):
+                                 o=o, lse=lse, do=do, extra=extra):
                         return dash_cuda.attention_backward(
                             q, k, v, o, lse, do, causal=causal, schedule=schedule,
-                            deterministic=det, backend="cute")
+                            deterministic=det, backend="cute", **extra)
 
                     kernels = {**bases, "candidate": candidate}
                     tflops: dict[str, float] = {}
@@ -108,7 +120,8 @@ def run(args) -> dict:
                     plans.clear()
                     same = {n: all(torch.equal(x, y) for x, y in zip(outs[n], outs["candidate"]))
                             for n in bases} if det else {}
-                    row = {"d": d, "mask": "causal" if causal else "full", "S": s,
+                    mask = f"window {window[0]}" if window else "causal" if causal else "full"
+                    row = {"d": d, "mask": mask, "S": s,
                            "schedule": schedule,
                            "tflops": {n: round(t, 1) for n, t in tflops.items()},
                            "bits_equal": same}
@@ -157,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--windows", type=int, nargs="*", default=[],
+                    help="also causal windows (W, 0) of these widths (the window kernel)")
     ap.add_argument("--group", type=int, default=1,
                     help="query heads per KV head: > 1 times the grouped-query kernels")
     args = ap.parse_args(argv)
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         from dash_cuda.backends.cute import launch
 
-        plain = variants(args.head_dims, args.group > 1)
+        plain = variants(args.head_dims, args.group > 1, bool(args.windows))
         for v in plain:
             launch.export_kernel(launch.compile_kernel(v), str(args.export), v.name)
         print(f"exported {len(plain)} kernels to {args.export}")
