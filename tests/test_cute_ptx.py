@@ -569,6 +569,31 @@ def test_the_backward_ab_tool_exports_every_kernel_it_times(tmp_path):
     assert {p.stem for p in tmp_path.glob("*.o")} == names
 
 
+def test_the_backward_config_ab_tool_exports_each_alternative_it_times(tmp_path):
+    """``benchmarks/ab_backward_config.py --export`` compiles, on the CPU, each alternative
+    configuration of every kernel a cell times (deterministic and atomic) under its own
+    name, and refuses a change it cannot read."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "benchmarks" / "ab_backward_config.py"),
+               "--cells", "96:causal:1024", "--change", "q3=q_stages=3"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([*command, "--export", str(tmp_path)], capture_output=True,
+                          text=True, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {p.stem for p in tmp_path.glob("*.o")} == {
+        "dash_bwd_bf16_d96_causal_det_m64n128q3dq2",
+        "dash_bwd_bf16_d96_causal_atomic_m64n128q3dq2"}
+    bad = subprocess.run([*command[:2], "--change", "q3=q_stages", "--export", str(tmp_path)],
+                         capture_output=True, text=True, cwd=root, env=env)
+    assert bad.returncode == 2 and "NAME=FIELD=VALUE" in bad.stderr
+
+
 def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, monkeypatch):
     """``export_kernels`` with ``DASH_CUTE_AOT_DIR`` set: the loaded kernel (a TVM-FFI
     function, which has no export) is compiled again, and the object is written."""
