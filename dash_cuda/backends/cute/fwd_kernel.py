@@ -808,8 +808,9 @@ class DashForwardSm90:
     @cute.jit
     def finish(self, acc_o, m, ell, o_coords, o_chunk, o_store, o_slots, sO, tO, tma_o, mLSE,
                o_ready, tid, wg, i, b, h, heads, seqlen_q, q_first=0, packing=None):
-        """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory and a TMA store of the
-        warpgroup's 64 rows; LSE2 = m + log2(l) by the first thread of each row.
+        """[fwd_finish] O = rnd(acc * (1 / l)) through shared memory, one TMA store of the
+        warpgroup's 64 rows per staged column chunk (``ForwardConfig.o_cols``); LSE2 = m +
+        log2(l) by the first thread of each row.
 
         One reciprocal per row and a multiply per element: a division per element costs as
         much as a KV tile's softmax, on short rows a large part of the tile's time.
