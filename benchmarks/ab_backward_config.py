@@ -8,11 +8,11 @@ its dQ, dK and dV are checked against the shipped kernel's with ``torch.equal``.
 kernel is timed in interleaved rounds (CUDA graph replays, median of ``--reps``) on the
 grid's cells (``--cells D:MASK:S``), the best deterministic schedule and the atomic peer::
 
-    python benchmarks/ab_backward_config.py --export ab/alt                  # CPU
-    python benchmarks/ab_backward_config.py --alt ab/alt --out OUT           # GPU
+    python benchmarks/ab_backward_config.py --change q3=q_stages=3 --export ab/alt   # CPU
+    python benchmarks/ab_backward_config.py --change q3=q_stages=3 --alt ab/alt     # GPU
 
-(the same ``--cells`` and ``--change`` both times). Writes ``ab_backward_config.json`` and
-``.md``.
+(the same ``--cells`` and ``--change`` both times; a folder that lacks an alternative is
+refused). Writes ``ab_backward_config.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -59,17 +59,17 @@ def parse_change(text: str) -> tuple[str, dict[str, int | bool]]:
     raise argparse.ArgumentTypeError(f"expected NAME=FIELD=VALUE[,FIELD=VALUE], got {text!r}")
 
 
-def variants(cells, changes) -> list[tuple[object, dict[str, object]]]:
-    """``(shipped variant, {name: alternative variant})`` of every kernel the cells time
+def variants(cells, changes) -> dict[object, dict[str, object]]:
+    """``{shipped variant: {name: alternative variant}}`` of every kernel the cells time
     (bf16, deterministic and atomic)."""
     import torch
 
-    out = []
+    out = {}
     for d, mask in dict.fromkeys((d, mask) for d, mask, _ in cells):
         for det in (True, False):
             shipped = cute_backward_variant(torch.bfloat16, d, mask, det)
-            out.append((shipped, {name: replace(shipped, config=replace(shipped.config, **c))
-                                  for name, c in changes}))
+            out[shipped] = {name: replace(shipped, config=replace(shipped.config, **c))
+                            for name, c in changes}
     return out
 
 
@@ -80,10 +80,11 @@ def run(args) -> dict:
     from dash_cuda import plans
     from dash_cuda.backends.cute import launch
 
+    alternatives = variants(args.cells, args.change)
     kernels_of = {shipped: {"shipped": launch.get_kernel(shipped),
                             **{n: launch.load_exported(str(args.alt), v.name)
                                for n, v in alts.items()}}
-                  for shipped, alts in variants(args.cells, args.change)}
+                  for shipped, alts in alternatives.items()}
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for d, mask, s in args.cells:
@@ -124,8 +125,8 @@ def run(args) -> dict:
             tf = {n: round(statistics.median(t), 1) for n, t in rounds.items()}
             rows.append({"d": d, "mask": mask, "S": s, "schedule": schedule,
                          "configs": {"shipped": shipped.config.name,
-                                     **{n: replace(shipped.config, **c).name
-                                        for n, c in args.change}},
+                                     **{n: v.config.name
+                                        for n, v in alternatives[shipped].items()}},
                          "tflops": tf, "rounds": {n: [round(x, 1) for x in t]
                                                   for n, t in rounds.items()},
                          "bits_equal": same})
@@ -173,12 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         from dash_cuda.backends.cute import launch
 
-        alts = [v for _, a in variants(args.cells, args.change) for v in a.values()]
+        alts = [v for a in variants(args.cells, args.change).values() for v in a.values()]
         names = launch.export_kernels(alts, str(args.export))
         print(f"exported {len(names)} kernels to {args.export}")
         return 0
     if args.alt is None or not args.alt.is_dir():
         print("ab_backward_config: give --alt DIR, a folder --export wrote", file=sys.stderr)
+        return 2
+    missing = sorted(v.name for a in variants(args.cells, args.change).values()
+                     for v in a.values() if not (args.alt / f"{v.name}.o").is_file())
+    if missing:
+        print(f"ab_backward_config: {args.alt} lacks {len(missing)} alternatives "
+              f"({missing[0]}, ...): export them with the same --cells and --change",
+              file=sys.stderr)
         return 2
     if no_cuda("ab_backward_config"):
         return 2

@@ -572,7 +572,8 @@ def test_the_backward_ab_tool_exports_every_kernel_it_times(tmp_path):
 def test_the_backward_config_ab_tool_exports_each_alternative_it_times(tmp_path):
     """``benchmarks/ab_backward_config.py --export`` compiles, on the CPU, each alternative
     configuration of every kernel a cell times (deterministic and atomic) under its own
-    name, and refuses a change it cannot read."""
+    name; the tool refuses a change it cannot read, and a folder that lacks one of the
+    alternatives a run would time."""
     import os
     import subprocess
     import sys
@@ -592,6 +593,11 @@ def test_the_backward_config_ab_tool_exports_each_alternative_it_times(tmp_path)
     bad = subprocess.run([*command[:2], "--change", "q3=q_stages", "--export", str(tmp_path)],
                          capture_output=True, text=True, cwd=root, env=env)
     assert bad.returncode == 2 and "NAME=FIELD=VALUE" in bad.stderr
+    other = subprocess.run([*command[:2], "--cells", "96:full:1024", "--change",
+                            "q3=q_stages=3", "--alt", str(tmp_path)],
+                           capture_output=True, text=True, cwd=root, env=env)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1
+    assert "lacks 2 alternatives" in other.stderr
 
 
 def test_kernels_loaded_from_exported_objects_can_be_exported_again(tmp_path, monkeypatch):
