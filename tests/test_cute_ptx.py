@@ -349,7 +349,16 @@ def test_the_launch_register_count_is_checked_against_ptxas():
 
 
 def test_the_staged_dq_tile_order_is_the_mmas_own():
+    """Also with the dQ MMA on one warpgroup: the staged tile, and so dQacc, is the same."""
     assert inspect_ptx.check_staging_layout() == []
+
+
+@pytest.mark.parametrize("head_dim", [64, 192])
+def test_the_dq_partial_on_one_warpgroup_needs_64_row_tiles_split_by_keys(head_dim):
+    v = backward_variant(torch.bfloat16, head_dim, "full", True, audit=False, per_head=False)
+    one = replace(v, config=replace(v.config, dq_one_warpgroup=True))
+    with pytest.raises(ValueError, match="one warpgroup needs BM = 64 and keys split"):
+        one.kernel_object()
 
 
 def test_the_forwards_o_chunks_are_runs_of_its_registers(monkeypatch):

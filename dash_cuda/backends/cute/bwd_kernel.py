@@ -217,6 +217,9 @@ class DashBackwardSm90:
             raise ValueError("the head-dim split has no probe variant")
         if self.split_dims and (config.block_m, config.block_n) != (64, 64):
             raise ValueError("the head-dim split runs 64 x 64 tiles")
+        self.dq_one_wg = config.dq_one_warpgroup
+        if self.dq_one_wg and (self.split_dims or config.block_m != 64):
+            raise ValueError("the dQ partial on one warpgroup needs BM = 64 and keys split")
         if head_dim_v not in (None, head_dim) and not self.split_dims:
             raise ValueError("a value head dim other than d needs the head-dim split")
         if probe and audit:
@@ -242,10 +245,11 @@ class DashBackwardSm90:
         self.dq_tile_elems = self.bm * head_dim
         self.dq_tile_bytes = self.dq_tile_elems * 4
         # columns of one warpgroup's dQ accumulator: BM = 128 splits the rows (each warpgroup
-        # m64 x d), BM = 64 the head dim (m64 x d / 2); registers per math thread of it,
-        # staged four at a time (:func:`staging_coords`)
-        self.dq_cols = head_dim if self.bm == 128 else head_dim // 2
-        self.dq_regs = self.dq_tile_elems // MATH_THREADS
+        # m64 x d), BM = 64 the head dim (m64 x d / 2) or leaves it to warpgroup 0 (m64 x d);
+        # registers per math thread of it, staged four at a time (:func:`staging_coords`)
+        self.dq_warpgroups = 1 if self.dq_one_wg else 2
+        self.dq_cols = head_dim if self.bm == 128 or self.dq_one_wg else head_dim // 2
+        self.dq_regs = self.dq_tile_elems // (128 * self.dq_warpgroups)
         assert self.dq_regs == self.dq_cols // 2 and self.dq_regs % 4 == 0
         # The chain epilogue's dK and dV tiles (BN x d each) go to the dS buffers. Where one
         # dS buffer holds both (BM >= 2 d), they take the buffer the next visit does not
@@ -287,6 +291,9 @@ class DashBackwardSm90:
         # dQ_ij = dS K: (BM x d) from shared dS (MN-major) and K (MN-major as d x BN)
         if self.bm == 128:  # two warpgroups split the query rows
             mma_dq = sm90.make_trivial_tiled_mma(dt, dt, mn_major, mn_major, Float32, (2, 1, 1),
+                                                 (64, self.d))
+        elif self.dq_one_wg:  # BM = 64 on warpgroup 0 alone
+            mma_dq = sm90.make_trivial_tiled_mma(dt, dt, mn_major, mn_major, Float32, (1, 1, 1),
                                                  (64, self.d))
         else:  # BM = 64: two warpgroups split the head dim
             mma_dq = sm90.make_trivial_tiled_mma(dt, dt, mn_major, mn_major, Float32, (1, 2, 1),
@@ -366,8 +373,8 @@ class DashBackwardSm90:
                                 block_cols=d // 2 if halves else None)
         sdO_layout = smem_layout(self.dtype, bm, dv, self.q_stages,
                                  block_cols=dv // 2 if halves else None)
-        # K is also the dQ MMA's MN-major B operand, whose columns two warpgroups split
-        # where BM = 64 (:meth:`_tiled_mmas`): each half must start on a swizzle atom
+        # K is also the dQ MMA's MN-major B operand, whose columns two warpgroups may split
+        # (:meth:`_tiled_mmas`): each warpgroup's block must start on a swizzle atom
         sK_layout = smem_layout(self.dtype, bn, d, None, block_cols=self.dq_cols)
         # (a head-dim split's dV leaves through sV, whose column halves each warpgroup writes)
         sV_layout = (smem_layout(self.dtype, bn, dv, None, block_cols=dv // 2) if halves
@@ -458,11 +465,12 @@ class DashBackwardSm90:
         bm, d = self.bm, self.d
 
         # Pipelines. Loads: one TMA-issuing thread produces, the eight math warps consume
-        # (one arrival per warp). Staged dQ partials: the eight math warps produce (lane 0 of
-        # each arrives, after the warp's writes), lane 0 of the dQ writer consumes. Arrivals
-        # on one mbarrier serialize: one per warp, not one per thread.
+        # (one arrival per warp). Staged dQ partials: the math warps that hold them produce
+        # (lane 0 of each arrives, after the warp's writes), lane 0 of the dQ writer
+        # consumes. Arrivals on one mbarrier serialize: one per warp, not one per thread.
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         math_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, MATH_THREADS // 32)
+        dq_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.dq_warpgroups)
         q_tile_bytes = bm * d * self.dtype.width // 8
         do_tile_bytes = bm * self.dv * self.dtype.width // 8
         kv_tile_bytes = self.bn * (d + self.dv) * self.dtype.width // 8  # K and V
@@ -479,7 +487,7 @@ class DashBackwardSm90:
             tx_count=do_tile_bytes + bm * 4, defer_sync=True)
         pipe_dq = pipeline.PipelineAsync.create(
             barrier_storage=st.mbar_dq.data_ptr(), num_stages=self.dq_stages,
-            producer_group=math_warps, consumer_group=one_thread, defer_sync=True)
+            producer_group=dq_warps, consumer_group=one_thread, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -502,11 +510,12 @@ class DashBackwardSm90:
         sLSE = st.s_lse.get_tensor(cute.make_layout((bm, self.q_stages)))
         sDelta = st.s_delta.get_tensor(cute.make_layout((bm, self.q_stages)))
         # staged partials: [v, t, g, w, stage] holds register 4 g + v of math thread t of
-        # warpgroup w (see staging_coords)
-        half = self.dq_tile_elems // 2
+        # warpgroup w (see staging_coords; one warpgroup's registers 4 g + v past d / 2 land
+        # where the second warpgroup's 4 (g - d / 8) + v would)
+        part = self.dq_tile_elems // self.dq_warpgroups
         s_dq = st.s_dq.get_tensor(cute.make_layout(
-            (4, 128, self.dq_regs // 4, 2, self.dq_stages),
-            stride=(1, 4, 512, half, self.dq_tile_elems)))
+            (4, 128, self.dq_regs // 4, self.dq_warpgroups, self.dq_stages),
+            stride=(1, 4, 512, part, self.dq_tile_elems)))
 
         if warp < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -720,8 +729,10 @@ class DashBackwardSm90:
         wg_sdp = mma_sdp.get_slice(wg_leader)
         wg_dkv = mma_dkv.get_slice(wg_leader)
         thr_dkv = mma_dkv.get_slice(tid)
-        wg_dq = mma_dq.get_slice(wg_leader)
-        thr_dq = mma_dq.get_slice(tid)
+        # (the dQ MMA on one warpgroup: warpgroup 0's fragments; warpgroup 1 skips it)
+        dq_wg = 0 if const_expr(self.dq_one_wg) else wg
+        wg_dq = mma_dq.get_slice(dq_wg * 128)
+        thr_dq = mma_dq.get_slice(tid % 128 + dq_wg * 128)
         a_k = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
         a_v = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         b_q = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
@@ -737,8 +748,8 @@ class DashBackwardSm90:
         score_coords = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
         ds_slots = thr_sdp.partition_C(transposed(sdS))
         dkv_coords = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
-        # this thread's dV and dK slots in the epilogue tiles (see store_dkv_tma)
-        my_dq_slots = s_dq[None, tid % 128, None, wg, None]
+        # this thread's slots of a staged dQ partial
+        my_dq_slots = s_dq[None, tid % 128, None, dq_wg, None]
 
         ds_full = pipeline.NamedBarrier(barrier_id=BAR_DS_FULL, num_threads=MATH_THREADS)
         epi_bar = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=MATH_THREADS)
@@ -829,7 +840,12 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
-                gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
+                if const_expr(self.dq_one_wg):
+                    if wg == 0:
+                        gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt,
+                             zero_init=True)
+                else:
+                    gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
                 # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers, issued after the
                 # partial's MMA so that staging the partial overlaps it (measured: issuing it
                 # before the dS barrier is slower at both head dims, :mod:`.config`)
@@ -838,15 +854,13 @@ class DashBackwardSm90:
                 # the partial is staged for the dQ writer
                 warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
-                pipe_dq.producer_acquire(dq_state)
-                self.stamp(mProbe, slot + 4, lead)
-                cute.autovec_copy(
-                    cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
-                    my_dq_slots[None, None, dq_state.index])
-                cute.arch.fence_view_async_shared()
-                cute.arch.sync_warp()  # the warp's writes, then its one arrival
-                if lane == 0:
-                    pipe_dq.producer_commit(dq_state)
+                if const_expr(self.dq_one_wg):
+                    if wg == 0:
+                        self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane,
+                                           mProbe, slot, lead)
+                else:
+                    self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane, mProbe,
+                                       slot, lead)
                 dq_state.advance()
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
@@ -889,6 +903,23 @@ class DashBackwardSm90:
             self.stamp(mProbe, self.chain_slot(tables, c, 3), lead)
         if tid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def stage_partial(self, acc_dq, my_dq_slots, pipe_dq, dq_state, lane, mProbe=None,
+                      slot=None, lead=None):
+        """This warp's share of a dQ partial to the staging buffer ``dq_state`` names, once
+        the dQ writer has freed it; then the warp's one arrival (probe slot 4: the buffer
+        was free)."""
+        pipe_dq.producer_acquire(dq_state)
+        if const_expr(mProbe is not None):
+            self.stamp(mProbe, slot + 4, lead)
+        cute.autovec_copy(
+            cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
+            my_dq_slots[None, None, dq_state.index])
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_warp()  # the warp's writes, then its one arrival
+        if lane == 0:
+            pipe_dq.producer_commit(dq_state)
 
     # -- math warpgroups, head-dim split ------------------------------------------------------
     @cute.jit
@@ -1015,14 +1046,7 @@ class DashBackwardSm90:
                 gemm(mma_dk, acc_dk, a_dst[None, None, None, stage],
                      b_qt[None, None, None, stage], zero_init=False)
                 warpgroup.wait_group(2)  # the partial (groups retire in order)
-                pipe_dq.producer_acquire(dq_state)
-                cute.autovec_copy(
-                    cute.make_tensor(acc_dq.iterator, cute.make_layout((4, self.dq_regs // 4))),
-                    my_dq_slots[None, None, dq_state.index])
-                cute.arch.fence_view_async_shared()
-                cute.arch.sync_warp()  # the warp's writes, then its one arrival
-                if lane == 0:
-                    pipe_dq.producer_commit(dq_state)
+                self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane)
                 dq_state.advance()
                 warpgroup.wait_group(1)  # dV: dO is read no more
                 pipe_do.consumer_release(q_state)

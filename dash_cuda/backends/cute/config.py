@@ -55,13 +55,19 @@ class BackwardConfig:
     # (wide head dims, where a warpgroup's dK and dV of 64 keys across all of d and d_v
     # would not fit its registers).
     split: str = "keys"
+    # The dQ partial's MMA on one warpgroup (m64 x d, the other skips it) instead of split
+    # by columns between the two (BM = 64, keys split only). Its dS operand is read once
+    # instead of twice, and K needs no swizzle atom at d / 2. The staged tile is the same
+    # (staging_coords), and so are the bits: splitting the columns moves no add.
+    dq_one_warpgroup: bool = False
 
     @property
     def name(self) -> str:
         """What a compiled variant's name says of its configuration."""
         return (f"m{self.block_m}n{self.block_n}q{self.q_stages}dq{self.dq_stages}"
                 + ("sel" if self.select_every_tile else "")
-                + ("dims" if self.split == "dims" else ""))
+                + ("dims" if self.split == "dims" else "")
+                + ("dq1" if self.dq_one_warpgroup else ""))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import torch
 
@@ -235,7 +236,7 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     # column halves start on; a head-dim split's Q, dO and V: atoms its halves start on)
     dv = v.head_dim_v or d
     dims = v.config.split == "dims"
-    dq_cols = d if v.config.block_m == 128 else d // 2
+    dq_cols = v.kernel_object().dq_cols
 
     def boxes(cols: int, halves: bool, elem: int = 2) -> int:
         return cols // atom_columns(cols, elem, cols // 2 if halves else None)
@@ -652,33 +653,40 @@ def ptxas_report(ptx_path: str) -> str:
 
 
 def check_staging_layout() -> list[str]:
-    """``staging_coords`` (the dQacc tile order) equals the MMA's own partition of the tile."""
+    """``staging_coords`` (the dQacc tile order) equals the MMA's own partition of the tile,
+    at every head dim, and with the dQ MMA on one warpgroup (``dq_one_warpgroup``) where a
+    head dim's tiles allow it: the kernel's staging slots (``s_dq``) put register ``r`` of
+    thread ``t`` of warpgroup ``w`` at ``w * part + (r // 4) * 512 + 4 t + r % 4``."""
     found: dict = {}
 
     @cute.jit
     def probe(k: cutlass.Constexpr):
         mma_dq = k._tiled_mmas()[-1]
         ident = cute.make_identity_tensor((k.bm, k.d))
-        for t in list(range(256)):  # a Python loop at trace time
+        for t in list(range(128 * k.dq_warpgroups)):  # a Python loop at trace time
             part = mma_dq.get_slice(t).partition_C(ident)
             found[t] = [part[e] for e in range(cute.size(part))]
 
     bad = []
     for d in HEAD_DIMS:
-        found.clear()
         v = backward_variant(torch.bfloat16, d, "full", True, audit=False, per_head=False)
-        k = v.kernel_object()
-        cute.compile(probe, k, options="--gpu-arch=sm_90a")
-        coords = staging_coords(k.bm, d)
-        half = k.bm * d // 2
-        for t, regs in found.items():
-            w, tl = divmod(t, 128)
-            for r, rc in enumerate(regs):
-                pos = w * half + (r // 4) * 512 + 4 * tl + r % 4
-                if tuple(int(x) for x in rc) != coords[pos]:
-                    bad.append(f"d={d}: thread {t} register {r} is {rc}, staging says "
-                               f"{coords[pos]}")
-                    break
+        kernels = [v]
+        if v.config.block_m == 64 and v.config.split == "keys":
+            kernels.append(replace(v, config=replace(v.config, dq_one_warpgroup=True)))
+        for v in kernels:
+            found.clear()
+            k = v.kernel_object()
+            cute.compile(probe, k, options="--gpu-arch=sm_90a")
+            coords = staging_coords(k.bm, d)
+            part = k.bm * d // k.dq_warpgroups
+            for t, regs in found.items():
+                w, tl = divmod(t, 128)
+                for r, rc in enumerate(regs):
+                    pos = w * part + (r // 4) * 512 + 4 * tl + r % 4
+                    if tuple(int(x) for x in rc) != coords[pos]:
+                        bad.append(f"{v.config.name} d={d}: thread {t} register {r} is {rc}, "
+                                   f"staging says {coords[pos]}")
+                        break
         if sorted(coords) != [(r, c) for r in range(k.bm) for c in range(d)]:
             bad.append(f"d={d}: staging order is not a permutation of the tile")
     return bad
