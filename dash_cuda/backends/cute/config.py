@@ -158,7 +158,8 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
         return BackwardConfig(64, 64, q_stages=stages, dq_stages=1, split="dims")
     if head_dim == 64:
         return BackwardConfig(128, 128)
-    return BackwardConfig(64, 128, select_every_tile=mask == "full")  # d = 96 as d = 128
+    return BackwardConfig(64, 128, select_every_tile=mask == "full",
+                          dq_one_warpgroup=head_dim == 96)
 
 
 #: causal problems with S_q up to this keep 128-row forward tiles at d = 64
