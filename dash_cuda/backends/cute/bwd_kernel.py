@@ -13,7 +13,9 @@ Roles (384 threads, three warpgroups)::
                           the tile's turn (deterministic), bulk-reduce-adds it into dQacc,
                           waits for the add to complete, hands the tile to the next rank.
     warpgroups 1 and 2    math: wgmma for S, dP, dV, dK and the dQ partial; each warpgroup
-                          owns 64 of the BN key rows of the chain (keys are the MMA rows).
+                          owns 64 of the BN key rows of the chain (keys are the MMA rows);
+                          the partial's columns split between them, or go to the first
+                          alone (``BackwardConfig.dq_one_warpgroup``).
 
 Arithmetic contract (one visit, keys as rows, "transposed" form like the Triton kernel)::
 

@@ -144,9 +144,12 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
 
     The tiles FlashAttention-3/4 use for their sm90 backward: 128 x 128 at d = 64; at d = 128
     a 64-row Q tile (their causal choice; the non-causal 80-row tile needs a swapped dQ MMA
-    and would make the tiling depend on the mask). [dk_step] is issued after the partial's
-    MMA, so that staging the partial overlaps it (issuing it before the dS barrier was 1 -
-    6 % slower at d = 128 and 2 - 10 % at d = 64). A window keeps the masking branch (its
+    and would make the tiling depend on the mask); d = 96 takes d = 128's tiles, with the dQ
+    partial on one warpgroup (theirs too: 1.023 - 1.026 of the split partial at S >= 4k on an
+    H100, level at 1k, ``benchmarks/results/experiments/backward_d96_dq_one_warpgroup.md``;
+    at d = 128 its 64 more registers a thread would not fit). [dk_step] is issued after the
+    partial's MMA, so that staging the partial overlaps it (issuing it before the dS barrier
+    was 1 - 6 % slower at d = 128 and 2 - 10 % at d = 64). A window keeps the masking branch (its
     edge tiles need the selects, its interior ones do not; selecting on every tile ran 1 -
     4.5 % slower at windows of 1024 and 4096 keys on the H200:
     ``benchmarks/results/experiments/window_select.md``), so one configuration serves
@@ -159,7 +162,7 @@ def backward_config(head_dim: int, mask: str, dtype: torch.dtype = torch.bfloat1
     if head_dim == 64:
         return BackwardConfig(128, 128)
     return BackwardConfig(64, 128, select_every_tile=mask == "full",
-                          dq_one_warpgroup=head_dim == 96)
+                          dq_one_warpgroup=head_dim == 96)  # d = 96 on d = 128's tiles
 
 
 #: causal problems with S_q up to this keep 128-row forward tiles at d = 64
