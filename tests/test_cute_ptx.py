@@ -597,8 +597,8 @@ def test_the_backward_config_ab_tool_exports_each_alternative_it_times(tmp_path)
                           text=True, cwd=root, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert {p.stem for p in tmp_path.glob("*.o")} == {
-        "dash_bwd_bf16_d96_causal_det_m64n128q3dq2",
-        "dash_bwd_bf16_d96_causal_atomic_m64n128q3dq2"}
+        "dash_bwd_bf16_d96_causal_det_m64n128q3dq2dq1",
+        "dash_bwd_bf16_d96_causal_atomic_m64n128q3dq2dq1"}
     bad = subprocess.run([*command[:2], "--change", "q3=q_stages", "--export", str(tmp_path)],
                          capture_output=True, text=True, cwd=root, env=env)
     assert bad.returncode == 2 and "NAME=FIELD=VALUE" in bad.stderr
