@@ -733,6 +733,9 @@ class DashBackwardSm90:
         thr_dkv = mma_dkv.get_slice(tid)
         # (the dQ MMA on one warpgroup: warpgroup 0's fragments; warpgroup 1 skips it)
         dq_wg = 0 if const_expr(self.dq_one_wg) else wg
+        # whether this warpgroup computes and stages the partial (a trace-time True where
+        # both do, so that no branch is emitted)
+        holds_dq = wg == 0 if const_expr(self.dq_one_wg) else True
         wg_dq = mma_dq.get_slice(dq_wg * 128)
         thr_dq = mma_dq.get_slice(tid % 128 + dq_wg * 128)
         a_k = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -842,11 +845,7 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
-                if const_expr(self.dq_one_wg):
-                    if wg == 0:
-                        gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt,
-                             zero_init=True)
-                else:
+                if holds_dq:
                     gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
                 # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers, issued after the
                 # partial's MMA so that staging the partial overlaps it (measured: issuing it
@@ -856,11 +855,7 @@ class DashBackwardSm90:
                 # the partial is staged for the dQ writer
                 warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
-                if const_expr(self.dq_one_wg):
-                    if wg == 0:
-                        self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane,
-                                           mProbe, slot, lead)
-                else:
+                if holds_dq:
                     self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane, mProbe,
                                        slot, lead)
                 dq_state.advance()
