@@ -53,10 +53,17 @@ def all_variants(quick: bool = False, head_dims: tuple[int, ...] | None = None
     return shipped_variants(head_dims=head_dims or HEAD_DIMS)
 
 
+def math_traces(v: Variant) -> int:
+    """Copies of the math warpgroups' visit loop in the kernel: two where the dQ partial is on
+    warpgroup 0 alone (one per warpgroup role), else one."""
+    return 2 if v.config.dq_one_warpgroup else 1
+
+
 def expected_wgmmas(v: Variant) -> int:
-    """wgmma instructions per visit and warpgroup: k-blocks of S, dP, dV, dK and the partial."""
+    """wgmma instructions in the kernel: k-blocks of S, dP, dV and dK in every trace of the
+    visit loop, and of the partial once (in the one trace that holds it, or the one trace)."""
     d, bm, bn = v.head_dim, v.config.block_m, v.config.block_n
-    return d // 16 + (v.head_dim_v or d) // 16 + 2 * (bm // 16) + bn // 16
+    return math_traces(v) * (d // 16 + (v.head_dim_v or d) // 16 + 2 * (bm // 16)) + bn // 16
 
 
 def check_forward_ptx(ptx: str, v: ForwardVariant) -> list[str]:
@@ -185,6 +192,7 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     bad = []
     d, bm, bn = v.head_dim, v.config.block_m, v.config.block_n
     scores = bn * bm // 256  # score elements per math thread
+    traces = math_traces(v)  # each trace of the visit loop holds its own copy of each step
 
     def need(cond, msg):
         if not cond:
@@ -195,7 +203,7 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     # a softcap variant's is written out twice (the masked and the unmasked tile, once
     # where every tile selects), each score's [softcap] adding two ex2 and one lg2
     cap = getattr(v, "softcap", False)
-    copies = (1 if v.config.select_every_tile else 2) if cap else 1
+    copies = traces * ((1 if v.config.select_every_tile else 2) if cap else 1)
     ex2_all = len(re.findall(r"\bex2\.", ptx))
     pairs = re.findall(r"fma\.rn\.f32\s+(\w+),[^;]*;\s*ex2\.approx\.ftz\.f32\s+[^,]+,\s*(\w+);",
                        ptx)
@@ -211,20 +219,21 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     # whose comparison it can decide; a whole bound's worth more or less is a fault)
     n_selp = len(re.findall(r"\bselp\.(?:b32|f32)\s+%\w+,\s*%\w+,\s*0(?:f0+)?,\s*%p\w+;", ptx))
     bounds = 1 + MASK_BOUNDS[v.mask]
-    need(round(n_selp / scores) == bounds,
-         f"{n_selp} mask selects (selp x, 0), expected about {bounds * scores} ({bounds} "
-         f"bounds of {scores} scores, {v.mask})")
+    need(round(n_selp / (traces * scores)) == bounds,
+         f"{n_selp} mask selects (selp x, 0), expected about {bounds * traces * scores} "
+         f"({bounds} bounds of {scores} scores in {traces} traces, {v.mask})")
     # [ds]: sub then mul, both rounded (no contraction into an fma)
     ds = re.findall(r"sub\.rn\.f32\s+(\w+),[^;]*;\s*mul\.rn\.f32\s+[^,]+,\s*[^,]+,\s*(\w+);", ptx)
-    need(len(ds) == scores and all(a == b for a, b in ds),
-         f"{len(ds)} sub.rn.f32 -> mul.rn.f32 pairs, expected {scores}")
+    need(len(ds) == traces * scores and all(a == b for a, b in ds),
+         f"{len(ds)} sub.rn.f32 -> mul.rn.f32 pairs, expected {traces * scores}")
     # [qk], [dp], [dv_step], [dk_step], [dq_partial]
     n_wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
     need(n_wgmma == expected_wgmmas(v), f"{n_wgmma} wgmma.mma_async, expected "
          f"{expected_wgmmas(v)}")
     # rnd(P), rnd(dS) to the operand dtype
     cvt = "cvt.rn.bf16x2.f32" if v.dtype == torch.bfloat16 else "cvt.rn.f16x2.f32"
-    need(len(re.findall(re.escape(cvt), ptx)) >= scores, f"fewer than {scores} {cvt}")
+    need(len(re.findall(re.escape(cvt), ptx)) >= traces * scores,
+         f"fewer than {traces * scores} {cvt}")
     # [dq_add]
     bad += check_bulk_writer(ptx, v)
     need("setmaxnreg.dec.sync.aligned.u32 \t24" in ptx or
@@ -263,11 +272,11 @@ def check_ptx(ptx: str, v: Variant | ForwardVariant) -> list[str]:
     # A head-dim split writes from registers the rounded zeros of a chain without visits
     # and, packed, a sequence's last partial tile (b16 both), besides the per-head fp32 rows.
     packed = getattr(v, "packed", False)
-    stores = 0 if packed and v.per_head else stores
+    stores = traces * (0 if packed and v.per_head else stores)
     need(n_store == stores, f"{n_store} TMA tensor stores, expected {stores}")
     per_thread = bn * (d + dv) // 256
     rounded = per_thread * ((dims and not v.per_head) + (packed and not v.per_head))
-    want = {"b16": rounded, "b32": per_thread if v.per_head else 0}
+    want = {"b16": traces * rounded, "b32": traces * per_thread if v.per_head else 0}
     for width, n in want.items() if not v.probe else ():  # (the probe stores its stamps)
         got = len(re.findall(rf"st\.global\.{width}\b", ptx))
         need(got == n, f"{got} st.global.{width} (dK/dV rows), expected {n}")
