@@ -90,7 +90,8 @@ def cell_name(cell: dict) -> str:
     return f"window ({cell['window']}, 0) S={cell['seqlen'] // 1024}k B={cell['batch']}"
 
 
-def cells(kinds: list[str]) -> list[dict]:
+def cells(kinds: list[str], head_dims: list[int] | None = None) -> list[dict]:
+    """The cells of ``kinds`` (``head_dims``: of the head-dim kinds, those head dims only)."""
     out = []
     if "varlen" in kinds:
         out += [{"kind": "varlen", "total": t, "mix": m} for t, m in VARLEN]
@@ -109,6 +110,8 @@ def cells(kinds: list[str]) -> list[dict]:
         out += [{"kind": "headdims", "head_dim": d, "head_dim_v": dv, "causal": True,
                  "seqlen": s, "batch": 16384 // s, "heads": h, "softcap": 0.0}
                 for d, dv, h in HEAD_DIM_GRID for s in HEAD_DIM_LENGTHS]
+    if head_dims:
+        out = [c for c in out if c["kind"] != "headdims" or c["head_dim"] in head_dims]
     return out
 
 
@@ -300,7 +303,7 @@ def run(args) -> dict:
               "cells": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
     start = time.monotonic()
-    for cell in cells(args.kinds):
+    for cell in cells(args.kinds, args.head_dims):
         if time.monotonic() - start > args.time_budget:
             print(f"time budget spent: {cell_name(cell)} and later cells left out")
             break
@@ -449,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     parser.add_argument("--tag", default="bench_features", help="the report's file stem")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=None,
+                        help="the head-dim cells of these head dims only")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)

@@ -132,3 +132,13 @@ def test_a_head_dim_cell_runs_on_the_backends_that_take_it(rec, monkeypatch):
     assert {kw["softcap"] for _, kw, _ in rec.calls} == {50.0}
     _, rows = _rows("headdims-grid", head_dim=96)
     assert list(rows) == ["cute:auto", "triton:auto", "fa4-det", "fa4"]
+
+
+def test_head_dims_narrow_the_head_dim_cells_only():
+    every = bench_features.cells(["varlen", "headdims-grid"])
+    narrowed = bench_features.cells(["varlen", "headdims-grid"], head_dims=[96])
+    grid = [c for c in narrowed if c["kind"] == "headdims"]
+    assert {c["head_dim"] for c in grid} == {96}
+    assert [c["seqlen"] for c in grid] == list(bench_features.HEAD_DIM_LENGTHS)
+    assert [c for c in narrowed if c["kind"] == "varlen"] == [
+        c for c in every if c["kind"] == "varlen"]
