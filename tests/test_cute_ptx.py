@@ -361,6 +361,26 @@ def test_the_dq_partial_on_one_warpgroup_needs_64_row_tiles_split_by_keys(head_d
         one.kernel_object()
 
 
+def test_a_math_trace_per_warpgroup_role_needs_the_partial_on_one():
+    v = backward_variant(torch.bfloat16, 128, "full", True, audit=False, per_head=False)
+    roles = replace(v, config=replace(v.config, math_per_role=True))
+    with pytest.raises(ValueError, match="per warpgroup role needs the dQ partial on one"):
+        roles.kernel_object()
+
+
+def test_a_math_trace_per_warpgroup_role_holds_every_step_twice_and_the_partial_once(ptx_of):
+    """d = 96 with ``math_per_role``: each trace its own S, dP, dV and dK MMAs, exponentials,
+    selects, [ds] and dK/dV stores; the partial's MMA in the holder's trace alone."""
+    v = backward_variant(torch.bfloat16, 96, "causal", True, audit=False, per_head=False)
+    roles = replace(v, config=replace(v.config, math_per_role=True))
+    assert inspect_ptx.math_traces(roles) == 2 and inspect_ptx.math_traces(v) == 1
+    ptx = ptx_of(roles)
+    assert inspect_ptx.check_ptx(ptx, roles) == []
+    assert inspect_ptx.check_approx_ptx(ptx, roles) == []
+    # counted as one trace, the same PTX is refused
+    assert any("wgmma" in f for f in inspect_ptx.check_ptx(ptx, v))
+
+
 def test_the_forwards_o_chunks_are_runs_of_its_registers(monkeypatch):
     """A forward that stages O in column chunks (d = 256) stores chunk ``c`` from the c-th
     run of its registers; a chunk MMA as wide as the whole of d_v is refused."""

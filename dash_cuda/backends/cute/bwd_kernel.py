@@ -222,6 +222,9 @@ class DashBackwardSm90:
         self.dq_one_wg = config.dq_one_warpgroup
         if self.dq_one_wg and (self.split_dims or config.block_m != 64):
             raise ValueError("the dQ partial on one warpgroup needs BM = 64 and keys split")
+        self.math_per_role = config.math_per_role
+        if self.math_per_role and not self.dq_one_wg:
+            raise ValueError("a math trace per warpgroup role needs the dQ partial on one")
         if head_dim_v not in (None, head_dim) and not self.split_dims:
             raise ValueError("a value head dim other than d needs the head-dim split")
         if probe and audit:
@@ -541,16 +544,16 @@ class DashBackwardSm90:
                         sDelta, s_dq, pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
                         heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale,
                         mPartials, (sEpi, tdK, tdV, tma_dk, tma_dv), window, packing, cap)
-                if const_expr(self.dq_one_wg):
+                if const_expr(self.math_per_role):
                     # The partial's holder (warpgroup 0, warps 4 - 7) and the other warpgroup
                     # each get their own trace of the visit loop, so that ptxas allocates
-                    # each alone: one trace with a run-time `wg == 0` spilled 176 - 224 bytes
+                    # each alone: one trace with a run-time `wg == 0` spills 176 - 224 bytes
                     # at d = 96 (the partial's accumulator live on a path warpgroup 1 never
                     # takes); two traces spill none.
                     if warp < 8:
-                        self.math(*args, holds_dq=True)
+                        self.math(*args, role=True)
                     else:
-                        self.math(*args, holds_dq=False)
+                        self.math(*args, role=False)
                 else:
                     self.math(*args)
 
@@ -730,10 +733,9 @@ class DashBackwardSm90:
     def math(self, tid, mma_sdp, mma_dkv, mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, s_dq,
              pipe_kv, pipe_q, pipe_do, pipe_dq, tables, mdK, mdV,
              heads, heads_kv, seqlen_q, seqlen_k, scale_log2, softmax_scale, mProbe, out,
-             window, packing=None, cap=None, holds_dq: cutlass.Constexpr[bool] = True):
-        """The visit loop of one math warpgroup; ``holds_dq`` (trace time): whether it
-        computes and stages the dQ partial (False only for warpgroup 1 where the partial is
-        on warpgroup 0 alone)."""
+             window, packing=None, cap=None, role: cutlass.Constexpr = None):
+        """The visit loop of the math warpgroups; ``role`` (trace time, where each warpgroup
+        role has its own trace): whether this trace's warpgroup holds the dQ partial."""
         bm, bn, d = self.bm, self.bn, self.d
         chain_bhj, chain_offsets, visit_q = tables.chain_bhj, tables.chain_offsets, tables.visit_q
         group = heads // heads_kv
@@ -748,6 +750,10 @@ class DashBackwardSm90:
         thr_dkv = mma_dkv.get_slice(tid)
         # (the dQ MMA on one warpgroup: warpgroup 0's fragments; warpgroup 1 skips it)
         dq_wg = 0 if const_expr(self.dq_one_wg) else wg
+        # whether this warpgroup computes and stages the partial: its trace's role, else a
+        # trace-time True where both do (no branch emitted), else warpgroup 0 at run time
+        holds_dq = (role if const_expr(role is not None)
+                    else wg == 0 if const_expr(self.dq_one_wg) else True)
         wg_dq = mma_dq.get_slice(dq_wg * 128)
         thr_dq = mma_dq.get_slice(tid % 128 + dq_wg * 128)
         a_k = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -857,7 +863,7 @@ class DashBackwardSm90:
                 self.stamp(mProbe, slot + 3, lead)
                 # [dq_partial] dQ_ij = rnd(dS) K_j, a fresh accumulator
                 acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), Float32)
-                if const_expr(holds_dq):
+                if holds_dq:
                     gemm(mma_dq, acc_dq, a_ds[None, None, None, stage], b_kt, zero_init=True)
                 # [dk_step] dK_j += rnd(dS^T) Q_i, operand A from registers, issued after the
                 # partial's MMA so that staging the partial overlaps it (measured: issuing it
@@ -867,7 +873,7 @@ class DashBackwardSm90:
                 # the partial is staged for the dQ writer
                 warpgroup.wait_group(1)
                 pipe_do.consumer_release(q_state)
-                if const_expr(holds_dq):
+                if holds_dq:
                     self.stage_partial(acc_dq, my_dq_slots, pipe_dq, dq_state, lane, mProbe,
                                        slot, lead)
                 dq_state.advance()

@@ -60,6 +60,11 @@ class BackwardConfig:
     # instead of twice, and K needs no swizzle atom at d / 2. The staged tile is the same
     # (staging_coords), and so are the bits: splitting the columns moves no add.
     dq_one_warpgroup: bool = False
+    # With the partial on one warpgroup: the math traced once per warpgroup role (the
+    # partial's holder and the other), so that ptxas allocates each copy alone instead of
+    # one copy under a run-time `wg == 0` (at d = 96: no spills instead of 176 - 224 bytes).
+    # The same instructions run on each warpgroup, so the same bits.
+    math_per_role: bool = False
 
     @property
     def name(self) -> str:
@@ -67,7 +72,8 @@ class BackwardConfig:
         return (f"m{self.block_m}n{self.block_n}q{self.q_stages}dq{self.dq_stages}"
                 + ("sel" if self.select_every_tile else "")
                 + ("dims" if self.split == "dims" else "")
-                + ("dq1" if self.dq_one_warpgroup else ""))
+                + ("dq1" if self.dq_one_warpgroup else "")
+                + ("roles" if self.math_per_role else ""))
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,9 @@ def all_variants(quick: bool = False, head_dims: tuple[int, ...] | None = None
 
 
 def math_traces(v: Variant) -> int:
-    """Copies of the math warpgroups' visit loop in the kernel: two where the dQ partial is on
-    warpgroup 0 alone (one per warpgroup role), else one."""
-    return 2 if v.config.dq_one_warpgroup else 1
+    """Copies of the math warpgroups' visit loop in the kernel: two where each warpgroup role
+    has its own (``math_per_role``), else one."""
+    return 2 if v.config.math_per_role else 1
 
 
 def expected_wgmmas(v: Variant) -> int:
