@@ -59,15 +59,15 @@ def parse_change(text: str) -> tuple[str, dict[str, int | bool]]:
     raise argparse.ArgumentTypeError(f"expected NAME=FIELD=VALUE[,FIELD=VALUE], got {text!r}")
 
 
-def variants(cells, changes) -> dict[object, dict[str, object]]:
+def variants(cells, changes, softcap: float = 0.0) -> dict[object, dict[str, object]]:
     """``{shipped variant: {name: alternative variant}}`` of every kernel the cells time
-    (bf16, deterministic and atomic)."""
+    (bf16, deterministic and atomic; ``softcap`` > 0: the softcap kernels)."""
     import torch
 
     out = {}
     for d, mask in dict.fromkeys((d, mask) for d, mask, _ in cells):
         for det in (True, False):
-            shipped = cute_backward_variant(torch.bfloat16, d, mask, det)
+            shipped = cute_backward_variant(torch.bfloat16, d, mask, det, softcap=softcap > 0)
             out[shipped] = {name: replace(shipped, config=replace(shipped.config, **c))
                             for name, c in changes}
     return out
@@ -80,7 +80,8 @@ def run(args) -> dict:
     from dash_cuda import plans
     from dash_cuda.backends.cute import launch
 
-    alternatives = variants(args.cells, args.change)
+    alternatives = variants(args.cells, args.change, args.softcap)
+    cap = args.softcap
     kernels_of = {shipped: {"shipped": launch.get_kernel(shipped),
                             **{n: launch.load_exported(str(args.alt), v.name)
                                for n, v in alts.items()}}
@@ -91,18 +92,19 @@ def run(args) -> dict:
         causal = mask == "causal"
         h, b = HIDDEN // d, TOKENS // s
         q, k, v, do = grid_inputs(d, s, gen)
-        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute")
+        o, lse = dash_cuda.attention_forward(q, k, v, causal=causal, backend="cute",
+                                             softcap=cap)
         flops = flops_backward(b, h, s, d, causal)
         for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
             det = schedule != "atomic"
-            shipped = cute_backward_variant(torch.bfloat16, d, mask, det)
+            shipped = cute_backward_variant(torch.bfloat16, d, mask, det, softcap=cap > 0)
             kernels = kernels_of[shipped]
 
             def backward(schedule=schedule, det=det, causal=causal, q=q, k=k, v=v, o=o,
                          lse=lse, do=do):
                 return dash_cuda.attention_backward(q, k, v, o, lse, do, causal=causal,
                                                     schedule=schedule, deterministic=det,
-                                                    backend="cute")
+                                                    backend="cute", softcap=cap)
 
             def use(name, shipped=shipped, kernels=kernels):
                 launch._cache[shipped] = kernels[name]
@@ -123,7 +125,7 @@ def run(args) -> dict:
             same = {n: all(torch.equal(x, y) for x, y in zip(outs[n], outs["shipped"]))
                     for n in kernels if n != "shipped"} if det else {}
             tf = {n: round(statistics.median(t), 1) for n, t in rounds.items()}
-            rows.append({"d": d, "mask": mask, "S": s, "schedule": schedule,
+            rows.append({"d": d, "mask": mask, "S": s, "softcap": cap, "schedule": schedule,
                          "configs": {"shipped": shipped.config.name,
                                      **{n: v.config.name
                                         for n, v in alternatives[shipped].items()}},
@@ -151,7 +153,8 @@ def markdown(report: dict) -> str:
         for name, cname in r["configs"].items():
             bits = ("yes" if r["bits_equal"][name] else "NO") if r["bits_equal"] and \
                 name != "shipped" else "-"
-            lines.append(f"| d {r['d']} {r['mask']} S={r['S']} | {r['schedule']} | {name} "
+            cap = f" softcap {r['softcap']:g}" if r.get("softcap") else ""
+            lines.append(f"| d {r['d']} {r['mask']}{cap} S={r['S']} | {r['schedule']} | {name} "
                          f"`{cname}` | {t[name]:.1f} | {t[name] / t['shipped']:.3f} | {bits} |")
     return "\n".join(lines) + "\n"
 
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", type=parse_cell, nargs="+", default=[parse_cell(c) for c in CELLS])
     ap.add_argument("--change", type=parse_change, action="append", required=True,
                     help="NAME=FIELD=VALUE[,FIELD=VALUE]: an alternative (repeat for more)")
+    ap.add_argument("--softcap", type=float, default=0.0,
+                    help="every cell with this softcap (its kernels)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/experiments"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
@@ -174,14 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         from dash_cuda.backends.cute import launch
 
-        alts = [v for a in variants(args.cells, args.change).values() for v in a.values()]
+        alts = [v for a in variants(args.cells, args.change, args.softcap).values()
+                for v in a.values()]
         names = launch.export_kernels(alts, str(args.export))
         print(f"exported {len(names)} kernels to {args.export}")
         return 0
     if args.alt is None or not args.alt.is_dir():
         print("ab_backward_config: give --alt DIR, a folder --export wrote", file=sys.stderr)
         return 2
-    missing = sorted(v.name for a in variants(args.cells, args.change).values()
+    missing = sorted(v.name for a in variants(args.cells, args.change, args.softcap).values()
                      for v in a.values() if not (args.alt / f"{v.name}.o").is_file())
     if missing:
         print(f"ab_backward_config: {args.alt} lacks {len(missing)} alternatives "

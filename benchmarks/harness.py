@@ -330,13 +330,14 @@ def cute_forward_block_ms(head_dim: int) -> tuple[int, ...]:
 
 
 def cute_backward_variant(dtype, head_dim: int, mask: str, deterministic: bool,
-                          audit: bool = False, per_head: bool = False):
+                          audit: bool = False, per_head: bool = False, softcap: bool = False):
     """The CuTe backward kernel variant of these specializations, with the configuration the
     backend picks (its ``.name`` names the compiled kernel; ``launch.get_kernel`` compiles
     or loads it)."""
     from dash_cuda.backends.cute.variants import backward_variant
 
-    return backward_variant(dtype, head_dim, mask, deterministic, audit, per_head)
+    return backward_variant(dtype, head_dim, mask, deterministic, audit, per_head,
+                            softcap=softcap)
 
 
 def cute_probe_slots() -> tuple[int, int]:
