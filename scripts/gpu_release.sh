@@ -53,6 +53,11 @@
 #                                        # L0, L1, L2, windows, packed), 1000-trial L0
 #                                        # report
 #   scripts/gpu_release.sh headdims-versus OUT  # CuTe against FA4 at d = 96, interleaved
+#   scripts/gpu_release.sh ab-roles OUT  # d = 96: the math traced per warpgroup role
+#                                        # (BackwardConfig.math_per_role) against the
+#                                        # shipped kernel, plain and softcap cells, bits
+#                                        # compared (carry .ab_roles and .ab_roles_cap, from
+#                                        # ab_backward_config.py --export, see the stage)
 #   scripts/gpu_release.sh headdims-wide OUT [tests|bench]  # CuTe at 192 (d_v 192, 128), 256: GPU
 #                                        # tests (L2, float64, L0, auto), the Triton ones,
 #                                        # the plans, the key split's L2 and packed tests;
@@ -81,7 +86,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|headdims-wide|headdims-triton|sinks|softcap|pending|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|ab-roles|headdims-wide|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -294,6 +299,21 @@ headdims)
     step determinism 240 $PY benchmarks/determinism_report.py --out "$LOG" --no-grid \
         --backends cute --long-head-dims 96 --long-trials 1000 --tag determinism_d96
     grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 12
+    ;;
+ab-roles)
+    fa4_unpack  # (CuTe DSL)
+    # exported on the CPU with the same --change and --cells:
+    #   python benchmarks/ab_backward_config.py --change roles=math_per_role=true \
+    #       --export .ab_roles
+    #   python benchmarks/ab_backward_config.py --change roles=math_per_role=true \
+    #       --cells 96:causal:4096 96:full:4096 --softcap 50 --export .ab_roles_cap
+    export PYTHONPATH="$PWD/benchmarks:$PYTHONPATH"
+    step ab 300 $PY benchmarks/ab_backward_config.py --change roles=math_per_role=true \
+        --alt .ab_roles --out "$LOG/plain" --rounds 5
+    step ab-softcap 300 $PY benchmarks/ab_backward_config.py --change \
+        roles=math_per_role=true --alt .ab_roles_cap --cells 96:causal:4096 96:full:4096 \
+        --softcap 50 --out "$LOG/softcap" --rounds 5
+    cat "$LOG"/plain/*.md "$LOG"/softcap/*.md 2>/dev/null
     ;;
 headdims-versus)
     fa4_unpack
