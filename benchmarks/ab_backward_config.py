@@ -59,15 +59,21 @@ def parse_change(text: str) -> tuple[str, dict[str, int | bool]]:
     raise argparse.ArgumentTypeError(f"expected NAME=FIELD=VALUE[,FIELD=VALUE], got {text!r}")
 
 
-def variants(cells, changes, softcap: float = 0.0) -> dict[object, dict[str, object]]:
-    """``{shipped variant: {name: alternative variant}}`` of every kernel the cells time
-    (bf16, deterministic and atomic; ``softcap`` > 0: the softcap kernels)."""
+def shipped_variant(d: int, mask: str, det: bool, softcap: float = 0.0):
+    """The kernel the backend ships for a cell's call (bf16; ``softcap`` > 0: the softcap
+    kernel)."""
     import torch
 
+    return cute_backward_variant(torch.bfloat16, d, mask, det, softcap=softcap > 0)
+
+
+def variants(cells, changes, softcap: float = 0.0) -> dict[object, dict[str, object]]:
+    """``{shipped variant: {name: alternative variant}}`` of every kernel the cells time
+    (deterministic and atomic)."""
     out = {}
     for d, mask in dict.fromkeys((d, mask) for d, mask, _ in cells):
         for det in (True, False):
-            shipped = cute_backward_variant(torch.bfloat16, d, mask, det, softcap=softcap > 0)
+            shipped = shipped_variant(d, mask, det, softcap)
             out[shipped] = {name: replace(shipped, config=replace(shipped.config, **c))
                             for name, c in changes}
     return out
@@ -97,7 +103,7 @@ def run(args) -> dict:
         flops = flops_backward(b, h, s, d, causal)
         for schedule in ("symmetric_shift" if causal else "shift", "atomic"):
             det = schedule != "atomic"
-            shipped = cute_backward_variant(torch.bfloat16, d, mask, det, softcap=cap > 0)
+            shipped = shipped_variant(d, mask, det, cap)
             kernels = kernels_of[shipped]
 
             def backward(schedule=schedule, det=det, causal=causal, q=q, k=k, v=v, o=o,

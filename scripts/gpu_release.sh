@@ -307,7 +307,6 @@ ab-roles)
     #       --export .ab_roles
     #   python benchmarks/ab_backward_config.py --change roles=math_per_role=true \
     #       --cells 96:causal:4096 96:full:4096 --softcap 50 --export .ab_roles_cap
-    export PYTHONPATH="$PWD/benchmarks:$PYTHONPATH"
     step ab 300 $PY benchmarks/ab_backward_config.py --change roles=math_per_role=true \
         --alt .ab_roles --out "$LOG/plain" --rounds 5
     step ab-softcap 300 $PY benchmarks/ab_backward_config.py --change \
