@@ -15,7 +15,10 @@ Cells (bf16, d = 128, 16 heads, causal):
 * ``headdims``: the head dims of FlashAttention-4's committed anchors beyond 128: 192 with
   values of 128 (DeepSeek; causal, S = 4k, B = 4, 16 heads), 256 (Gemma; causal S = 4k and
   full S = 2k, 8 heads) and 256 with softcap 50 (causal S = 4k, B = 2, 8 heads), on each
-  backend that runs the cell (``auto`` only: no schedule is made for a head dim);
+  backend that runs the cell (``auto`` only: no schedule is made for a head dim;
+  ``--schedules NAME ...`` adds those schedules on the backend ``auto`` takes, whose
+  timings ``make_auto_table.py --head-dims-report`` turns into ``auto``'s entries for
+  these head dims);
 * ``headdims-grid``: head dims 96, 192 / 128 and 256, causal, at S = 1k, 4k and 16k with
   16k tokens a batch (B = 16k / S; 16 heads, 8 at 256).
 
@@ -59,6 +62,8 @@ from harness import (
     save_report,
 )
 from model_varlen import lengths
+
+from dash_ref import DETERMINISTIC
 
 HEAD_DIM, HEADS = 128, 16
 VARLEN = [(total, mix) for total in (16384, 65536) for mix in ("equal", "uniform", "heavy")]
@@ -127,13 +132,16 @@ def _fa4_varlen():
 DEVICE = "cuda"
 
 
-def closures(cell: dict, gen) -> dict[str, tuple]:
+def closures(cell: dict, gen, schedules: tuple[str, ...] = ()) -> dict[str, tuple]:
     """``{row: (fwd, bwd, step)}`` of one cell, every row on the same inputs, each on leaves
     of its own that require gradients: ``dash_cuda`` on every installed backend whose
-    limits admit the cell's call (:func:`dash_rows`), then FlashAttention-4's two rows."""
+    limits admit the cell's call (:func:`dash_rows`), then FlashAttention-4's two rows
+    (``schedules``: a head-dim cell's schedules beside ``auto``)."""
     fa, fa_varlen = _fa4_varlen()
+    if cell["kind"] == "headdims":
+        return _head_dim_rows(cell, gen, fa, schedules)
     return {"varlen": _varlen_rows, "window": _window_rows, "sinks": _feature_rows,
-            "softcap": _feature_rows, "headdims": _head_dim_rows}[cell["kind"]](
+            "softcap": _feature_rows}[cell["kind"]](
                 cell, gen, fa_varlen if cell["kind"] == "varlen" else fa)
 
 
@@ -147,14 +155,16 @@ def _leaves(*xs) -> tuple:
     return tuple(x.detach().requires_grad_() for x in xs)
 
 
-def dash_rows(case, schedules: tuple[str, ...], call, inputs: tuple, do) -> dict[str, tuple]:
+def dash_rows(case, schedules: tuple[str, ...], call, inputs: tuple, do,
+              backends: tuple[str, ...] | None = None) -> dict[str, tuple]:
     """``BACKEND:SCHEDULE`` rows: ``call(leaves, backend, schedule)``, ``dash_cuda`` on
-    fresh leaves of ``inputs``, for every installed backend (in ``"auto"``'s order) whose
-    limits admit ``case`` (:func:`dash_cuda.backends.limit`) and every schedule."""
+    fresh leaves of ``inputs``, for every installed backend (in ``"auto"``'s order; or
+    those of ``backends``) whose limits admit ``case`` (:func:`dash_cuda.backends.limit`)
+    and every schedule."""
     from dash_cuda.backends import PREFERENCE, get_backend, limit
 
     rows: dict[str, tuple] = {}
-    for backend in PREFERENCE:
+    for backend in PREFERENCE if backends is None else backends:
         chosen = get_backend(backend)
         if chosen.missing() or limit(chosen, case):
             continue
@@ -251,9 +261,9 @@ def _feature_rows(cell: dict, gen, fa) -> dict[str, tuple]:
     return rows
 
 
-def _head_dim_rows(cell: dict, gen, fa) -> dict[str, tuple]:
+def _head_dim_rows(cell: dict, gen, fa, schedules: tuple[str, ...] = ()) -> dict[str, tuple]:
     """A head-dim cell: ``auto`` on each backend that runs it (no schedule is made for a
-    head dim)."""
+    head dim), and ``schedules`` on the backend ``auto`` takes (the first of them)."""
     import torch
 
     import dash_cuda
@@ -265,10 +275,13 @@ def _head_dim_rows(cell: dict, gen, fa) -> dict[str, tuple]:
     v, do = (_randn(gen, b, s, h, dv) for _ in range(2))
     case = Case(d, torch.bfloat16, False, True, softcap=cap > 0,
                 head_dim_v=None if dv == d else dv)
-    rows = dash_rows(case, ("auto",),
-                     lambda x, bk, sc: dash_cuda.attention(*x, causal=causal, softcap=cap,
-                                                           schedule=sc, backend=bk),
-                     (q, k, v), do)
+    def call(x, bk, sc):
+        return dash_cuda.attention(*x, causal=causal, softcap=cap, schedule=sc, backend=bk)
+
+    rows = dash_rows(case, ("auto",), call, (q, k, v), do)
+    if schedules and rows:
+        first = next(iter(rows)).partition(":")[0]
+        rows.update(dash_rows(case, schedules, call, (q, k, v), do, backends=(first,)))
     if fa is not None:
         rows.update(fa4_rows(lambda *x, det: fa(*x, causal=causal, softcap=cap,
                                                 deterministic=det), (q, k, v), do))
@@ -307,7 +320,7 @@ def run(args) -> dict:
         if time.monotonic() - start > args.time_budget:
             print(f"time budget spent: {cell_name(cell)} and later cells left out")
             break
-        rows = closures(cell, gen)
+        rows = closures(cell, gen, tuple(args.schedules))
         for fwd, bwd, step in rows.values():  # compile and warm every row before any timing
             for _ in range(args.warmup):
                 fwd()
@@ -454,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="bench_features", help="the report's file stem")
     parser.add_argument("--head-dims", type=int, nargs="+", default=None,
                         help="the head-dim cells of these head dims only")
+    parser.add_argument("--schedules", nargs="+", default=[], choices=DETERMINISTIC,
+                        help="the head-dim cells: these schedules too, on the backend "
+                             "auto takes")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)

@@ -58,6 +58,10 @@
 #                                        # shipped kernel, plain and softcap cells, bits
 #                                        # compared (carry .ab_roles and .ab_roles_cap, from
 #                                        # ab_backward_config.py --export, see the stage)
+#   scripts/gpu_release.sh headdims-schedules OUT  # every deterministic schedule on CuTe at
+#                                        # the head-dim grid's cells (96, 192 / 128, 256;
+#                                        # S = 1k - 16k), beside auto and FA4, for auto's
+#                                        # table (make_auto_table.py --head-dims-report)
 #   scripts/gpu_release.sh headdims-wide OUT [tests|bench]  # CuTe at 192 (d_v 192, 128), 256: GPU
 #                                        # tests (L2, float64, L0, auto), the Triton ones,
 #                                        # the plans, the key split's L2 and packed tests;
@@ -86,7 +90,7 @@
 # Each stage writes its logs to OUT/<stage>/ and packs them into OUT/<stage>.tgz; the
 # short tables come last on stdout.
 set -uo pipefail
-STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|ab-roles|headdims-wide|headdims-triton|sinks|softcap|pending|profile OUT}
+STAGE=${1:?usage: scripts/gpu_release.sh compile|measure|audit|exact|suite|check|stage|verify|features|hostpath|l2|grid|determinism|determinism-varlen|train|versus|headdims|headdims-versus|ab-roles|headdims-schedules|headdims-wide|headdims-triton|sinks|softcap|pending|profile OUT}
 OUT=${2:?usage: scripts/gpu_release.sh STAGE OUT}
 MODE=${3:-full}  # check: "quick" runs the grid at S = 1024 and 8192 only; features: a half
 cd "$(dirname "$0")/.."
@@ -299,6 +303,16 @@ headdims)
     step determinism 240 $PY benchmarks/determinism_report.py --out "$LOG" --no-grid \
         --backends cute --long-head-dims 96 --long-trials 1000 --tag determinism_d96
     grep -E "repeatable|ERROR" "$LOG/determinism.log" | tail -n 12
+    ;;
+headdims-schedules)
+    fa4_unpack
+    # auto takes d = 128's entries at these head dims until their own are measured; then:
+    #   python benchmarks/make_auto_table.py benchmarks/results/bench_attention.json \
+    #       --head-dims-report benchmarks/results/bench_headdims_schedules.json
+    step bench 420 $PY benchmarks/bench_features.py --out "$LOG" --kinds headdims-grid \
+        --schedules spt descending shift symmetric_shift interleaved \
+        --tag bench_headdims_schedules --rounds 4 --time-budget 330
+    [ -f "$LOG/bench_headdims_schedules.md" ] && grep -E '^\| d' "$LOG/bench_headdims_schedules.md"
     ;;
 ab-roles)
     fa4_unpack  # (CuTe DSL)

@@ -25,6 +25,38 @@ def test_table_is_what_the_committed_benchmark_says():
     assert again == committed
 
 
+def test_a_head_dim_report_adds_the_entries_of_its_head_dims(monkeypatch):
+    """A ``bench_features.py --schedules`` report's head-dim cells become entries of their
+    own head dim (TFLOP/s from the median backward times; ``auto`` and the peers' rows
+    are no schedules), and ``auto`` then takes them at that head dim alone."""
+    report = json.loads((ROOT / "benchmarks/results/bench_attention.json").read_text())
+    cell = {"kind": "headdims", "head_dim": 256, "head_dim_v": 256, "causal": True,
+            "seqlen": 1024, "batch": 16, "heads": 8, "softcap": 0.0,
+            "median_ms": {"backward": {"cute:auto": 1.0, "triton:auto": 2.5, "cute:spt": 1.0,
+                                       "cute:interleaved": 0.9, "fa4": 0.8}}}
+    features = {"git_revision": "abc1234", "cells": [
+        cell, {"kind": "varlen", "median_ms": {"backward": {"cute:lpt": 1.0}}}]}
+    table = make_table(report, 0.01, "grid.json", features, "features.json")
+    assert table["head_dims_source"] == "features.json"
+    assert table["head_dims_git_revision"] == "abc1234"
+    plain = make_table(report, 0.01, "grid.json")
+    added = [e for e in table["entries"] if e not in plain["entries"]]
+
+    def tflops(ms: float) -> float:  # 2.5 x 4 B H S^2 d, halved (causal), in ms
+        return round(2.5 * 4 * 16 * 8 * 1024 ** 2 * 256 / 2 / (ms * 1e-3) / 1e12, 1)
+
+    assert added == [{"backend": "cute", "mask": "causal", "head_dim": 256, "seqlen": 1024,
+                      "schedule": "interleaved", "bwd_tflops": tflops(0.9),
+                      "all_tflops": {"interleaved": tflops(0.9), "spt": tflops(1.0)}}]
+    d128 = next(e["schedule"] for e in plain["entries"]
+                if (e["backend"], e["mask"], e["head_dim"], e["seqlen"])
+                == ("cute", "causal", 128, 1024))
+    assert auto_schedule("causal", 256, 1024, "cute") == d128  # the committed table
+    monkeypatch.setattr(auto, "load_table", lambda: tuple(table["entries"]))
+    assert auto_schedule("causal", 256, 1024, "cute") == "interleaved"
+    assert auto_schedule("causal", 128, 1024, "cute") == d128
+
+
 def test_every_entry_is_a_deterministic_schedule_within_the_tie_of_the_best():
     table = json.loads(TABLE.read_text())
     for e in table["entries"]:

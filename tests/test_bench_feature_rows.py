@@ -134,6 +134,19 @@ def test_a_head_dim_cell_runs_on_the_backends_that_take_it(rec, monkeypatch):
     assert list(rows) == ["cute:auto", "triton:auto", "fa4-det", "fa4"]
 
 
+def test_a_head_dim_cells_schedules_run_on_the_backend_auto_takes(rec, monkeypatch):
+    _shrunk(monkeypatch)
+    cell = next(c for c in bench_features.cells(["headdims-grid"]))
+    rows = bench_features.closures(cell, torch.Generator().manual_seed(0),
+                                   ("spt", "interleaved"))
+    assert list(rows) == ["cute:auto", "triton:auto", "cute:spt", "cute:interleaved",
+                          "fa4-det", "fa4"]
+    dash = [kw for who, kw, _ in rec.calls if who == "dash"]
+    assert [(kw["backend"], kw["schedule"]) for kw in dash] == [
+        ("cute", "auto"), ("triton", "auto"), ("cute", "spt"), ("cute", "interleaved")]
+    _distinct_leaves(rec)
+
+
 def test_head_dims_narrow_the_head_dim_cells_only():
     every = bench_features.cells(["varlen", "headdims-grid"])
     narrowed = bench_features.cells(["varlen", "headdims-grid"], head_dims=[96])
