@@ -381,6 +381,27 @@ def test_a_math_trace_per_warpgroup_role_holds_every_step_twice_and_the_partial_
     assert any("wgmma" in f for f in inspect_ptx.check_ptx(ptx, v))
 
 
+def spills_or_skip(ptx: str, folder) -> int:
+    """The bytes of spill stores ``ptxas -v`` reports for ``ptx`` (skipped without a ptxas
+    on PATH that takes it)."""
+    folder.mkdir()
+    path = folder / "kernel.ptx"
+    path.write_text(ptx)
+    report = inspect_ptx.ptxas_report(str(path))
+    if not report.startswith("regs="):
+        pytest.skip(report)
+    return int(report.split("spill_st=")[1].split()[0])
+
+
+def test_a_math_trace_per_warpgroup_role_takes_d96s_spills_away(ptx_of, tmp_path):
+    """Why ``math_per_role`` exists: with one trace for both of d = 96's warpgroups (the
+    partial under a run-time ``wg == 0``) ptxas spills; with one trace per role, nothing."""
+    v = backward_variant(torch.bfloat16, 96, "causal", True, audit=False, per_head=False)
+    roles = replace(v, config=replace(v.config, math_per_role=True))
+    assert spills_or_skip(ptx_of(v), tmp_path / "one") > 0
+    assert spills_or_skip(ptx_of(roles), tmp_path / "roles") == 0
+
+
 def test_the_forwards_o_chunks_are_runs_of_its_registers(monkeypatch):
     """A forward that stages O in column chunks (d = 256) stores chunk ``c`` from the c-th
     run of its registers; a chunk MMA as wide as the whole of d_v is refused."""
