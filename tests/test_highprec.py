@@ -19,6 +19,8 @@ from verify.highprec import (
     error_report,
     grad_error_reports,
     reference_grads,
+    rounded_size,
+    storage_tiny,
 )
 
 LOG2E = math.log2(math.e)
@@ -363,6 +365,20 @@ def test_bound_tiny_shapes() -> None:
         for name, rep in reports.items():
             if math.isfinite(exact.kappa[name]):
                 assert rep.passed, (i, name, rep, exact.kappa[name])
+
+
+def test_gradual_underflow_counts_a_value_as_the_formats_smallest_normal() -> None:
+    """Below its normal range fp16 rounds with an absolute error of up to 2**-25, far more
+    than ``u |x|``, never more than ``u * tiny``; an exact zero rounds exactly."""
+    assert storage_tiny(torch.float16) == 2.0**-14
+    assert storage_tiny(torch.bfloat16) == 2.0**-126
+    u, tiny = unit_roundoff(torch.float16), storage_tiny(torch.float16)
+    x = torch.tensor([3.01e-6, -2e-7, 4.4e-5, 1e-3, 0.0], dtype=torch.float64)
+    err = (x.to(torch.float16).double() - x).abs()
+    size = torch.from_numpy(rounded_size(x.numpy(), tiny))
+    assert (err[:2] > 10 * u * x[:2].abs()).all()  # the relative model alone misses them
+    assert (err <= u * size).all()
+    assert size[1] == tiny and size[3] == 1e-3 and size[4] == 0.0
 
 
 def test_kappa_reflects_conditioning() -> None:

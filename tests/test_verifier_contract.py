@@ -331,6 +331,19 @@ def test_the_emulator_runs_the_tiles_asked_for_and_the_json_records_them(capsys)
     assert errors[16] != errors[32]
 
 
+def test_probabilities_that_underflow_in_fp16_are_held_to_their_rounding(capsys):
+    """A sink logit far above the only score puts P at about e**-12, below fp16's normal
+    range, where the kernels' rounding of P is absolute: a correct emulation passes (the
+    case fuzzing found before the bound took gradual underflow)."""
+    argv = ["check", "--impl", "emulator:naive", "--batch", "1", "--seqlen-q", "1",
+            "--seqlen-k", "1", "--heads", "1", "--heads-kv", "1", "--head-dim", "16",
+            "--mask", "causal", "--learnable-sink=12.0", "--block-m", "16", "--block-n",
+            "16", "--dtype", "fp16", "--schedule", "naive", "--seed", "0"]
+    code, out, _ = _run(capsys, argv)
+    assert code == 0, out
+    assert "PASS" in out
+
+
 def test_an_implementation_that_chooses_its_tiles_records_none(capsys):
     assert main(["audit", "--impl", "planted:reference_cast", *SHAPE, "--trials", "2",
                  "--json"]) == 0

@@ -76,6 +76,13 @@ The bound (:func:`error_bound`)
       (it has no value vector); the final rounding (to the sink's dtype). The fp32 sum over
       the ``B S_q`` rows is ``n_acc = d + B S_q`` (:func:`error_bound`'s ``batch``).
 
+    Gradual underflow: a value below the format's normal range (``|x| < tiny``, its
+    smallest normal: ``2**-14`` fp16, ``2**-126`` bf16) is rounded with an absolute error
+    of up to half the smallest subnormal, ``u * tiny``, whatever its size, so every rounded
+    value above counts as ``max(|x|, tiny)`` (an exact zero, such as a masked ``P``, as 0).
+    In fp16 this is what a tiny ``P`` takes (a sink logit far above a row's scores puts
+    every ``P`` of the row there), and the relative model alone would not cover it.
+
     The rounding errors are independent with mean zero, so the squared error norm has
     expectation at most ``u**2 * M**2``, ``M**2`` the sum of the squared norms of all terms
     (the final rounding counts ``||exact||**2``). :func:`reference_grads` computes the
@@ -285,7 +292,8 @@ def reference_grads(
     values are taken exactly. ``softmax_scale`` defaults to ``1/sqrt(d)``; ``dps`` is the
     mpmath precision (decimal digits) of exp, log, division, tanh and an irrational scale.
     ``window_size``, ``softcap`` and ``learnable_sink`` (``(H,)``; its exact gradient is
-    ``HighPrecResult.dsink``) as in the module docstring.
+    ``HighPrecResult.dsink``) as in the module docstring. ``kappa`` takes ``q``'s dtype as
+    the storage format (its smallest normal: gradual underflow).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -330,6 +338,7 @@ def reference_grads(
         scale2 = float(scale_mp) ** 2
         cap_mp = mpmath.mpf(cap) if cap else None
         mag = dict.fromkeys(GRADS + (("dsink",) if sinks else ()), 0.0)  # squared terms
+        tiny = storage_tiny(q.dtype)
         for b in range(bsz):
             kk = [_Exact.from_tensor(k[b, :, g]) for g in range(heads_kv)]
             vv = [_Exact.from_tensor(v[b, :, g]) for g in range(heads_kv)]
@@ -362,7 +371,7 @@ def reference_grads(
                     *(t.detach().to(torch.float64).numpy()
                       for t in (q[b, :, h], k[b, :, g], v[b, :, g], do[b, :, h])),
                     g=None if factor is None else factor.to_f64(),
-                    p_sink=None if p_sink is None else p_sink.to_f64()[:, 0],
+                    p_sink=None if p_sink is None else p_sink.to_f64()[:, 0], tiny=tiny,
                 )
                 dk_acc[g] = dk_acc[g] + ds.T @ qh
                 dv_acc[g] = dv_acc[g] + p.T @ doh
@@ -379,7 +388,7 @@ def reference_grads(
     if dsink is not None:
         outputs["dsink"] = np.array([float(x.to_f64()[0]) for x in dsink])
         dsink_t = torch.from_numpy(outputs["dsink"])
-    kappa = kappas(mag, outputs)
+    kappa = kappas(mag, outputs, tiny)
     return HighPrecResult(o_t, torch.from_numpy(lse), dq_t, dk_t, dv_t, layout, kappa,
                           dsink_t)
 
@@ -397,6 +406,7 @@ def add_rounding_magnitudes(
     do: np.ndarray,
     g: np.ndarray | None = None,
     p_sink: np.ndarray | None = None,
+    tiny: float = 0.0,
 ) -> None:
     """Add one head's squared rounding-term magnitudes (model in the module docstring).
 
@@ -404,14 +414,16 @@ def add_rounding_magnitudes(
     ``o, q, do`` are ``(S_q, d)`` (``o``, ``do``: ``d_v``) and ``k, v`` are ``(S_k, d)``.
     With softcap, ``ds`` is the gradient of the uncapped scores and ``g`` the factor
     ``1 - t**2`` it took (``(S_q, S_k)``); with a sink, ``p_sink`` is its probability per
-    row (``(S_q,)``) and ``mag["dsink"]`` grows. Magnitudes only need a few digits, so
+    row (``(S_q,)``) and ``mag["dsink"]`` grows. ``tiny``: the storage format's smallest
+    normal (:func:`rounded_size`; 0: no underflow). Magnitudes only need a few digits, so
     float64 copies of the exact values (or a float64 computation) serve.
     """
-    p2, ds2 = p * p, ds * ds
+    pr, dsr, orr = (rounded_size(t, tiny) for t in (p, ds, o))  # the rounded values
+    p2, ds2 = pr * pr, dsr * dsr
     pg = p if g is None else p * g  # how the error of D reaches dS
-    pg2 = p2 if g is None else pg * pg
+    pg2 = p * p if g is None else pg * pg
     qn, kn, vn, don = ((t * t).sum(axis=1) for t in (q, k, v, do))
-    w = (p2 * dp * dp).sum(axis=1) + (do * do * o * o).sum(axis=1)  # E dD_r^2 / u^2
+    w = (p2 * dp * dp).sum(axis=1) + (do * do * orr * orr).sum(axis=1)  # E dD_r^2 / u^2
     pk = pg @ k
     mag["o"] += float((p2 @ vn).sum())
     mag["dv"] += float(p2.sum(axis=1) @ don)
@@ -421,12 +433,29 @@ def add_rounding_magnitudes(
         mag["dsink"] = mag.get("dsink", 0.0) + float((p_sink * p_sink) @ w)
 
 
-def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray]) -> dict[str, float]:
-    """``kappa = M / ||exact||`` per output, ``M**2`` the magnitudes plus the final rounding."""
+def rounded_size(x: np.ndarray, tiny: float) -> np.ndarray:
+    """What the error of rounding ``x`` scales with: ``max(|x|, tiny)``, ``tiny`` the
+    format's smallest normal (gradual underflow, module docstring), and 0 where ``x`` is an
+    exact zero (its rounding is exact)."""
+    if not tiny:
+        return x
+    return np.where(x != 0, np.maximum(np.abs(x), tiny), 0.0)
+
+
+def storage_tiny(dtype: torch.dtype) -> float:
+    """The smallest normal of the storage format ``dtype`` (:func:`rounded_size`)."""
+    return float(torch.finfo(dtype).smallest_normal)
+
+
+def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray], tiny: float = 0.0
+           ) -> dict[str, float]:
+    """``kappa = M / ||exact||`` per output, ``M**2`` the magnitudes plus the final rounding
+    (to the storage format of smallest normal ``tiny``; ``dsink``: to fp32, left as is)."""
     kappa = {}
     for name, t in outputs.items():
         norm2 = float(np.sum(t * t))
-        total = mag[name] + norm2
+        final = rounded_size(t, tiny if name in GRADS else 0.0)
+        total = mag[name] + float(np.sum(final * final))
         kappa[name] = math.sqrt(total / norm2) if norm2 > 0 else (math.inf if total else 0.0)
     return kappa
 

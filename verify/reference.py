@@ -2,7 +2,8 @@
 
 :func:`attention_f64` also measures each output's rounding-term magnitude ``M`` (the model
 of ``verify.highprec``: the size of everything a bf16/fp16 rounding can perturb, final
-rounding included), so :func:`grad_checks` can hold a result to
+rounding included; a value below the storage format's normal range counts as its smallest
+normal, as gradual underflow rounds it), so :func:`grad_checks` can hold a result to
 ``||x - exact|| <= error_bound(dtype, kappa=1) * M``. That is the normwise bound
 ``error_bound(dtype, kappa=M/||exact||)`` where the exact output is nonzero, and it stays
 meaningful where the exact output cancels to zero (``S_k = 1`` makes ``dQ = 0``).
@@ -37,7 +38,7 @@ from dash_ref._checks import attention_inputs, number, packed_inputs
 from dash_ref.arithmetic.steps import resolve_scale
 from dash_ref.cpu import single_threaded
 from dash_ref.schedules.mask import Mask
-from verify.highprec import add_rounding_magnitudes, error_bound
+from verify.highprec import add_rounding_magnitudes, error_bound, rounded_size, storage_tiny
 
 
 @dataclass
@@ -128,6 +129,7 @@ def attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
             ds = ds * g
         names = ("o", "dq", "dk", "dv") + (("dsink",) if sink is not None else ())
         mag = dict.fromkeys(names, 0.0)
+        tiny = storage_tiny(q.dtype)  # the inputs' format is the storage format
         for b in range(q.shape[0]):
             for h in range(q.shape[2]):
                 add_rounding_magnitudes(
@@ -136,11 +138,14 @@ def attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
                       for t, hh in ((o, h), (q64, h), (k64, h // group), (v64, h // group),
                                     (do64, h))),
                     g=None if g is None else g[b, h].cpu().numpy(),
-                    p_sink=None if p_sink is None else p_sink[b, h].detach().cpu().numpy())
+                    p_sink=None if p_sink is None else p_sink[b, h].detach().cpu().numpy(),
+                    tiny=tiny)
     grads = Grads(o.detach(), q64.grad, k64.grad, v64.grad,
                   dsink=None if sink64 is None else sink64.grad)
-    for name in mag:
-        grads.magnitude[name] = math.sqrt(mag[name] + float(getattr(grads, name).square().sum()))
+    for name in mag:  # and the final rounding (dsink: to fp32, left as is)
+        final = rounded_size(getattr(grads, name).cpu().numpy(),
+                             tiny if name != "dsink" else 0.0)
+        grads.magnitude[name] = math.sqrt(mag[name] + float((final * final).sum()))
     grads.shape = {"seqlen_q": q.shape[1], "seqlen_k": k.shape[1], "head_dim": q.shape[3],
                    "group": group, "batch": q.shape[0]}
     return grads
