@@ -263,7 +263,7 @@ def _feature_rows(cell: dict, gen, fa) -> dict[str, tuple]:
 
 def _head_dim_rows(cell: dict, gen, fa, schedules: tuple[str, ...] = ()) -> dict[str, tuple]:
     """A head-dim cell: ``auto`` on each backend that runs it (no schedule is made for a
-    head dim), and ``schedules`` on the backend ``auto`` takes (the first of them)."""
+    head dim), and ``schedules`` on the backend ``auto`` takes."""
     import torch
 
     import dash_cuda
@@ -280,8 +280,10 @@ def _head_dim_rows(cell: dict, gen, fa, schedules: tuple[str, ...] = ()) -> dict
 
     rows = dash_rows(case, ("auto",), call, (q, k, v), do)
     if schedules and rows:
-        first = next(iter(rows)).partition(":")[0]
-        rows.update(dash_rows(case, schedules, call, (q, k, v), do, backends=(first,)))
+        from dash_cuda.backends import choose_backend
+
+        rows.update(dash_rows(case, schedules, call, (q, k, v), do,
+                              backends=(choose_backend("auto", case).name,)))
     if fa is not None:
         rows.update(fa4_rows(lambda *x, det: fa(*x, causal=causal, softcap=cap,
                                                 deterministic=det), (q, k, v), do))

@@ -437,9 +437,14 @@ def rounded_size(x: np.ndarray, tiny: float) -> np.ndarray:
     """What the error of rounding ``x`` scales with: ``max(|x|, tiny)``, ``tiny`` the
     format's smallest normal (gradual underflow, module docstring), and 0 where ``x`` is an
     exact zero (its rounding is exact)."""
-    if not tiny:
-        return x
     return np.where(x != 0, np.maximum(np.abs(x), tiny), 0.0)
+
+
+def final_rounding(name: str, exact: np.ndarray, tiny: float) -> float:
+    """The squared magnitude of output ``name``'s final rounding: to the storage format of
+    smallest normal ``tiny``, ``dsink`` to fp32 (its underflow left out)."""
+    size = rounded_size(exact, tiny if name in GRADS else 0.0)
+    return float(np.sum(size * size))
 
 
 def storage_tiny(dtype: torch.dtype) -> float:
@@ -450,12 +455,11 @@ def storage_tiny(dtype: torch.dtype) -> float:
 def kappas(mag: dict[str, float], outputs: dict[str, np.ndarray], tiny: float = 0.0
            ) -> dict[str, float]:
     """``kappa = M / ||exact||`` per output, ``M**2`` the magnitudes plus the final rounding
-    (to the storage format of smallest normal ``tiny``; ``dsink``: to fp32, left as is)."""
+    (:func:`final_rounding`)."""
     kappa = {}
     for name, t in outputs.items():
         norm2 = float(np.sum(t * t))
-        final = rounded_size(t, tiny if name in GRADS else 0.0)
-        total = mag[name] + float(np.sum(final * final))
+        total = mag[name] + final_rounding(name, t, tiny)
         kappa[name] = math.sqrt(total / norm2) if norm2 > 0 else (math.inf if total else 0.0)
     return kappa
 

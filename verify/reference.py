@@ -38,7 +38,7 @@ from dash_ref._checks import attention_inputs, number, packed_inputs
 from dash_ref.arithmetic.steps import resolve_scale
 from dash_ref.cpu import single_threaded
 from dash_ref.schedules.mask import Mask
-from verify.highprec import add_rounding_magnitudes, error_bound, rounded_size, storage_tiny
+from verify.highprec import add_rounding_magnitudes, error_bound, final_rounding, storage_tiny
 
 
 @dataclass
@@ -142,10 +142,9 @@ def attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
                     tiny=tiny)
     grads = Grads(o.detach(), q64.grad, k64.grad, v64.grad,
                   dsink=None if sink64 is None else sink64.grad)
-    for name in mag:  # and the final rounding (dsink: to fp32, left as is)
-        final = rounded_size(getattr(grads, name).cpu().numpy(),
-                             tiny if name != "dsink" else 0.0)
-        grads.magnitude[name] = math.sqrt(mag[name] + float((final * final).sum()))
+    for name in mag:
+        exact = getattr(grads, name).cpu().numpy()
+        grads.magnitude[name] = math.sqrt(mag[name] + final_rounding(name, exact, tiny))
     grads.shape = {"seqlen_q": q.shape[1], "seqlen_k": k.shape[1], "head_dim": q.shape[3],
                    "group": group, "batch": q.shape[0]}
     return grads
